@@ -1,0 +1,63 @@
+# visc: one library (libvisc.a), one program (visc), tests, benchmarks, fuzzers.
+# `make` builds the program, `make test` runs the suite, `make asan` runs it
+# under AddressSanitizer + UndefinedBehaviorSanitizer. Optional components
+# are detected, never assumed.
+CC      ?= gcc
+BUILD   ?= build
+OPT     ?= -O3 -g
+WARN    := -Wall -Wextra -Wshadow -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes \
+           -Wno-unused-parameter -Wvla
+ifeq ($(WERROR),1)
+WARN    += -Werror
+endif
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Iinclude -fopenmp $(OPT) $(WARN) $(SANFLAGS) -MMD -MP
+LDLIBS  += -ldnnl -lz -lm -lpthread
+LDFLAGS += -fopenmp $(SANFLAGS)
+
+LIB_SRC   := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
+CLI_SRC   := $(sort $(wildcard src/cli/*.c))
+TEST_SRC  := $(sort $(wildcard tests/test_*.c))
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+.PHONY: all test asan bench clean tests
+.SECONDARY:
+all: $(BUILD)/visc
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libvisc.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/visc: $(CLI_OBJ) $(BUILD)/libvisc.a
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/harness.o $(BUILD)/libvisc.a
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libvisc.a
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+tests: $(TEST_BIN) $(BUILD)/visc
+
+# The test suite: every tests/test_*.c binary, then the end-to-end scripts.
+test: tests
+	@VISC=$(BUILD)/visc bash tests/run.sh $(BUILD)/tests
+
+asan:
+	$(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \
+	    SANFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=undefined" test
+
+bench: $(BENCH_BIN) $(BUILD)/visc
+
+clean:
+	rm -rf build build-asan build-cov
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

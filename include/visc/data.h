@@ -1,0 +1,76 @@
+/* data.h: datasets and batches.
+ *
+ * idx.c        IDX files (MNIST, Fashion-MNIST), gzip or plain
+ * cifar_bin.c  the CIFAR-10 binary format (data_batch_*.bin, test_batch.bin)
+ * augment.c    random crop with padding, horizontal flip, normalization
+ * batch.c      epoch order and batch assembly
+ *
+ * A dataset is an interface (get one sample, augmented, as CHW floats), so
+ * the JPEG/ImageFolder pipeline plugs in beside the in-memory formats.
+ * Augmentation randomness is a pure function of (seed, epoch, sample index):
+ * the same sample in the same epoch is augmented the same way in a resumed
+ * run, whatever the batch or thread it lands in. */
+#ifndef VISC_DATA_H
+#define VISC_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    int pad_crop;     /* random crop of the input size after zero padding by this much; 0: off */
+    int hflip;        /* random horizontal flip with probability 1/2 */
+    float mean[3], std[3];
+} visc_augment;
+
+typedef struct visc_dataset visc_dataset;
+struct visc_dataset {
+    int64_t size;
+    int channels, height, width, num_classes;
+    /* Writes sample idx as normalized CHW floats into out, its label into
+     * *label. train = 1 applies the random augmentation drawn from
+     * (seed, epoch, idx); train = 0 only normalizes. Returns 0, or -1 with
+     * visc_last_error() set. Safe to call from several threads at once. */
+    int (*get)(const visc_dataset *ds, int64_t idx, const visc_augment *aug, int train,
+               uint64_t seed, int64_t epoch, float *out, int32_t *label);
+    void (*destroy)(visc_dataset *ds);
+    void *impl;
+};
+
+/* In-memory uint8 images [n, c, h, w] with int32 labels: the backing store of
+ * IDX and CIFAR datasets; takes ownership of both arrays. */
+visc_dataset *visc_dataset_from_memory(uint8_t *images, int32_t *labels, int64_t n, int c, int h,
+                                       int w, int num_classes);
+void visc_dataset_free(visc_dataset *ds);
+
+/* ---- idx.c ---- */
+/* Loads images (idx3 ubyte) and labels (idx1 ubyte), gzip-compressed or not. */
+visc_dataset *visc_idx_load(const char *images_path, const char *labels_path);
+/* Parses in-memory (already decompressed) IDX images/labels; for fuzzing. */
+int visc_idx_parse_images(const uint8_t *buf, size_t size, uint8_t **images, int64_t *n, int *h,
+                          int *w);
+int visc_idx_parse_labels(const uint8_t *buf, size_t size, int32_t **labels, int64_t *n);
+/* Reads a whole file, gunzipping if it starts with the gzip magic; caps the
+ * decompressed size at max_bytes. */
+int visc_read_maybe_gzip(const char *path, uint8_t **out, size_t *size, size_t max_bytes);
+
+/* ---- cifar_bin.c ---- */
+/* Loads CIFAR-10 binary batch files (each record: label byte + 3072 bytes). */
+visc_dataset *visc_cifar_bin_load(const char *const *paths, int npaths);
+int visc_cifar_bin_parse(const uint8_t *buf, size_t size, uint8_t **images, int32_t **labels,
+                         int64_t *n);
+
+/* ---- augment.c ---- */
+/* Applies the augmentation to one uint8 CHW image, writing normalized floats. */
+void visc_augment_apply(const visc_augment *aug, const uint8_t *img, int c, int h, int w, int train,
+                        uint64_t seed, int64_t epoch, int64_t idx, float *out);
+
+/* ---- batch.c ---- */
+/* The sample order of an epoch: a permutation drawn from (seed, epoch), or
+ * 0..n-1 when shuffle = 0. */
+void visc_epoch_order(int64_t *order, int64_t n, int shuffle, uint64_t seed, int64_t epoch);
+/* Fills x [B, C, H, W] and y [B] with samples order[0..B-1], in parallel.
+ * Returns 0 or -1 (the first failing sample's error). */
+int visc_make_batch(const visc_dataset *ds, const int64_t *order, int B, const visc_augment *aug,
+                    int train, uint64_t seed, int64_t epoch, float *x, int32_t *y);
+
+#endif

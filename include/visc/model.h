@@ -1,0 +1,59 @@
+/* model.h: the model interface and the registry of architectures.
+ *
+ * A model owns its parameters (one flat buffer + name table with
+ * torchvision/timm state_dict keys), their gradients (same layout), its
+ * non-trained buffers (BatchNorm running statistics) and an activation arena
+ * planned once for a fixed batch size. It knows nothing of data or training.
+ *
+ * Use:  m = visc_model_create(&cfg, seed);
+ *       m->forward(m, x, 1);            // logits in m->logits [batch, classes]
+ *       m->backward(m, dlogits);        // gradients in m->grads
+ * Smaller batches than cfg.batch are run by the caller padding the batch. */
+#ifndef VISC_MODEL_H
+#define VISC_MODEL_H
+
+#include <stdint.h>
+
+#include "table.h"
+
+typedef struct {
+    char arch[64];          /* "resnet18", "resnet50", ... */
+    int num_classes;
+    int in_channels;
+    int image_size;         /* square input height = width */
+    int batch;              /* the batch size the activations are planned for */
+    int small_stem;         /* 3x3 stride-1 stem conv, no max-pool (28-32 px data) */
+    int zero_init_residual; /* last BN gamma of each residual branch starts at 0 */
+    int width;              /* base width override (0: the architecture's own, 64 for ResNets) */
+} visc_model_config;
+
+typedef struct visc_model visc_model;
+struct visc_model {
+    visc_model_config cfg;
+    visc_table params;   /* trainable, state_dict names */
+    visc_table buffers;  /* running_mean / running_var, state_dict names */
+    float *grads;        /* params.total floats, laid out as params */
+    int64_t bn_updates;  /* num_batches_tracked of every BatchNorm (they are all equal) */
+    float *logits;       /* [batch, num_classes], valid after forward */
+    double flops_per_image; /* forward FLOPs (2 x multiply-adds) of one image */
+
+    void (*forward)(visc_model *m, const float *x, int train);
+    void (*backward)(visc_model *m, const float *dlogits);
+    void (*destroy)(visc_model *m);
+    void *impl;
+};
+
+/* Creates and initializes (torchvision's init, drawn from `seed`) a model;
+ * NULL with visc_last_error() set for an unknown architecture or bad config. */
+visc_model *visc_model_create(const visc_model_config *cfg, uint64_t seed);
+void visc_model_destroy(visc_model *m);
+/* NULL-terminated list of architecture names. */
+const char *const *visc_model_names(void);
+/* The names of the BatchNorm layers' num_batches_tracked entries (for checkpoints). */
+int visc_model_bn_count(const visc_model *m);
+const char *visc_model_bn_name(const visc_model *m, int i); /* e.g. "layer1.0.bn1" */
+
+/* models/resnet.c */
+visc_model *visc_resnet_create(const visc_model_config *cfg, uint64_t seed);
+
+#endif
