@@ -61,3 +61,6 @@ clean:
 	rm -rf build build-asan build-cov
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
+
+# Quality gates (coverage, static analysis, formatting, fuzzing): mk/quality.mk
+-include mk/quality.mk

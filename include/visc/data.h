@@ -2,8 +2,10 @@
  *
  * idx.c        IDX files (MNIST, Fashion-MNIST), gzip or plain
  * cifar_bin.c  the CIFAR-10 binary format (data_batch_*.bin, test_batch.bin)
+ * gzip.c       whole-file reads with transparent gunzip (zlib), size-capped
  * augment.c    random crop with padding, horizontal flip, normalization
  * batch.c      epoch order and batch assembly
+ * dataset_memory.c  the in-memory uint8 dataset behind IDX and CIFAR
  *
  * A dataset is an interface (get one sample, augmented, as CHW floats), so
  * the JPEG/ImageFolder pipeline plugs in beside the in-memory formats.
@@ -52,6 +54,11 @@ int visc_idx_parse_labels(const uint8_t *buf, size_t size, int32_t **labels, int
 /* Reads a whole file, gunzipping if it starts with the gzip magic; caps the
  * decompressed size at max_bytes. */
 int visc_read_maybe_gzip(const char *path, uint8_t **out, size_t *size, size_t max_bytes);
+/* The in-memory half of the above: if buf starts with the gzip magic,
+ * inflates it (all members) into a new buffer of at most max_bytes; else
+ * copies it. Error messages carry no file name (the caller adds it). */
+int visc_gunzip_memory(const uint8_t *buf, size_t size, uint8_t **out, size_t *out_size,
+                       size_t max_bytes);
 
 /* ---- cifar_bin.c ---- */
 /* Loads CIFAR-10 binary batch files (each record: label byte + 3072 bytes). */
@@ -63,6 +70,16 @@ int visc_cifar_bin_parse(const uint8_t *buf, size_t size, uint8_t **images, int3
 /* Applies the augmentation to one uint8 CHW image, writing normalized floats. */
 void visc_augment_apply(const visc_augment *aug, const uint8_t *img, int c, int h, int w, int train,
                         uint64_t seed, int64_t epoch, int64_t idx, float *out);
+/* The random part, split out so it can be tested: the crop offsets into the
+ * padded image (each in [0, 2 * pad_crop]; pad_crop, pad_crop is the
+ * centre, i.e. no shift) and the flip, drawn from (seed, epoch, idx). */
+void visc_augment_draw(const visc_augment *aug, uint64_t seed, int64_t epoch, int64_t idx,
+                       int *dy, int *dx, int *flip);
+/* The deterministic part: crop at (dy, dx) of the image zero-padded by
+ * aug->pad_crop, mirror if flip, normalize. dy = dx = pad_crop, flip = 0
+ * is plain normalization. */
+void visc_augment_apply_at(const visc_augment *aug, const uint8_t *img, int c, int h, int w,
+                           int dy, int dx, int flip, float *out);
 
 /* ---- batch.c ---- */
 /* The sample order of an epoch: a permutation drawn from (seed, epoch), or

@@ -1,6 +1,7 @@
 /* io.h: files in the ecosystem's formats.
  *
  * safetensors.c  read (mmap, validated) and write (atomic) safetensors files
+ * json.c         the strict JSON reader under it (visc/json.h)
  * atomic.c       write-temp + fsync + rename + fsync(dir): no half-written file
  * tensorboard.c  TensorBoard event files (events.out.tfevents.*) with scalars
  * config.c       INI-style config files ("key = value", [section] prefixes)
@@ -55,26 +56,35 @@ typedef struct {
     size_t data_size;
     void *mapping; /* the mmap of the file, or NULL when parsed from memory */
     size_t mapping_size;
+    char *source; /* the path, or "<memory>", for error messages */
 } visc_safetensors;
 
 /* Validates everything: header length, JSON syntax, dtypes, shapes, offsets
- * inside the data section and non-overlapping, numel * dtype size = bytes. */
+ * inside the data section and non-overlapping, numel * dtype size = bytes,
+ * unique names shorter than VISC_MAX_NAME. st->tensors is sorted by name.
+ * On failure st is left empty (closing it is harmless). */
 int visc_safetensors_open(visc_safetensors *st, const char *path);
 /* Parses a file image held in memory (buf must outlive st). */
 int visc_safetensors_parse(visc_safetensors *st, const uint8_t *buf, size_t size);
 const visc_st_tensor *visc_safetensors_find(const visc_safetensors *st, const char *name);
 const char *visc_safetensors_meta(const visc_safetensors *st, const char *key);
 /* Copies tensor `name` into dst as float32, converting from F32/F16/BF16/F64/
- * I64/I32; fails unless it has exactly `numel` elements. */
+ * I64/I32/U8/BOOL; fails unless it has exactly `numel` elements. */
 int visc_safetensors_read_f32(const visc_safetensors *st, const char *name, float *dst,
                               size_t numel);
+/* The same, but the tensor must have exactly this shape (for loading a model
+ * whose layout is known: "[64, 3, 7, 7]" vs "[64, 3, 3, 3]" in the error). */
+int visc_safetensors_read_f32_shaped(const visc_safetensors *st, const char *name, float *dst,
+                                     int ndim, const int64_t *shape);
 void visc_safetensors_close(visc_safetensors *st);
 
 typedef struct visc_st_writer visc_st_writer;
 visc_st_writer *visc_st_writer_new(void);
-/* Records a tensor; `data` is copied at add time. */
+/* Records a tensor; `data` is copied at add time. Names must be unique and
+ * shorter than VISC_MAX_NAME (programming errors: asserted). */
 void visc_st_writer_add(visc_st_writer *w, const char *name, visc_dtype dtype, int ndim,
                         const int64_t *shape, const void *data);
+/* Adds every entry of t as F32, named prefix + entry name (prefix may be NULL). */
 void visc_st_writer_add_table(visc_st_writer *w, const visc_table *t, const char *prefix);
 void visc_st_writer_meta(visc_st_writer *w, const char *key, const char *value);
 /* Tensors sorted by name, as the Python library writes them; atomic. */
@@ -83,15 +93,20 @@ void visc_st_writer_free(visc_st_writer *w);
 
 /* ---- tensorboard.c ---- */
 typedef struct visc_tb_writer visc_tb_writer;
-/* Creates <logdir>/events.out.tfevents.<seconds>.<host>.<pid>.v2 */
+/* Creates logdir (mkdir -p) and <logdir>/events.out.tfevents.<seconds>.<host>.<pid>.v2
+ * (a ".<n>" before ".v2" if that name is taken); NULL with the error set on failure. */
 visc_tb_writer *visc_tb_open(const char *logdir);
+const char *visc_tb_path(const visc_tb_writer *w);
 int visc_tb_scalar(visc_tb_writer *w, const char *tag, int64_t step, float value);
 void visc_tb_flush(visc_tb_writer *w);
 void visc_tb_close(visc_tb_writer *w);
 /* Reads back the scalars of an event file (for tests and `visc plot`):
  * calls fn for each (tag, step, value); checks every record's CRCs. */
-int visc_tb_read(const char *path,
-                 void (*fn)(void *ctx, const char *tag, int64_t step, float value), void *ctx);
+typedef void (*visc_tb_scalar_fn)(void *ctx, const char *tag, int64_t step, float value);
+int visc_tb_read(const char *path, visc_tb_scalar_fn fn, void *ctx);
+/* The same over a file image in memory (used by the fuzz target). */
+int visc_tb_parse(const uint8_t *buf, size_t size, visc_tb_scalar_fn fn, void *ctx);
+/* The Castagnoli CRC, chained like zlib's crc32: start with crc = 0. */
 uint32_t visc_crc32c(uint32_t crc, const void *data, size_t n);
 
 /* ---- config.c ---- */
@@ -99,8 +114,11 @@ typedef struct {
     char **keys, **values;
     int count;
 } visc_config;
-/* "key = value" lines; "# ..." and "; ..." comments; "[section]" makes keys
- * "section.key"; later keys override earlier ones. */
+/* "key = value" lines; "# ..." and "; ..." comments (also after a value,
+ * when preceded by whitespace); "[section]" makes keys "section.key"; later
+ * keys override earlier ones. Keys are [A-Za-z0-9_.-]+; values may be
+ * quoted with "..." (escapes \" \\ \n \t) or '...' (literal). Parse starts
+ * c afresh; on error c is left empty and the message names source:line. */
 int visc_config_parse(visc_config *c, const char *text, size_t size, const char *source_name);
 int visc_config_load(visc_config *c, const char *path);
 const char *visc_config_get(const visc_config *c, const char *key);

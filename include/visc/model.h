@@ -36,6 +36,10 @@ struct visc_model {
     int64_t bn_updates;  /* num_batches_tracked of every BatchNorm (they are all equal) */
     float *logits;       /* [batch, num_classes], valid after forward */
     double flops_per_image; /* forward FLOPs (2 x multiply-adds) of one image */
+    /* BatchNorm layer names ("layer1.0.bn1"): checkpoints write each one's
+     * num_batches_tracked (= bn_updates) as torchvision's state_dict has it. */
+    const char **bn_names;
+    int num_bn;
 
     void (*forward)(visc_model *m, const float *x, int train);
     void (*backward)(visc_model *m, const float *dlogits);
@@ -49,9 +53,6 @@ visc_model *visc_model_create(const visc_model_config *cfg, uint64_t seed);
 void visc_model_destroy(visc_model *m);
 /* NULL-terminated list of architecture names. */
 const char *const *visc_model_names(void);
-/* The names of the BatchNorm layers' num_batches_tracked entries (for checkpoints). */
-int visc_model_bn_count(const visc_model *m);
-const char *visc_model_bn_name(const visc_model *m, int i); /* e.g. "layer1.0.bn1" */
 
 /* models/resnet.c */
 visc_model *visc_resnet_create(const visc_model_config *cfg, uint64_t seed);

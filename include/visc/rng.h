@@ -4,7 +4,7 @@
  * so a run is fixed by its seed and a resumed run draws exactly what the
  * uninterrupted one would have: the data order of epoch e is stream
  * (VISC_STREAM_SHUFFLE, e), the augmentation of sample i in epoch e is
- * stream (VISC_STREAM_AUGMENT + e, i), and so on. No hidden state to save. */
+ * stream (VISC_STREAM_AUGMENT + 16 e, i), and so on. No hidden state to save. */
 #ifndef VISC_RNG_H
 #define VISC_RNG_H
 

@@ -1,4 +1,5 @@
 /* table.c: the name table over a flat float buffer. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "visc/table.h"

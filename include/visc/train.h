@@ -1,0 +1,92 @@
+/* train.h: the supervised training loop and its checkpoints.
+ *
+ * trainer.c     visc_train: the epoch loop, one training step top to bottom
+ * evaluate.c    validation: loss, top-1, top-5 over a dataset
+ * checkpoint.c  safetensors checkpoints (atomic; resume is bit-exact)
+ * progress.c    progress bar on a terminal, plain lines otherwise
+ * datasets.c    dataset names ("fashion-mnist", "mnist", "cifar10") -> files */
+#ifndef VISC_TRAIN_H
+#define VISC_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "data.h"
+#include "model.h"
+#include "optim.h"
+
+typedef struct {
+    /* data */
+    char dataset[32];   /* fashion-mnist | mnist | cifar10 */
+    char data_dir[512]; /* "" = the dataset's default location */
+    int pad_crop, hflip;
+    /* model */
+    visc_model_config model;
+    /* optimization */
+    int epochs, batch_size;
+    char opt[16], sched[16];
+    float lr, min_lr, momentum, weight_decay, warmup_epochs, warmup_start, lr_gamma;
+    int nesterov, decay_norm_and_bias, lr_step_epochs;
+    char lr_milestones[128]; /* epochs, comma separated (multistep) */
+    float label_smoothing, clip_grad, ema_decay;
+    /* run */
+    uint64_t seed;
+    int threads, print_freq, evaluate, max_steps, no_progress;
+    char output[512], resume[512], weights[512];
+} visc_train_config;
+
+void visc_train_config_defaults(visc_train_config *c);
+
+/* The whole run: data, model, optimizer, epochs, logs, checkpoints.
+ * Returns 0, or -1 with visc_last_error() set. */
+int visc_train(const visc_train_config *c);
+
+/* ---- evaluate.c ---- */
+typedef struct {
+    double loss, top1, top5; /* mean loss; accuracies in percent */
+    int64_t count;
+} visc_eval_result;
+
+/* Runs the model in eval mode over the whole dataset (the last batch padded). */
+int visc_evaluate(visc_model *m, const visc_dataset *ds, const visc_augment *aug, float smoothing,
+                  visc_eval_result *out);
+
+/* ---- datasets.c ---- */
+/* Opens the train or test split of a named dataset; NULL with an error. */
+visc_dataset *visc_open_dataset(const char *name, const char *dir, int train, visc_augment *aug);
+
+/* ---- checkpoint.c ---- */
+typedef struct {
+    int64_t epoch;         /* epochs completed */
+    int64_t step;          /* global optimizer steps completed */
+    int64_t step_in_epoch; /* batches of `epoch` already consumed (mid-epoch resume) */
+    double best_top1;
+} visc_train_state;
+
+/* Model-only file with torchvision/timm state_dict keys (PyTorch loads it
+ * with strict=True). */
+int visc_save_model(const visc_model *m, const char *path, const char *extra_meta_json);
+/* Loads parameters and buffers by name; every model tensor must be present
+ * with the right shape (clear error naming the first that is not). */
+int visc_load_model(visc_model *m, const char *path);
+/* Full training checkpoint: model, optimizer state, EMA, train state. */
+int visc_save_checkpoint(const visc_model *m, const visc_optimizer *o, const float *ema_params,
+                         const float *ema_buffers, const visc_train_state *s,
+                         const char *config_text, const char *path);
+int visc_load_checkpoint(visc_model *m, visc_optimizer *o, float *ema_params, float *ema_buffers,
+                         visc_train_state *s, const char *path);
+
+/* ---- progress.c ---- */
+typedef struct {
+    FILE *out;
+    int tty;
+    double start, last_draw;
+    int64_t total;
+    char label[64];
+} visc_progress;
+
+void visc_progress_begin(visc_progress *p, const char *label, int64_t total, int enabled);
+void visc_progress_update(visc_progress *p, int64_t done, const char *stats);
+void visc_progress_end(visc_progress *p, const char *summary);
+
+#endif

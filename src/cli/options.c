@@ -1,0 +1,188 @@
+/* options.c: `visc train` flags and config-file keys, one table for both.
+ * A config file (--config FILE, INI) sets the same keys as the long flags
+ * (without the dashes); flags given on the command line override it. */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "options.h"
+#include "visc/io.h"
+
+enum kind { STR, INT, FLOAT, U64, FLAG, NOFLAG };
+
+typedef struct {
+    const char *name, *alias;
+    enum kind kind;
+    size_t offset, size;
+    const char *help;
+} option;
+
+#define O(field) offsetof(visc_train_config, field), sizeof(((visc_train_config *)0)->field)
+static const option options[] = {
+    {"model", "arch", STR, O(model.arch), "architecture (see `visc models`)"},
+    {"dataset", NULL, STR, O(dataset), "fashion-mnist | mnist | cifar10"},
+    {"data", NULL, STR, O(data_dir), "dataset folder (default: the dataset's standard place)"},
+    {"epochs", NULL, INT, O(epochs), "number of epochs"},
+    {"batch-size", "b", INT, O(batch_size), "batch size"},
+    {"opt", NULL, STR, O(opt), "sgd | adamw | lamb | lars"},
+    {"lr", NULL, FLOAT, O(lr), "peak learning rate"},
+    {"min-lr", NULL, FLOAT, O(min_lr), "final learning rate (cosine, onecycle)"},
+    {"momentum", NULL, FLOAT, O(momentum), "SGD/LARS momentum"},
+    {"nesterov", NULL, FLAG, O(nesterov), "Nesterov momentum"},
+    {"no-nesterov", NULL, NOFLAG, O(nesterov), "plain momentum"},
+    {"wd", "weight-decay", FLOAT, O(weight_decay), "weight decay"},
+    {"decay-norm-bias", NULL, FLAG, O(decay_norm_and_bias), "also decay BN parameters and biases"},
+    {"sched", NULL, STR, O(sched), "constant | step | multistep | cosine | onecycle"},
+    {"warmup-epochs", NULL, FLOAT, O(warmup_epochs), "linear warmup length in epochs"},
+    {"warmup-start", NULL, FLOAT, O(warmup_start), "warmup starts at this fraction of --lr"},
+    {"lr-step", NULL, INT, O(lr_step_epochs), "step schedule: epochs between decays"},
+    {"lr-gamma", NULL, FLOAT, O(lr_gamma), "step/multistep decay factor"},
+    {"lr-milestones", NULL, STR, O(lr_milestones), "multistep: epochs, comma separated"},
+    {"smoothing", "label-smoothing", FLOAT, O(label_smoothing), "label smoothing"},
+    {"clip-grad", NULL, FLOAT, O(clip_grad), "clip gradients to this global L2 norm (0: off)"},
+    {"model-ema-decay", NULL, FLOAT, O(ema_decay), "keep an EMA of the weights (0: off)"},
+    {"pad-crop", NULL, INT, O(pad_crop), "random crop after zero padding by N pixels"},
+    {"hflip", NULL, FLAG, O(hflip), "random horizontal flips"},
+    {"no-hflip", NULL, NOFLAG, O(hflip), "no flips"},
+    {"num-classes", NULL, INT, O(model.num_classes), "classifier outputs (default: the dataset's)"},
+    {"small-stem", NULL, FLAG, O(model.small_stem), "3x3 stride-1 stem without max-pool"},
+    {"zero-init-residual", NULL, FLAG, O(model.zero_init_residual), "zero-init last BN of each block"},
+    {"width", NULL, INT, O(model.width), "base channel width (0: the model's own)"},
+    {"seed", NULL, U64, O(seed), "random seed (fixes the whole run)"},
+    {"threads", "j", INT, O(threads), "threads (default: all cores)"},
+    {"workers", NULL, INT, O(threads), "alias of --threads"},
+    {"print-freq", "p", INT, O(print_freq), "log every N steps"},
+    {"output", "o", STR, O(output), "folder for checkpoints and logs"},
+    {"resume", NULL, STR, O(resume), "continue from a checkpoint_last.safetensors"},
+    {"weights", NULL, STR, O(weights), "start from (or evaluate) a model .safetensors file"},
+    {"evaluate", "e", FLAG, O(evaluate), "only evaluate (with --resume or --weights)"},
+    {"max-steps", NULL, INT, O(max_steps), "stop after N steps with a checkpoint (testing resume)"},
+    {"no-progress", NULL, FLAG, O(no_progress), "plain log lines even on a terminal"},
+};
+#define NUM_OPTIONS (int)(sizeof options / sizeof options[0])
+
+static const option *find(const char *name) {
+    for (int i = 0; i < NUM_OPTIONS; i++)
+        if (strcmp(options[i].name, name) == 0 || (options[i].alias && strcmp(options[i].alias, name) == 0))
+            return &options[i];
+    return NULL;
+}
+
+static int set_value(visc_train_config *c, const option *o, const char *value, const char *where) {
+    char *field = (char *)c + o->offset, *end;
+    errno = 0;
+    switch (o->kind) {
+    case STR:
+        if (strlen(value) >= o->size)
+            return visc_set_error("%s%s: value too long", where, o->name);
+        strcpy(field, value);
+        return 0;
+    case INT: {
+        long v = strtol(value, &end, 10);
+        if (!*value || *end || errno || v < INT_MIN || v > INT_MAX)
+            return visc_set_error("%s%s: expected an integer, got '%s'", where, o->name, value);
+        *(int *)field = (int)v;
+        return 0;
+    }
+    case U64: {
+        unsigned long long v = strtoull(value, &end, 10);
+        if (!*value || *end || errno || value[0] == '-')
+            return visc_set_error("%s%s: expected a non-negative integer, got '%s'", where, o->name, value);
+        *(uint64_t *)field = v;
+        return 0;
+    }
+    case FLOAT: {
+        float v = strtof(value, &end);
+        if (!*value || *end || errno || v != v)
+            return visc_set_error("%s%s: expected a number, got '%s'", where, o->name, value);
+        *(float *)field = v;
+        return 0;
+    }
+    case FLAG:
+    case NOFLAG: {
+        int on;
+        if (!strcmp(value, "1") || !strcmp(value, "true") || !strcmp(value, "yes")) on = 1;
+        else if (!strcmp(value, "0") || !strcmp(value, "false") || !strcmp(value, "no")) on = 0;
+        else return visc_set_error("%s%s: expected true or false, got '%s'", where, o->name, value);
+        *(int *)field = o->kind == FLAG ? on : !on;
+        return 0;
+    }
+    }
+    return -1;
+}
+
+static int apply_config_file(visc_train_config *c, const char *path) {
+    visc_config cfg = {0};
+    if (visc_config_load(&cfg, path)) return -1;
+    int rc = 0;
+    for (int i = 0; i < cfg.count && rc == 0; i++) {
+        const option *o = find(cfg.keys[i]);
+        char where[600];
+        snprintf(where, sizeof where, "%s: ", path);
+        if (!o)
+            rc = visc_set_error("%s: unknown key '%s' (keys are the long flags of `visc train --help`)",
+                                path, cfg.keys[i]);
+        else
+            rc = set_value(c, o, cfg.values[i], where);
+    }
+    visc_config_free(&cfg);
+    return rc;
+}
+
+int visc_parse_train_args(visc_train_config *c, int argc, char **argv) {
+    visc_train_config_defaults(c);
+    /* the config file first, wherever --config stands, so flags override it */
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 || strcmp(argv[i], "-c") == 0) {
+            if (i + 1 >= argc) return visc_set_error("--config needs a file name");
+            if (apply_config_file(c, argv[i + 1])) return -1;
+        } else if (strncmp(argv[i], "--config=", 9) == 0) {
+            if (apply_config_file(c, argv[i] + 9)) return -1;
+        }
+    }
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--config") == 0 || strcmp(arg, "-c") == 0) {
+            i++;
+            continue;
+        }
+        if (strncmp(arg, "--config=", 9) == 0) continue;
+        if (arg[0] != '-' || !arg[1])
+            return visc_set_error("unexpected argument '%s' (see `visc train --help`)", arg);
+        const char *name = arg + (arg[1] == '-' ? 2 : 1);
+        char key[64];
+        const char *eq = strchr(name, '='), *value = NULL;
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        if (len >= sizeof key) return visc_set_error("unknown option '%s'", arg);
+        memcpy(key, name, len);
+        key[len] = 0;
+        const option *o = find(key);
+        if (!o) return visc_set_error("unknown option '%s' (see `visc train --help`)", arg);
+        if (eq)
+            value = eq + 1;
+        else if (o->kind == FLAG || o->kind == NOFLAG)
+            value = "1";
+        else if (i + 1 < argc)
+            value = argv[++i];
+        else
+            return visc_set_error("option '%s' needs a value", arg);
+        if (set_value(c, o, value, "--")) return -1;
+    }
+    return 0;
+}
+
+void visc_print_train_help(FILE *f) {
+    fprintf(f, "usage: visc train [--config FILE] [options]\n\noptions (config-file keys are the long names):\n");
+    for (int i = 0; i < NUM_OPTIONS; i++) {
+        char left[64];
+        const char *arg = options[i].kind == FLAG || options[i].kind == NOFLAG ? "" : " V";
+        if (options[i].alias)
+            snprintf(left, sizeof left, "--%s, -%s%s%s", options[i].name,
+                     strlen(options[i].alias) > 1 ? "-" : "", options[i].alias, arg);
+        else
+            snprintf(left, sizeof left, "--%s%s", options[i].name, arg);
+        fprintf(f, "  %-30s %s\n", left, options[i].help);
+    }
+}

@@ -1,0 +1,13 @@
+/* options.h: command-line and config-file options of `visc train`. */
+#ifndef VISC_CLI_OPTIONS_H
+#define VISC_CLI_OPTIONS_H
+
+#include <stdio.h>
+
+#include "visc/train.h"
+
+/* Defaults, then --config FILE, then the flags. -1 with an error message. */
+int visc_parse_train_args(visc_train_config *c, int argc, char **argv);
+void visc_print_train_help(FILE *f);
+
+#endif

@@ -1,0 +1,60 @@
+/* dataset_memory.c: a dataset held in memory as uint8 CHW images.
+ *
+ * The backing store of IDX and CIFAR: one contiguous [n, c, h, w] byte
+ * array and int32 labels. get() only reads them and writes the caller's
+ * buffers, so any number of threads may call it at once, and it allocates
+ * nothing. */
+#include <stdlib.h>
+
+#include "visc/core.h"
+#include "visc/data.h"
+
+typedef struct {
+    uint8_t *images;
+    int32_t *labels;
+    size_t sample_bytes; /* c * h * w */
+} memory_impl;
+
+static int memory_get(const visc_dataset *ds, int64_t idx, const visc_augment *aug, int train,
+                      uint64_t seed, int64_t epoch, float *out, int32_t *label) {
+    const memory_impl *m = ds->impl;
+    if (idx < 0 || idx >= ds->size)
+        return visc_set_error("sample index %lld out of range 0..%lld", (long long)idx,
+                              (long long)ds->size - 1);
+    visc_augment_apply(aug, m->images + (size_t)idx * m->sample_bytes, ds->channels, ds->height,
+                       ds->width, train, seed, epoch, idx, out);
+    *label = m->labels[idx];
+    return 0;
+}
+
+static void memory_destroy(visc_dataset *ds) {
+    memory_impl *m = ds->impl;
+    free(m->images);
+    free(m->labels);
+    free(m);
+}
+
+visc_dataset *visc_dataset_from_memory(uint8_t *images, int32_t *labels, int64_t n, int c, int h,
+                                       int w, int num_classes) {
+    VISC_ASSERT(images && labels && n > 0 && c > 0 && h > 0 && w > 0 && num_classes > 0);
+    memory_impl *m = visc_malloc(sizeof *m, "in-memory dataset");
+    m->images = images;
+    m->labels = labels;
+    m->sample_bytes = (size_t)c * h * w;
+    visc_dataset *ds = visc_calloc(1, sizeof *ds, "dataset");
+    ds->size = n;
+    ds->channels = c;
+    ds->height = h;
+    ds->width = w;
+    ds->num_classes = num_classes;
+    ds->get = memory_get;
+    ds->destroy = memory_destroy;
+    ds->impl = m;
+    return ds;
+}
+
+void visc_dataset_free(visc_dataset *ds) {
+    if (!ds) return;
+    if (ds->destroy) ds->destroy(ds);
+    free(ds);
+}

@@ -1,0 +1,480 @@
+/* resnet.c: ResNets in torchvision's layout and naming.
+ *
+ * ImageNet ResNets (He et al. 2015) as torchvision builds them: 7x7/2 stem,
+ * 3x3/2 max-pool, four stages of basic or bottleneck blocks, stride on the
+ * bottleneck's 3x3 conv (ResNet v1.5), 1x1 conv + BN projection shortcuts,
+ * global average pool, linear head. Parameter names are torchvision's
+ * state_dict keys, so checkpoints move between visc and PyTorch unchanged.
+ *
+ * CIFAR ResNets (resnet14/20/32/56: three stages of n basic blocks at
+ * 16/32/64 channels, depth 6n+2) use the same blocks with projection
+ * shortcuts (He et al.'s option B) and the small stem.
+ *
+ * small_stem replaces the stem by a 3x3/1 conv without max-pool, for 28-32 px
+ * images. Every activation lives in one arena planned for cfg.batch. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "visc/model.h"
+#include "visc/nn.h"
+#include "visc/rng.h"
+
+typedef struct {
+    visc_conv2d op;
+    int weight; /* index in params */
+} conv_layer;
+
+typedef struct {
+    visc_batchnorm2d op;
+    int gamma, beta;       /* params */
+    int mean, var;         /* buffers */
+    float *save_mean, *save_rstd;
+    char name[VISC_MAX_NAME];
+} bn_layer;
+
+typedef struct {
+    int bottleneck, has_down;
+    conv_layer conv1, conv2, conv3, down_conv;
+    bn_layer bn1, bn2, bn3, down_bn;
+    /* activations: conv outputs (BN inputs), BN outputs, block output */
+    float *in, *c1, *b1, *c2, *b2, *c3, *dc, *db, *out;
+    size_t in_size, out_size;
+} block;
+
+typedef struct {
+    conv_layer stem_conv;
+    bn_layer stem_bn;
+    int has_maxpool;
+    visc_pool2d maxpool;
+    int32_t *pool_argmax;
+    block *blocks;
+    int num_blocks;
+    int fc_weight, fc_bias, feature_dim, final_hw;
+    float *x, *stem_c, *stem_b, *pooled_in, *features;
+    /* backward scratch, each the size of the largest activation */
+    float *g0, *g1, *t1, *t2, *dfeatures;
+    size_t max_act;
+    bn_layer **bns;
+    int num_bns;
+    visc_arena arena;
+} resnet;
+
+typedef struct {
+    const char *name;
+    int bottleneck, cifar;
+    int layers[4];
+} resnet_spec;
+
+static const resnet_spec specs[] = {
+    {"resnet18", 0, 0, {2, 2, 2, 2}},   {"resnet34", 0, 0, {3, 4, 6, 3}},
+    {"resnet50", 1, 0, {3, 4, 6, 3}},   {"resnet101", 1, 0, {3, 4, 23, 3}},
+    {"resnet152", 1, 0, {3, 8, 36, 3}}, {"resnet14", 0, 1, {2, 2, 2, 0}},
+    {"resnet20", 0, 1, {3, 3, 3, 0}},   {"resnet32", 0, 1, {5, 5, 5, 0}},
+    {"resnet56", 0, 1, {9, 9, 9, 0}},
+};
+
+/* ---- building: parameters ---- */
+
+static void add_conv(visc_model *m, conv_layer *c, const char *name, int N, int C, int H, int K,
+                     int kernel, int stride) {
+    int64_t shape[4] = {K, C, kernel, kernel};
+    char key[VISC_MAX_NAME + 16]; /* names are short; visc_table_add checks the length */
+    snprintf(key, sizeof key, "%s.weight", name);
+    c->weight = visc_table_add(&m->params, key, 4, shape, 0);
+    visc_conv2d_init(&c->op, N, C, H, H, K, kernel, kernel, stride, kernel / 2, 1, 1, 0);
+}
+
+static void add_bn(visc_model *m, resnet *r, bn_layer *b, const char *name, int N, int C, int HW,
+                   int relu) {
+    int64_t shape[1] = {C};
+    char key[VISC_MAX_NAME + 16];
+    snprintf(b->name, sizeof b->name, "%s", name);
+    snprintf(key, sizeof key, "%s.weight", name);
+    b->gamma = visc_table_add(&m->params, key, 1, shape, VISC_TENSOR_NO_DECAY | VISC_TENSOR_NORM);
+    snprintf(key, sizeof key, "%s.bias", name);
+    b->beta = visc_table_add(&m->params, key, 1, shape, VISC_TENSOR_NO_DECAY | VISC_TENSOR_NORM);
+    snprintf(key, sizeof key, "%s.running_mean", name);
+    b->mean = visc_table_add(&m->buffers, key, 1, shape, 0);
+    snprintf(key, sizeof key, "%s.running_var", name);
+    b->var = visc_table_add(&m->buffers, key, 1, shape, 0);
+    visc_batchnorm2d_init(&b->op, N, C, HW, 1e-5f, 0.1f, relu);
+    r->bns = visc_realloc(r->bns, (size_t)(r->num_bns + 1) * sizeof *r->bns, "resnet bn list");
+    r->bns[r->num_bns++] = b;
+}
+
+/* Adds block `name` taking [N, C, H, H] to [N, planes * expansion, H/stride, ...]. */
+static void add_block(visc_model *m, resnet *r, block *b, const char *name, int N, int C, int H,
+                      int planes, int stride, int bottleneck) {
+    char key[VISC_MAX_NAME];
+    int expansion = bottleneck ? 4 : 1, out_c = planes * expansion, Ho = (H - 1) / stride + 1;
+    b->bottleneck = bottleneck;
+    b->has_down = stride != 1 || C != out_c;
+#define SUB(s) (snprintf(key, sizeof key, "%s.%s", name, s), key)
+    if (bottleneck) {
+        add_conv(m, &b->conv1, SUB("conv1"), N, C, H, planes, 1, 1);
+        add_bn(m, r, &b->bn1, SUB("bn1"), N, planes, H * H, 1);
+        add_conv(m, &b->conv2, SUB("conv2"), N, planes, H, planes, 3, stride);
+        add_bn(m, r, &b->bn2, SUB("bn2"), N, planes, Ho * Ho, 1);
+        add_conv(m, &b->conv3, SUB("conv3"), N, planes, Ho, out_c, 1, 1);
+        add_bn(m, r, &b->bn3, SUB("bn3"), N, out_c, Ho * Ho, 0);
+    } else {
+        add_conv(m, &b->conv1, SUB("conv1"), N, C, H, planes, 3, stride);
+        add_bn(m, r, &b->bn1, SUB("bn1"), N, planes, Ho * Ho, 1);
+        add_conv(m, &b->conv2, SUB("conv2"), N, planes, Ho, planes, 3, 1);
+        add_bn(m, r, &b->bn2, SUB("bn2"), N, planes, Ho * Ho, 0);
+    }
+    if (b->has_down) {
+        add_conv(m, &b->down_conv, SUB("downsample.0"), N, C, H, out_c, 1, stride);
+        add_bn(m, r, &b->down_bn, SUB("downsample.1"), N, out_c, Ho * Ho, 0);
+    }
+#undef SUB
+    b->in_size = (size_t)N * C * H * H;
+    b->out_size = (size_t)N * out_c * Ho * Ho;
+}
+
+/* ---- building: activations, planned once (a counting pass, then the real one) ---- */
+
+static size_t conv_out_size(const conv_layer *c) { return (size_t)c->op.N * c->op.K * c->op.P * c->op.Q; }
+
+static void take_bn_stats(visc_arena *a, bn_layer *b) {
+    b->save_mean = visc_arena_floats(a, (size_t)b->op.C);
+    b->save_rstd = visc_arena_floats(a, (size_t)b->op.C);
+}
+
+static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
+    int N = m->cfg.batch;
+    r->x = visc_arena_floats(a, (size_t)N * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size);
+    size_t stem = conv_out_size(&r->stem_conv);
+    r->stem_c = visc_arena_floats(a, stem);
+    r->stem_b = visc_arena_floats(a, stem);
+    take_bn_stats(a, &r->stem_bn);
+    r->max_act = stem;
+    float *prev = r->stem_b;
+    if (r->has_maxpool) {
+        size_t pooled = (size_t)N * r->maxpool.C * r->maxpool.P * r->maxpool.Q;
+        r->pooled_in = visc_arena_floats(a, pooled);
+        r->pool_argmax = visc_arena_take(a, pooled * sizeof(int32_t));
+        prev = r->pooled_in;
+    }
+    for (int i = 0; i < r->num_blocks; i++) {
+        block *b = &r->blocks[i];
+        b->in = prev;
+        b->c1 = visc_arena_floats(a, conv_out_size(&b->conv1));
+        b->b1 = visc_arena_floats(a, conv_out_size(&b->conv1));
+        b->c2 = visc_arena_floats(a, conv_out_size(&b->conv2));
+        take_bn_stats(a, &b->bn1);
+        take_bn_stats(a, &b->bn2);
+        if (b->bottleneck) {
+            b->b2 = visc_arena_floats(a, conv_out_size(&b->conv2));
+            b->c3 = visc_arena_floats(a, conv_out_size(&b->conv3));
+            take_bn_stats(a, &b->bn3);
+        }
+        if (b->has_down) {
+            b->dc = visc_arena_floats(a, b->out_size);
+            b->db = visc_arena_floats(a, b->out_size);
+            take_bn_stats(a, &b->down_bn);
+        }
+        b->out = visc_arena_floats(a, b->out_size);
+        size_t biggest = conv_out_size(&b->conv1) > b->out_size ? conv_out_size(&b->conv1) : b->out_size;
+        if (conv_out_size(&b->conv2) > biggest) biggest = conv_out_size(&b->conv2);
+        if (biggest > r->max_act) r->max_act = biggest;
+        prev = b->out;
+    }
+    r->features = visc_arena_floats(a, (size_t)N * r->feature_dim);
+    r->dfeatures = visc_arena_floats(a, (size_t)N * r->feature_dim);
+    m->logits = visc_arena_floats(a, (size_t)N * m->cfg.num_classes);
+    r->g0 = visc_arena_floats(a, r->max_act);
+    r->g1 = visc_arena_floats(a, r->max_act);
+    r->t1 = visc_arena_floats(a, r->max_act);
+    r->t2 = visc_arena_floats(a, r->max_act);
+}
+
+/* ---- initialization: torchvision's ---- */
+
+static void init_params(visc_model *m, resnet *r, uint64_t seed) {
+    const visc_table *p = &m->params;
+    for (int i = 0; i < p->count; i++) {
+        const visc_tensor_entry *e = &p->entries[i];
+        float *w = visc_table_get(p, i);
+        visc_rng rng = visc_rng_make(seed, VISC_STREAM_INIT, (uint64_t)i);
+        size_t len = strlen(e->name);
+        if (e->flags & VISC_TENSOR_NORM) {
+            /* BN: weight 1, bias 0 */
+            float v = (len > 7 && strcmp(e->name + len - 7, ".weight") == 0) ? 1.0f : 0.0f;
+            for (size_t j = 0; j < e->numel; j++) w[j] = v;
+        } else if (e->ndim == 4) {
+            /* kaiming_normal_(mode="fan_out", nonlinearity="relu") */
+            double fan_out = (double)e->shape[0] * e->shape[2] * e->shape[3];
+            float std = (float)sqrt(2.0 / fan_out);
+            for (size_t j = 0; j < e->numel; j++) w[j] = std * visc_rng_normal(&rng);
+        } else {
+            /* nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias */
+            float bound = 1.0f / sqrtf((float)r->feature_dim);
+            for (size_t j = 0; j < e->numel; j++) w[j] = bound * (2.0f * visc_rng_uniform(&rng) - 1.0f);
+        }
+    }
+    if (m->cfg.zero_init_residual) {
+        for (int i = 0; i < r->num_blocks; i++) {
+            block *b = &r->blocks[i];
+            bn_layer *last = b->bottleneck ? &b->bn3 : &b->bn2;
+            memset(visc_table_get(p, last->gamma), 0, (size_t)last->op.C * sizeof(float));
+        }
+    }
+    for (int i = 0; i < r->num_bns; i++) {
+        float *var = visc_table_get(&m->buffers, r->bns[i]->var);
+        for (int c = 0; c < r->bns[i]->op.C; c++) var[c] = 1.0f;
+    }
+}
+
+/* ---- forward ---- */
+
+#define P(idx) visc_table_get(&m->params, (idx))
+#define G(idx) (m->grads + m->params.entries[(idx)].offset)
+#define B(idx) visc_table_get(&m->buffers, (idx))
+
+static void conv_fwd(visc_model *m, conv_layer *c, float *out, const float *in) {
+    visc_conv2d_forward(&c->op, out, in, P(c->weight), NULL);
+}
+
+static void bn_fwd(visc_model *m, bn_layer *b, float *out, const float *in, int train) {
+    if (train)
+        visc_batchnorm2d_forward_train(&b->op, out, b->save_mean, b->save_rstd, in, P(b->gamma),
+                                       P(b->beta), B(b->mean), B(b->var));
+    else
+        visc_batchnorm2d_forward_eval(&b->op, out, in, P(b->gamma), P(b->beta), B(b->mean), B(b->var));
+}
+
+/* out = relu(out + identity) */
+static void add_relu(float *out, const float *identity, size_t n) {
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float v = out[i] + identity[i];
+        out[i] = v > 0.0f ? v : 0.0f;
+    }
+}
+
+static void block_forward(visc_model *m, block *b, int train) {
+    conv_fwd(m, &b->conv1, b->c1, b->in);
+    bn_fwd(m, &b->bn1, b->b1, b->c1, train);
+    conv_fwd(m, &b->conv2, b->c2, b->b1);
+    if (b->bottleneck) {
+        bn_fwd(m, &b->bn2, b->b2, b->c2, train);
+        conv_fwd(m, &b->conv3, b->c3, b->b2);
+        bn_fwd(m, &b->bn3, b->out, b->c3, train);
+    } else {
+        bn_fwd(m, &b->bn2, b->out, b->c2, train);
+    }
+    const float *identity = b->in;
+    if (b->has_down) {
+        conv_fwd(m, &b->down_conv, b->dc, b->in);
+        bn_fwd(m, &b->down_bn, b->db, b->dc, train);
+        identity = b->db;
+    }
+    add_relu(b->out, identity, b->out_size);
+}
+
+static void resnet_forward(visc_model *m, const float *x, int train) {
+    resnet *r = m->impl;
+    size_t xn = (size_t)m->cfg.batch * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
+    memcpy(r->x, x, xn * sizeof(float));
+    conv_fwd(m, &r->stem_conv, r->stem_c, r->x);
+    bn_fwd(m, &r->stem_bn, r->stem_b, r->stem_c, train);
+    if (r->has_maxpool) visc_maxpool2d_forward(&r->maxpool, r->pooled_in, r->pool_argmax, r->stem_b);
+    for (int i = 0; i < r->num_blocks; i++) block_forward(m, &r->blocks[i], train);
+    block *last = &r->blocks[r->num_blocks - 1];
+    visc_global_avgpool_forward(r->features, last->out, m->cfg.batch, r->feature_dim, r->final_hw);
+    visc_linear_forward(m->logits, r->features, P(r->fc_weight), P(r->fc_bias), m->cfg.batch,
+                        r->feature_dim, m->cfg.num_classes);
+    if (train) m->bn_updates++;
+}
+
+/* ---- backward ---- */
+
+static void conv_bwd(visc_model *m, conv_layer *c, float *din, const float *dout, const float *in) {
+    visc_conv2d_backward(&c->op, din, G(c->weight), NULL, dout, in, P(c->weight));
+}
+
+static void bn_bwd(visc_model *m, bn_layer *b, float *din, const float *dout, const float *in,
+                   const float *out) {
+    visc_batchnorm2d_backward(&b->op, din, G(b->gamma), G(b->beta), dout, in, out, P(b->gamma),
+                              b->save_mean, b->save_rstd);
+}
+
+/* dout: gradient w.r.t. the block output (modified in place); writes the
+ * gradient w.r.t. the block input to din (din != dout). */
+static void block_backward(visc_model *m, resnet *r, block *b, float *din, float *dout) {
+    /* through the final relu: its output is b->out */
+    visc_relu_backward(dout, dout, b->out, b->out_size);
+    float *t1 = r->t1, *t2 = r->t2;
+    if (b->bottleneck) {
+        bn_bwd(m, &b->bn3, t1, dout, b->c3, NULL);
+        conv_bwd(m, &b->conv3, t2, t1, b->b2);
+        bn_bwd(m, &b->bn2, t2, t2, b->c2, b->b2);
+        conv_bwd(m, &b->conv2, t1, t2, b->b1);
+    } else {
+        bn_bwd(m, &b->bn2, t1, dout, b->c2, NULL);
+        conv_bwd(m, &b->conv2, t2, t1, b->b1);
+        float *swap = t1;
+        t1 = t2;
+        t2 = swap;
+    }
+    /* t1 = gradient w.r.t. bn1's output */
+    bn_bwd(m, &b->bn1, t1, t1, b->c1, b->b1);
+    conv_bwd(m, &b->conv1, t2, t1, b->in);
+    /* t2 = main path's gradient w.r.t. the block input; add the shortcut's */
+    if (b->has_down) {
+        bn_bwd(m, &b->down_bn, t1, dout, b->dc, NULL);
+        conv_bwd(m, &b->down_conv, din, t1, b->in);
+        visc_add_inplace(din, t2, b->in_size);
+    } else {
+        visc_add_forward(din, dout, t2, b->in_size);
+    }
+}
+
+static void resnet_backward(visc_model *m, const float *dlogits) {
+    resnet *r = m->impl;
+    int N = m->cfg.batch;
+    visc_linear_backward(r->dfeatures, G(r->fc_weight), G(r->fc_bias), dlogits, r->features,
+                         P(r->fc_weight), N, r->feature_dim, m->cfg.num_classes);
+    float *dout = r->g0, *din = r->g1;
+    visc_global_avgpool_backward(dout, r->dfeatures, N, r->feature_dim, r->final_hw);
+    for (int i = r->num_blocks - 1; i >= 0; i--) {
+        block_backward(m, r, &r->blocks[i], din, dout);
+        float *swap = dout;
+        dout = din;
+        din = swap;
+    }
+    /* dout now holds the gradient w.r.t. the first block's input */
+    if (r->has_maxpool) {
+        visc_maxpool2d_backward(&r->maxpool, din, dout, r->pool_argmax);
+        dout = din;
+    }
+    bn_bwd(m, &r->stem_bn, dout, dout, r->stem_c, r->stem_b);
+    conv_bwd(m, &r->stem_conv, NULL, dout, r->x);
+}
+
+/* ---- lifetime ---- */
+
+static void free_conv(conv_layer *c) { visc_conv2d_destroy(&c->op); }
+static void free_bn(bn_layer *b) { visc_batchnorm2d_destroy(&b->op); }
+
+static void resnet_destroy(visc_model *m) {
+    resnet *r = m->impl;
+    free_conv(&r->stem_conv);
+    free_bn(&r->stem_bn);
+    if (r->has_maxpool) visc_pool2d_destroy(&r->maxpool);
+    for (int i = 0; i < r->num_blocks; i++) {
+        block *b = &r->blocks[i];
+        free_conv(&b->conv1);
+        free_conv(&b->conv2);
+        free_bn(&b->bn1);
+        free_bn(&b->bn2);
+        if (b->bottleneck) {
+            free_conv(&b->conv3);
+            free_bn(&b->bn3);
+        }
+        if (b->has_down) {
+            free_conv(&b->down_conv);
+            free_bn(&b->down_bn);
+        }
+    }
+    free(r->blocks);
+    free(r->bns);
+    free(m->bn_names);
+    visc_arena_free(&r->arena);
+    visc_table_free(&m->params);
+    visc_table_free(&m->buffers);
+    visc_free_aligned(m->grads);
+    free(r);
+    free(m);
+}
+
+static double model_flops(const resnet *r, int N, int fc_out) {
+    double f = visc_conv2d_flops(&r->stem_conv.op);
+    for (int i = 0; i < r->num_blocks; i++) {
+        const block *b = &r->blocks[i];
+        f += visc_conv2d_flops(&b->conv1.op) + visc_conv2d_flops(&b->conv2.op);
+        if (b->bottleneck) f += visc_conv2d_flops(&b->conv3.op);
+        if (b->has_down) f += visc_conv2d_flops(&b->down_conv.op);
+    }
+    f += 2.0 * N * (double)r->feature_dim * fc_out;
+    return f / N;
+}
+
+visc_model *visc_resnet_create(const visc_model_config *cfg, uint64_t seed) {
+    const resnet_spec *spec = NULL;
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+        if (strcmp(specs[i].name, cfg->arch) == 0) spec = &specs[i];
+    if (!spec) {
+        visc_set_error("unknown ResNet architecture '%s'", cfg->arch);
+        return NULL;
+    }
+    int N = cfg->batch, S = cfg->image_size;
+    int small = cfg->small_stem || spec->cifar;
+    int min_size = small ? (spec->cifar ? 4 : 8) : 32;
+    if (N < 1 || cfg->num_classes < 1 || cfg->in_channels < 1 || S < min_size) {
+        visc_set_error("%s needs batch >= 1, classes >= 1, channels >= 1 and images of at least %d px "
+                       "(got batch %d, %d classes, %d channels, %d px)",
+                       cfg->arch, min_size, N, cfg->num_classes, cfg->in_channels, S);
+        return NULL;
+    }
+    visc_model *m = visc_calloc(1, sizeof *m, "model");
+    resnet *r = visc_calloc(1, sizeof *r, "resnet");
+    m->cfg = *cfg;
+    m->cfg.small_stem = small;
+    m->impl = r;
+    visc_table_init(&m->params);
+    visc_table_init(&m->buffers);
+
+    int base = cfg->width > 0 ? cfg->width : (spec->cifar ? 16 : 64);
+    int stem_k = small ? 3 : 7, stem_s = small ? 1 : 2;
+    add_conv(m, &r->stem_conv, "conv1", N, cfg->in_channels, S, base, stem_k, stem_s);
+    int H = r->stem_conv.op.P;
+    add_bn(m, r, &r->stem_bn, "bn1", N, base, H * H, 1);
+    r->has_maxpool = !small;
+    if (r->has_maxpool) {
+        visc_pool2d_init(&r->maxpool, N, base, H, H, 3, 2, 1);
+        H = r->maxpool.P;
+    }
+    int stages = spec->cifar ? 3 : 4;
+    for (int s = 0; s < stages; s++) r->num_blocks += spec->layers[s];
+    r->blocks = visc_calloc((size_t)r->num_blocks, sizeof *r->blocks, "resnet blocks");
+    int C = base, bi = 0, expansion = spec->bottleneck ? 4 : 1;
+    for (int s = 0; s < stages; s++) {
+        int planes = base << s;
+        for (int j = 0; j < spec->layers[s]; j++) {
+            char name[64];
+            snprintf(name, sizeof name, "layer%d.%d", s + 1, j);
+            int stride = (j == 0 && s > 0) ? 2 : 1;
+            add_block(m, r, &r->blocks[bi++], name, N, C, H, planes, stride, spec->bottleneck);
+            H = (H - 1) / stride + 1;
+            C = planes * expansion;
+        }
+    }
+    r->feature_dim = C;
+    r->final_hw = H * H;
+    int64_t fcw[2] = {cfg->num_classes, C}, fcb[1] = {cfg->num_classes};
+    r->fc_weight = visc_table_add(&m->params, "fc.weight", 2, fcw, 0);
+    r->fc_bias = visc_table_add(&m->params, "fc.bias", 1, fcb, VISC_TENSOR_NO_DECAY | VISC_TENSOR_BIAS);
+    visc_table_alloc(&m->params);
+    visc_table_alloc(&m->buffers);
+    m->grads = visc_alloc_aligned(m->params.total * sizeof(float), "gradients");
+
+    visc_arena plan;
+    visc_arena_init(&plan, 0);
+    plan_activations(m, r, &plan);
+    visc_arena_init(&r->arena, plan.used);
+    plan_activations(m, r, &r->arena);
+
+    init_params(m, r, seed);
+    m->num_bn = r->num_bns;
+    m->bn_names = visc_malloc((size_t)r->num_bns * sizeof *m->bn_names, "bn names");
+    for (int i = 0; i < r->num_bns; i++) m->bn_names[i] = r->bns[i]->name;
+    m->flops_per_image = model_flops(r, N, cfg->num_classes);
+    m->forward = resnet_forward;
+    m->backward = resnet_backward;
+    m->destroy = resnet_destroy;
+    return m;
+}

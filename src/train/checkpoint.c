@@ -1,0 +1,197 @@
+/* checkpoint.c: model files and training checkpoints, both safetensors.
+ *
+ * model_*.safetensors holds exactly torchvision's state_dict (parameters,
+ * running statistics, num_batches_tracked as I64), so PyTorch loads it with
+ * strict=True. checkpoint_last.safetensors adds what resuming needs: the
+ * optimizer's flat state ("optimizer.slot0", ...), the EMA buffers, and the
+ * train state in the metadata. Both are written atomically. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "visc/io.h"
+#include "visc/train.h"
+
+static void add_model(visc_st_writer *w, const visc_model *m) {
+    visc_st_writer_add_table(w, &m->params, "");
+    visc_st_writer_add_table(w, &m->buffers, "");
+    int64_t count = m->bn_updates;
+    for (int i = 0; i < m->num_bn; i++) {
+        char key[VISC_MAX_NAME + 32];
+        snprintf(key, sizeof key, "%s.num_batches_tracked", m->bn_names[i]);
+        visc_st_writer_add(w, key, VISC_DTYPE_I64, 0, NULL, &count);
+    }
+    visc_st_writer_meta(w, "arch", m->cfg.arch);
+    visc_st_writer_meta(w, "format", "pt");
+}
+
+int visc_save_model(const visc_model *m, const char *path, const char *extra_meta_json) {
+    visc_st_writer *w = visc_st_writer_new();
+    add_model(w, m);
+    if (extra_meta_json) visc_st_writer_meta(w, "visc", extra_meta_json);
+    int rc = visc_st_writer_save(w, path);
+    visc_st_writer_free(w);
+    return rc;
+}
+
+static int is_model_key(const visc_model *m, const char *name) {
+    if (visc_table_find(&m->params, name) >= 0 || visc_table_find(&m->buffers, name) >= 0) return 1;
+    for (int i = 0; i < m->num_bn; i++) {
+        size_t n = strlen(m->bn_names[i]);
+        if (strncmp(name, m->bn_names[i], n) == 0 && strcmp(name + n, ".num_batches_tracked") == 0)
+            return 1;
+    }
+    return 0;
+}
+
+static int load_table(visc_table *t, const visc_safetensors *st, const char *path) {
+    for (int i = 0; i < t->count; i++) {
+        const visc_tensor_entry *e = &t->entries[i];
+        const visc_st_tensor *s = visc_safetensors_find(st, e->name);
+        if (!s) return visc_set_error("%s: missing tensor '%s' (not a checkpoint of this model?)", path, e->name);
+        int same = s->ndim == e->ndim;
+        for (int d = 0; same && d < e->ndim; d++) same = s->shape[d] == e->shape[d];
+        if (!same) {
+            char want[64] = "", got[64] = "";
+            for (int d = 0; d < e->ndim; d++)
+                snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "x" : "", (long long)e->shape[d]);
+            for (int d = 0; d < s->ndim; d++)
+                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "x" : "", (long long)s->shape[d]);
+            return visc_set_error("%s: tensor '%s' has shape [%s], the model needs [%s]", path,
+                                  e->name, got, want);
+        }
+        if (visc_safetensors_read_f32(st, e->name, visc_table_get(t, i), e->numel)) return -1;
+    }
+    return 0;
+}
+
+static int load_model_from(visc_model *m, const visc_safetensors *st, const char *path, int strict) {
+    if (load_table(&m->params, st, path) || load_table(&m->buffers, st, path)) return -1;
+    if (m->num_bn > 0) {
+        char key[VISC_MAX_NAME + 32];
+        snprintf(key, sizeof key, "%s.num_batches_tracked", m->bn_names[0]);
+        float count = 0;
+        if (visc_safetensors_find(st, key) && visc_safetensors_read_f32(st, key, &count, 1) == 0)
+            m->bn_updates = (int64_t)count;
+    }
+    if (strict) {
+        for (int i = 0; i < st->count; i++)
+            if (!is_model_key(m, st->tensors[i].name))
+                return visc_set_error("%s: unexpected tensor '%s' for model %s", path,
+                                      st->tensors[i].name, m->cfg.arch);
+    }
+    return 0;
+}
+
+int visc_load_model(visc_model *m, const char *path) {
+    visc_safetensors st;
+    if (visc_safetensors_open(&st, path)) return -1;
+    /* A full training checkpoint is accepted too: its extra keys are ours. */
+    int is_checkpoint = visc_safetensors_meta(&st, "visc_train_state") != NULL;
+    int rc = load_model_from(m, &st, path, !is_checkpoint);
+    visc_safetensors_close(&st);
+    return rc;
+}
+
+int visc_save_checkpoint(const visc_model *m, const visc_optimizer *o, const float *ema_params,
+                         const float *ema_buffers, const visc_train_state *s,
+                         const char *config_text, const char *path) {
+    visc_st_writer *w = visc_st_writer_new();
+    add_model(w, m);
+    for (int k = 0; k < o->slots; k++) {
+        char key[64];
+        int64_t shape[1] = {(int64_t)m->params.total};
+        snprintf(key, sizeof key, "optimizer.slot%d", k);
+        visc_st_writer_add(w, key, VISC_DTYPE_F32, 1, shape, o->state + (size_t)k * m->params.total);
+    }
+    if (ema_params) {
+        int64_t ps[1] = {(int64_t)m->params.total}, bs[1] = {(int64_t)m->buffers.total};
+        visc_st_writer_add(w, "ema.params", VISC_DTYPE_F32, 1, ps, ema_params);
+        if (m->buffers.total) visc_st_writer_add(w, "ema.buffers", VISC_DTYPE_F32, 1, bs, ema_buffers);
+    }
+    char state[512];
+    snprintf(state, sizeof state,
+             "{\"epoch\":%" PRId64 ",\"step\":%" PRId64 ",\"step_in_epoch\":%" PRId64
+             ",\"best_top1\":%.17g,\"optimizer\":\"%s\",\"optimizer_steps\":%" PRId64 "}",
+             s->epoch, s->step, s->step_in_epoch, s->best_top1, visc_opt_kind_name(o->cfg.kind),
+             o->step);
+    visc_st_writer_meta(w, "visc_train_state", state);
+    if (config_text) visc_st_writer_meta(w, "visc_config", config_text);
+    int rc = visc_st_writer_save(w, path);
+    visc_st_writer_free(w);
+    return rc;
+}
+
+/* Reads integer or float field `key` from the flat JSON object we wrote. */
+static int json_number(const char *json, const char *key, double *out) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *p = strstr(json, pat);
+    if (!p) return -1;
+    char *end;
+    *out = strtod(p + strlen(pat), &end);
+    return end == p + strlen(pat) ? -1 : 0;
+}
+
+static int json_string(const char *json, const char *key, char *out, size_t n) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":\"", key);
+    const char *p = strstr(json, pat);
+    if (!p) return -1;
+    p += strlen(pat);
+    const char *q = strchr(p, '"');
+    if (!q || (size_t)(q - p) >= n) return -1;
+    memcpy(out, p, (size_t)(q - p));
+    out[q - p] = 0;
+    return 0;
+}
+
+int visc_load_checkpoint(visc_model *m, visc_optimizer *o, float *ema_params, float *ema_buffers,
+                         visc_train_state *s, const char *path) {
+    visc_safetensors st;
+    if (visc_safetensors_open(&st, path)) return -1;
+    int rc = -1;
+    const char *state = visc_safetensors_meta(&st, "visc_train_state");
+    const char *arch = visc_safetensors_meta(&st, "arch");
+    double epoch, step, in_epoch, best, opt_steps;
+    char opt_name[32];
+    if (!state || json_number(state, "epoch", &epoch) || json_number(state, "step", &step) ||
+        json_number(state, "step_in_epoch", &in_epoch) || json_number(state, "best_top1", &best) ||
+        json_number(state, "optimizer_steps", &opt_steps) ||
+        json_string(state, "optimizer", opt_name, sizeof opt_name)) {
+        visc_set_error("%s: not a visc training checkpoint (no valid visc_train_state metadata)", path);
+        goto out;
+    }
+    if (arch && strcmp(arch, m->cfg.arch) != 0) {
+        visc_set_error("%s: checkpoint of model %s, but training %s", path, arch, m->cfg.arch);
+        goto out;
+    }
+    if (strcmp(opt_name, visc_opt_kind_name(o->cfg.kind)) != 0) {
+        visc_set_error("%s: checkpoint was trained with optimizer %s, not %s", path, opt_name,
+                       visc_opt_kind_name(o->cfg.kind));
+        goto out;
+    }
+    if (load_model_from(m, &st, path, 0)) goto out;
+    for (int k = 0; k < o->slots; k++) {
+        char key[64];
+        snprintf(key, sizeof key, "optimizer.slot%d", k);
+        if (visc_safetensors_read_f32(&st, key, o->state + (size_t)k * m->params.total, m->params.total))
+            goto out;
+    }
+    if (ema_params) {
+        if (visc_safetensors_read_f32(&st, "ema.params", ema_params, m->params.total)) goto out;
+        if (m->buffers.total &&
+            visc_safetensors_read_f32(&st, "ema.buffers", ema_buffers, m->buffers.total))
+            goto out;
+    }
+    s->epoch = (int64_t)epoch;
+    s->step = (int64_t)step;
+    s->step_in_epoch = (int64_t)in_epoch;
+    s->best_top1 = best;
+    o->step = (int64_t)opt_steps;
+    rc = 0;
+out:
+    visc_safetensors_close(&st);
+    return rc;
+}

@@ -1,0 +1,403 @@
+/* trainer.c: supervised training, epoch by epoch.
+ *
+ * Reproducibility: every random choice is drawn from (seed, epoch, sample)
+ * by the counter-based RNG, so the state to resume from is just (epoch,
+ * step, step_in_epoch) plus the model and optimizer buffers. A resumed run
+ * recomputes the epoch's order, skips the batches already consumed, and
+ * continues bit-exactly (same thread count assumed: reductions are ordered). */
+#include <errno.h>
+#include <stdarg.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "visc/io.h"
+#include "visc/nn.h"
+#include "visc/train.h"
+
+void visc_train_config_defaults(visc_train_config *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->dataset, sizeof c->dataset, "fashion-mnist");
+    c->pad_crop = 2;
+    c->hflip = 1;
+    snprintf(c->model.arch, sizeof c->model.arch, "resnet20");
+    c->model.num_classes = 0; /* from the dataset */
+    c->epochs = 10;
+    c->batch_size = 128;
+    snprintf(c->opt, sizeof c->opt, "sgd");
+    snprintf(c->sched, sizeof c->sched, "cosine");
+    c->lr = 0.1f;
+    c->momentum = 0.9f;
+    c->weight_decay = 5e-4f;
+    c->nesterov = 1;
+    c->decay_norm_and_bias = 0;
+    c->warmup_start = 0.1f;
+    c->lr_gamma = 0.1f;
+    c->lr_step_epochs = 30;
+    c->seed = 0;
+    c->print_freq = 50;
+    snprintf(c->output, sizeof c->output, "runs/train");
+}
+
+/* Everything a step touches, allocated once before the first step. */
+typedef struct {
+    const visc_train_config *c;
+    visc_model *model;
+    visc_optimizer opt;
+    visc_schedule sched;
+    visc_dataset *train, *val;
+    visc_augment aug;
+    int64_t *order;
+    float *x, *probs, *dlogits, *ema_params, *ema_buffers;
+    int32_t *y;
+    int64_t steps_per_epoch;
+    visc_train_state state;
+    visc_tb_writer *tb;
+    FILE *log;
+    char *config_text;
+} trainer;
+
+/* One optimizer step on the batch order[0..B-1]: data, forward, loss,
+ * backward, clip, update, EMA. Returns the loss; counts correct top-1. */
+static float train_step(trainer *t, const int64_t *batch_order, int *top1, float *lr_out) {
+    const visc_train_config *c = t->c;
+    visc_model *m = t->model;
+    int B = c->batch_size, K = m->cfg.num_classes;
+
+    if (visc_make_batch(t->train, batch_order, B, &t->aug, 1, c->seed, t->state.epoch, t->x, t->y))
+        visc_die("%s", visc_last_error());
+
+    m->forward(m, t->x, 1);
+    float loss = visc_softmax_xent_forward(t->probs, m->logits, t->y, B, K, c->label_smoothing);
+    int top5;
+    visc_topk_correct(m->logits, t->y, B, K, top1, &top5);
+
+    visc_softmax_xent_backward(t->dlogits, t->probs, t->y, B, K, c->label_smoothing);
+    m->backward(m, t->dlogits);
+
+    if (c->clip_grad > 0) visc_clip_grad_norm(m->grads, m->params.total, c->clip_grad);
+    float lr = visc_schedule_lr(&t->sched, t->state.step);
+    visc_optimizer_step(&t->opt, m->params.data, m->grads, lr);
+    if (t->ema_params) {
+        visc_ema_update(t->ema_params, m->params.data, m->params.total, c->ema_decay);
+        visc_ema_update(t->ema_buffers, m->buffers.data, m->buffers.total, c->ema_decay);
+    }
+    t->state.step++;
+    *lr_out = lr;
+    return loss;
+}
+
+static int64_t *parse_milestones(const char *text, int *count) {
+    static int64_t ms[VISC_MAX_MILESTONES];
+    *count = 0;
+    for (const char *p = text; *p && *count < VISC_MAX_MILESTONES;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        ms[(*count)++] = v;
+        p = *end == ',' ? end + 1 : end;
+    }
+    return ms;
+}
+
+static int setup_schedule(trainer *t) {
+    const visc_train_config *c = t->c;
+    visc_schedule *s = &t->sched;
+    memset(s, 0, sizeof *s);
+    if (visc_sched_parse_kind(c->sched, &s->kind)) return -1;
+    s->base_lr = c->lr;
+    s->min_lr = c->min_lr;
+    s->total_steps = (int64_t)c->epochs * t->steps_per_epoch;
+    s->warmup_steps = (int64_t)llround(c->warmup_epochs * (double)t->steps_per_epoch);
+    s->warmup_start = c->warmup_start;
+    s->step_size = (int64_t)c->lr_step_epochs * t->steps_per_epoch;
+    s->gamma = c->lr_gamma;
+    int n;
+    const int64_t *ms = parse_milestones(c->lr_milestones, &n);
+    for (int i = 0; i < n; i++) s->milestones[i] = ms[i] * t->steps_per_epoch;
+    s->num_milestones = n;
+    return 0;
+}
+
+static void log_json(trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_json(trainer *t, const char *fmt, ...) {
+    if (!t->log) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(t->log, fmt, ap);
+    va_end(ap);
+    fputc('\n', t->log);
+    fflush(t->log);
+}
+
+static int save_all(trainer *t, int is_best) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/checkpoint_last.safetensors", t->c->output);
+    if (visc_save_checkpoint(t->model, &t->opt, t->ema_params, t->ema_buffers, &t->state,
+                             t->config_text, path))
+        return -1;
+    snprintf(path, sizeof path, "%s/model_last.safetensors", t->c->output);
+    if (visc_save_model(t->model, path, NULL)) return -1;
+    if (is_best) {
+        snprintf(path, sizeof path, "%s/model_best.safetensors", t->c->output);
+        if (visc_save_model(t->model, path, NULL)) return -1;
+    }
+    return 0;
+}
+
+/* Evaluates with the EMA weights swapped in, then swaps back. */
+static int evaluate_ema(trainer *t, visc_eval_result *r) {
+    visc_model *m = t->model;
+    float *p = m->params.data, *b = m->buffers.data;
+    m->params.data = t->ema_params;
+    m->buffers.data = t->ema_buffers;
+    int rc = visc_evaluate(m, t->val, &t->aug, t->c->label_smoothing, r);
+    m->params.data = p;
+    m->buffers.data = b;
+    return rc;
+}
+
+static int run_epochs(trainer *t) {
+    const visc_train_config *c = t->c;
+    visc_model *m = t->model;
+    int B = c->batch_size;
+    double flops_per_img = 3.0 * m->flops_per_image; /* forward + backward */
+    while (t->state.epoch < c->epochs) {
+        int64_t epoch = t->state.epoch;
+        visc_epoch_order(t->order, t->train->size, 1, c->seed, epoch);
+        visc_progress bar;
+        char label[64];
+        snprintf(label, sizeof label, "epoch %lld/%d", (long long)epoch + 1, c->epochs);
+        visc_progress_begin(&bar, label, t->steps_per_epoch, !c->no_progress);
+        double loss_sum = 0, t0 = visc_now(), window_t0 = t0;
+        int64_t correct = 0, seen = 0, window_imgs = 0;
+        for (int64_t i = t->state.step_in_epoch; i < t->steps_per_epoch; i++) {
+            int top1;
+            float lr;
+            float loss = train_step(t, t->order + i * B, &top1, &lr);
+            if (!isfinite(loss)) {
+                visc_progress_end(&bar, NULL);
+                return visc_set_error("loss is %f at step %lld (epoch %lld): training diverged; "
+                                      "lower --lr or enable --clip-grad",
+                                      (double)loss, (long long)t->state.step, (long long)epoch + 1);
+            }
+            t->state.step_in_epoch = i + 1;
+            loss_sum += loss;
+            correct += top1;
+            seen += B;
+            window_imgs += B;
+            int64_t done = i + 1 - 0;
+            if ((c->print_freq > 0 && done % c->print_freq == 0) || done == t->steps_per_epoch) {
+                double now = visc_now(), ips = window_imgs / (now - window_t0);
+                char stats[160];
+                snprintf(stats, sizeof stats, "loss %.4f acc %.2f%% lr %.4g %.0f img/s %.1f GFLOP/s",
+                         loss_sum / (seen / B), 100.0 * correct / seen, lr, ips,
+                         ips * flops_per_img * 1e-9);
+                visc_progress_update(&bar, done, stats);
+                log_json(t, "{\"type\":\"train\",\"epoch\":%lld,\"step\":%lld,\"loss\":%.6f,"
+                            "\"top1\":%.4f,\"lr\":%.6g,\"img_per_s\":%.1f}",
+                         (long long)epoch + 1, (long long)t->state.step, loss_sum / (seen / B),
+                         100.0 * correct / seen, lr, ips);
+                if (t->tb) {
+                    visc_tb_scalar(t->tb, "train/loss", t->state.step, (float)(loss_sum / (seen / B)));
+                    visc_tb_scalar(t->tb, "train/top1", t->state.step, (float)(100.0 * correct / seen));
+                    visc_tb_scalar(t->tb, "train/lr", t->state.step, lr);
+                    visc_tb_scalar(t->tb, "train/img_per_s", t->state.step, (float)ips);
+                }
+                window_t0 = now;
+                window_imgs = 0;
+            }
+            if (c->max_steps > 0 && t->state.step >= c->max_steps) {
+                visc_progress_end(&bar, "stopped at --max-steps");
+                if (save_all(t, 0)) return -1;
+                return 1;
+            }
+        }
+        double train_time = visc_now() - t0;
+        visc_eval_result r;
+        if (visc_evaluate(m, t->val, &t->aug, c->label_smoothing, &r)) return -1;
+        t->state.epoch++;
+        t->state.step_in_epoch = 0;
+        int is_best = r.top1 > t->state.best_top1;
+        if (is_best) t->state.best_top1 = r.top1;
+        char summary[256];
+        snprintf(summary, sizeof summary,
+                 "train loss %.4f acc %.2f%% | val loss %.4f top1 %.2f%% top5 %.2f%% | %.0fs",
+                 seen ? loss_sum / (seen / B) : 0.0, seen ? 100.0 * correct / seen : 0.0, r.loss,
+                 r.top1, r.top5, train_time);
+        visc_progress_end(&bar, summary);
+        log_json(t, "{\"type\":\"val\",\"epoch\":%lld,\"step\":%lld,\"loss\":%.6f,\"top1\":%.4f,"
+                    "\"top5\":%.4f,\"epoch_time_s\":%.2f}",
+                 (long long)t->state.epoch, (long long)t->state.step, r.loss, r.top1, r.top5,
+                 train_time);
+        if (t->tb) {
+            visc_tb_scalar(t->tb, "val/loss", t->state.epoch, (float)r.loss);
+            visc_tb_scalar(t->tb, "val/top1", t->state.epoch, (float)r.top1);
+            visc_tb_scalar(t->tb, "val/top5", t->state.epoch, (float)r.top5);
+        }
+        if (t->ema_params) {
+            visc_eval_result e;
+            if (evaluate_ema(t, &e)) return -1;
+            printf("  EMA weights: val top1 %.2f%% top5 %.2f%%\n", e.top1, e.top5);
+            log_json(t, "{\"type\":\"val_ema\",\"epoch\":%lld,\"top1\":%.4f,\"top5\":%.4f}",
+                     (long long)t->state.epoch, e.top1, e.top5);
+            if (t->tb) visc_tb_scalar(t->tb, "val/ema_top1", t->state.epoch, (float)e.top1);
+        }
+        if (t->tb) visc_tb_flush(t->tb);
+        if (save_all(t, is_best)) return -1;
+    }
+    return 0;
+}
+
+static char *describe_config(const visc_train_config *c, const visc_model *m) {
+    char *s = visc_malloc(4096, "config text");
+    snprintf(s, 4096,
+             "{\"model\":\"%s\",\"dataset\":\"%s\",\"num_classes\":%d,\"in_channels\":%d,"
+             "\"image_size\":%d,\"small_stem\":%d,\"width\":%d,\"epochs\":%d,\"batch_size\":%d,"
+             "\"opt\":\"%s\",\"sched\":\"%s\",\"lr\":%g,\"momentum\":%g,\"weight_decay\":%g,"
+             "\"nesterov\":%d,\"label_smoothing\":%g,\"seed\":%llu}",
+             m->cfg.arch, c->dataset, m->cfg.num_classes, m->cfg.in_channels, m->cfg.image_size,
+             m->cfg.small_stem, m->cfg.width, c->epochs, c->batch_size, c->opt, c->sched,
+             (double)c->lr, (double)c->momentum, (double)c->weight_decay, c->nesterov,
+             (double)c->label_smoothing, (unsigned long long)c->seed);
+    return s;
+}
+
+static void trainer_free(trainer *t) {
+    if (t->tb) visc_tb_close(t->tb);
+    if (t->log) fclose(t->log);
+    visc_optimizer_free(&t->opt);
+    if (t->model) visc_model_destroy(t->model);
+    if (t->train) visc_dataset_free(t->train);
+    if (t->val) visc_dataset_free(t->val);
+    free(t->order);
+    visc_free_aligned(t->x);
+    free(t->y);
+    visc_free_aligned(t->probs);
+    visc_free_aligned(t->dlogits);
+    visc_free_aligned(t->ema_params);
+    visc_free_aligned(t->ema_buffers);
+    free(t->config_text);
+}
+
+int visc_train(const visc_train_config *c) {
+    trainer t;
+    memset(&t, 0, sizeof t);
+    t.c = c;
+    int rc = -1;
+    if (c->threads > 0) visc_set_num_threads(c->threads);
+    if (c->batch_size < 1 || c->epochs < 0) {
+        visc_set_error("--batch-size must be >= 1 and --epochs >= 0");
+        goto done;
+    }
+    t.train = visc_open_dataset(c->dataset, c->data_dir, 1, &t.aug);
+    if (!t.train) goto done;
+    t.val = visc_open_dataset(c->dataset, c->data_dir, 0, &t.aug);
+    if (!t.val) goto done;
+    t.aug.pad_crop = c->pad_crop;
+    t.aug.hflip = c->hflip;
+    t.steps_per_epoch = t.train->size / c->batch_size; /* drop_last */
+    if (t.steps_per_epoch < 1 && !c->evaluate) {
+        visc_set_error("--batch-size %d is larger than the training set (%lld samples)",
+                       c->batch_size, (long long)t.train->size);
+        goto done;
+    }
+
+    visc_model_config mc = c->model;
+    mc.num_classes = mc.num_classes > 0 ? mc.num_classes : t.train->num_classes;
+    mc.in_channels = t.train->channels;
+    mc.image_size = t.train->height;
+    mc.batch = c->batch_size;
+    if (mc.num_classes < t.train->num_classes) {
+        visc_set_error("--num-classes %d is smaller than the dataset's %d classes", mc.num_classes,
+                       t.train->num_classes);
+        goto done;
+    }
+    t.model = visc_model_create(&mc, c->seed);
+    if (!t.model) goto done;
+    visc_model *m = t.model;
+
+    visc_opt_config oc;
+    visc_opt_kind kind;
+    if (visc_opt_parse_kind(c->opt, &kind)) goto done;
+    oc = visc_opt_defaults(kind);
+    if (kind == VISC_OPT_SGD || kind == VISC_OPT_LARS) {
+        oc.momentum = c->momentum;
+        oc.nesterov = c->nesterov;
+    }
+    oc.weight_decay = c->weight_decay;
+    oc.decay_norm_and_bias = c->decay_norm_and_bias;
+    visc_optimizer_init(&t.opt, &oc, &m->params);
+    if (setup_schedule(&t)) goto done;
+
+    int B = c->batch_size, K = mc.num_classes;
+    size_t xn = (size_t)B * mc.in_channels * mc.image_size * mc.image_size;
+    t.order = visc_malloc((size_t)t.train->size * sizeof *t.order, "epoch order");
+    t.x = visc_alloc_aligned(xn * sizeof(float), "input batch");
+    t.y = visc_malloc((size_t)B * sizeof *t.y, "labels");
+    t.probs = visc_alloc_aligned((size_t)B * K * sizeof(float), "probabilities");
+    t.dlogits = visc_alloc_aligned((size_t)B * K * sizeof(float), "logit gradients");
+    if (c->ema_decay > 0) {
+        t.ema_params = visc_alloc_aligned(m->params.total * sizeof(float), "EMA weights");
+        t.ema_buffers = visc_alloc_aligned(m->buffers.total * sizeof(float), "EMA buffers");
+        memcpy(t.ema_params, m->params.data, m->params.total * sizeof(float));
+        memcpy(t.ema_buffers, m->buffers.data, m->buffers.total * sizeof(float));
+    }
+    t.config_text = describe_config(c, m);
+
+    if (c->weights[0]) {
+        if (visc_load_model(m, c->weights)) goto done;
+        if (t.ema_params) {
+            memcpy(t.ema_params, m->params.data, m->params.total * sizeof(float));
+            memcpy(t.ema_buffers, m->buffers.data, m->buffers.total * sizeof(float));
+        }
+    }
+    if (c->resume[0]) {
+        if (visc_load_checkpoint(m, &t.opt, t.ema_params, t.ema_buffers, &t.state, c->resume))
+            goto done;
+        printf("resumed from %s at epoch %lld, step %lld\n", c->resume, (long long)t.state.epoch,
+               (long long)t.state.step);
+    }
+
+    if (c->evaluate) {
+        visc_eval_result r;
+        if (visc_evaluate(m, t.val, &t.aug, c->label_smoothing, &r)) goto done;
+        printf("evaluate %s on %s test set (%lld images): loss %.4f top1 %.2f%% top5 %.2f%%\n",
+               mc.arch, c->dataset, (long long)r.count, r.loss, r.top1, r.top5);
+        rc = 0;
+        goto done;
+    }
+
+    if (visc_mkdirs(c->output)) goto done;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/log.jsonl", c->output);
+    t.log = fopen(path, c->resume[0] ? "a" : "w");
+    if (!t.log) {
+        visc_set_error("cannot write %s: %s", path, strerror(errno));
+        goto done;
+    }
+    t.tb = visc_tb_open(c->output);
+    if (!t.tb) goto done;
+    log_json(&t, "{\"type\":\"config\",\"config\":%s}", t.config_text);
+    printf("training %s (%.2fM parameters, %.1f MFLOP/image forward) on %s: %lld train / %lld "
+           "test images, %d epochs of %lld steps, batch %d, %d threads\n",
+           mc.arch, m->params.total / 1e6, m->flops_per_image / 1e6, c->dataset,
+           (long long)t.train->size, (long long)t.val->size, c->epochs,
+           (long long)t.steps_per_epoch, B, visc_num_threads());
+    double t0 = visc_now();
+    int r = run_epochs(&t);
+    if (r < 0) goto done;
+    if (r == 0) {
+        printf("done: best val top1 %.2f%% in %.0fs; checkpoints and logs in %s/\n",
+               t.state.best_top1, visc_now() - t0, c->output);
+        log_json(&t, "{\"type\":\"done\",\"best_top1\":%.4f,\"seconds\":%.1f}", t.state.best_top1,
+                 visc_now() - t0);
+    }
+    rc = 0;
+done:
+    trainer_free(&t);
+    return rc;
+}

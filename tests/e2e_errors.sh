@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Bad input gets one clear line on stderr and exit status 1: never a crash
+# (signals give 128+N), never a hang, never a half-written checkpoint.
+set -uo pipefail
+V=${VISC:-build/visc}
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fails=0
+expect_error() { # expect_error PATTERN ARGS...
+    local pattern=$1; shift
+    local err rc
+    err=$(timeout 120 "$V" "$@" 2>&1 >/dev/null); rc=$?
+    if [ $rc -ne 1 ] || ! grep -q -- "$pattern" <<<"$err" || [ "$(wc -l <<<"$err")" -ne 1 ]; then
+        echo "FAIL: visc $* -> exit $rc, stderr: $err (wanted one line matching '$pattern')"
+        fails=$((fails + 1))
+    else
+        echo "ok: visc $* -> $err"
+    fi
+}
+quick=(--model resnet14 --epochs 1 --batch-size 32 --print-freq 0 --no-progress)
+"$V" train "${quick[@]}" --max-steps 2 --output "$tmp/good" >/dev/null || { echo "FAIL: a good run failed"; exit 1; }
+good="$tmp/good/checkpoint_last.safetensors"
+
+expect_error "unknown option '--bogus'" train --bogus
+expect_error "lr: expected a number, got 'abc'" train --lr abc
+expect_error "batch-size: expected an integer" train --batch-size 12x
+expect_error "option '--epochs' needs a value" train --epochs
+expect_error "unknown command" frobnicate
+expect_error "unknown model 'vgg11'" train --model vgg11 --output "$tmp/x"
+expect_error "unknown optimizer" train --opt sgdx --output "$tmp/x"
+expect_error "unknown dataset" train --dataset imagenet22k --output "$tmp/x"
+expect_error "cannot open" train --data "$tmp/missing" --output "$tmp/x"
+expect_error "cannot open" train --config "$tmp/missing.ini"
+printf 'epochs = 3\nthis line is wrong\n' >"$tmp/bad.ini"
+expect_error "bad.ini:2" train --config "$tmp/bad.ini"
+printf 'epochz = 3\n' >"$tmp/typo.ini"
+expect_error "unknown key 'epochz'" train --config "$tmp/typo.ini"
+
+# truncated dataset files
+mkdir -p "$tmp/fm"
+for f in t10k-images-idx3-ubyte t10k-labels-idx1-ubyte train-labels-idx1-ubyte; do
+    cp /usr/share/datasets/fashion-mnist/$f.gz "$tmp/fm/"
+done
+head -c 100000 /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz >"$tmp/fm/train-images-idx3-ubyte.gz"
+expect_error "train-images-idx3-ubyte.gz" train --data "$tmp/fm" --output "$tmp/x"
+
+# corrupt, truncated and foreign checkpoints
+head -c 5000 "$good" >"$tmp/trunc.safetensors"
+expect_error "trunc.safetensors" train "${quick[@]}" --resume "$tmp/trunc.safetensors" --output "$tmp/x"
+printf 'not a checkpoint at all' >"$tmp/junk.safetensors"
+expect_error "junk.safetensors" train "${quick[@]}" --resume "$tmp/junk.safetensors" --output "$tmp/x"
+expect_error "checkpoint of model resnet14" train --model resnet20 --epochs 1 --resume "$good" --output "$tmp/x"
+expect_error "optimizer sgd" train "${quick[@]}" --opt adamw --resume "$good" --output "$tmp/x"
+expect_error "missing tensor 'layer1.2.conv1.weight'" train --model resnet20 --weights "$tmp/good/model_last.safetensors" --evaluate
+expect_error "shape" train "${quick[@]}" --width 8 --weights "$tmp/good/model_last.safetensors" --evaluate
+expect_error "No such file" train "${quick[@]}" --resume "$tmp/none.safetensors" --output "$tmp/x"
+
+# An output "folder" that is a file, and a checkpoint path that cannot be
+# replaced (a directory is in the way): both fail cleanly, with no temporary
+# file left behind and the files already there untouched.
+touch "$tmp/afile"
+expect_error "afile" train "${quick[@]}" --max-steps 1 --output "$tmp/afile"
+mkdir -p "$tmp/blocked/checkpoint_last.safetensors"
+cp "$tmp/good/model_last.safetensors" "$tmp/blocked/model_last.safetensors"
+before=$(md5sum <"$tmp/blocked/model_last.safetensors")
+expect_error "checkpoint_last.safetensors" train "${quick[@]}" --max-steps 1 --output "$tmp/blocked"
+[ "$(md5sum <"$tmp/blocked/model_last.safetensors")" = "$before" ] || { echo "FAIL: model file changed"; fails=$((fails + 1)); }
+if ls "$tmp/blocked" | grep -q tmp; then echo "FAIL: temporary file left behind"; fails=$((fails + 1)); fi
+
+echo "$fails failures"
+[ $fails -eq 0 ]
