@@ -24,7 +24,7 @@ CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all test asan bench clean tests
+.PHONY: all test asan bench clean tests deps demo
 .SECONDARY:
 all: $(BUILD)/visc
 
@@ -47,9 +47,19 @@ $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libvisc.a
 
 tests: $(TEST_BIN) $(BUILD)/visc
 
+# Missing Debian packages are installed first (tools/install_deps.sh).
+deps:
+	@bash tools/install_deps.sh
+
 # The test suite: every tests/test_*.c binary, then the end-to-end scripts.
-test: tests
+test: deps
+	@$(MAKE) --no-print-directory tests
 	@VISC=$(BUILD)/visc bash tests/run.sh $(BUILD)/tests
+
+# The main job: train the default model on Fashion-MNIST.
+demo: deps
+	@$(MAKE) --no-print-directory all
+	$(BUILD)/visc train --config configs/fashion_mnist.ini
 
 asan:
 	$(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \

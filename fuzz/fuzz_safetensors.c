@@ -20,7 +20,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (t->begin > t->end || t->end > st.data_size) abort();
             float *out = malloc(t->numel * sizeof(float) + 1);
             if (visc_safetensors_read_f32(&st, t->name, out, t->numel) != 0) abort();
-            if (t->numel && visc_safetensors_read_f32(&st, t->name, out, t->numel - 1) == 0) abort();
+            if (t->numel && visc_safetensors_read_f32(&st, t->name, out, t->numel - 1) == 0)
+                abort();
             free(out);
         }
         for (int i = 0; i < st.meta_count; i++)

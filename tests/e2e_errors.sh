@@ -25,6 +25,8 @@ expect_error "lr: expected a number, got 'abc'" train --lr abc
 expect_error "batch-size: expected an integer" train --batch-size 12x
 expect_error "option '--epochs' needs a value" train --epochs
 expect_error "unknown command" frobnicate
+expect_error "log.jsonl: cannot read" plot "$tmp/nope"
+expect_error "unknown option '--bogus'" plot --bogus
 expect_error "unknown model 'vgg11'" train --model vgg11 --output "$tmp/x"
 expect_error "unknown optimizer" train --opt sgdx --output "$tmp/x"
 expect_error "unknown dataset" train --dataset imagenet22k --output "$tmp/x"

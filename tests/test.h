@@ -34,7 +34,7 @@ void visc_test_fail(const char *file, int line, const char *fmt, ...)
 #define CHECK_CLOSE(a, b, atol, rtol)                                                              \
     do {                                                                                           \
         double a_ = (a), b_ = (b);                                                                 \
-        if (!(fabs(a_ - b_) <= (atol) + (rtol) * fabs(b_)))                                        \
+        if (!(fabs(a_ - b_) <= (atol) + (rtol)*fabs(b_)))                                          \
             visc_test_fail(__FILE__, __LINE__, "%s = %.9g, expected %s = %.9g", #a, a_, #b, b_);   \
     } while (0)
 

@@ -135,13 +135,19 @@ static void run_conv_case(const conv_shape *s, uint64_t seed) {
 
 /*                                 N  C  H   W  K  R  S st pd dl  g bias */
 TEST(conv_3x3_pad_bias) { run_conv_case(&(conv_shape){2, 3, 7, 6, 4, 3, 3, 1, 1, 1, 1, 1}, 1); }
-TEST(conv_3x3_stride2_nobias) { run_conv_case(&(conv_shape){2, 4, 8, 7, 5, 3, 3, 2, 1, 1, 1, 0}, 2); }
+TEST(conv_3x3_stride2_nobias) {
+    run_conv_case(&(conv_shape){2, 4, 8, 7, 5, 3, 3, 2, 1, 1, 1, 0}, 2);
+}
 TEST(conv_dilated_grouped) { run_conv_case(&(conv_shape){2, 4, 9, 9, 6, 3, 3, 1, 2, 2, 2, 1}, 3); }
-TEST(conv_depthwise_stride2) { run_conv_case(&(conv_shape){2, 8, 7, 7, 8, 3, 3, 2, 1, 1, 8, 0}, 4); }
+TEST(conv_depthwise_stride2) {
+    run_conv_case(&(conv_shape){2, 8, 7, 7, 8, 3, 3, 2, 1, 1, 8, 0}, 4);
+}
 TEST(conv_1x1_stride2) { run_conv_case(&(conv_shape){2, 6, 7, 7, 5, 1, 1, 2, 0, 1, 1, 0}, 5); }
 TEST(conv_7x7_stem) { run_conv_case(&(conv_shape){1, 3, 12, 11, 4, 7, 7, 2, 3, 1, 1, 0}, 6); }
 /* Channels at the blocked-layout width (16), where oneDNN's blocked kernels run. */
-TEST(conv_blocked_channels) { run_conv_case(&(conv_shape){2, 16, 6, 6, 32, 3, 3, 1, 1, 1, 1, 1}, 7); }
+TEST(conv_blocked_channels) {
+    run_conv_case(&(conv_shape){2, 16, 6, 6, 32, 3, 3, 1, 1, 1, 1, 1}, 7);
+}
 TEST(conv_blocked_1x1) { run_conv_case(&(conv_shape){2, 32, 5, 5, 16, 1, 1, 1, 0, 1, 1, 0}, 8); }
 /* A stride-1 1x1 on a large plane runs in plain NCHW (conv2d.c: choose_layout). */
 TEST(conv_plain_1x1_large_plane) {
@@ -322,10 +328,8 @@ typedef struct {
 
 static double pool_loss(void *p) {
     pool_ctx *t = p;
-    if (t->max)
-        visc_maxpool2d_forward(&t->pool, t->out, t->argmax, t->in);
-    else
-        visc_avgpool2d_forward(&t->pool, t->out, t->in);
+    if (t->max) visc_maxpool2d_forward(&t->pool, t->out, t->argmax, t->in);
+    else visc_avgpool2d_forward(&t->pool, t->out, t->in);
     return dot(t->out, t->lw, (size_t)t->pool.N * t->pool.C * t->pool.P * t->pool.Q);
 }
 
@@ -376,10 +380,8 @@ static void run_pool_case(int N, int C, int H, int W, int k, int s, int pad, int
     if (max) CHECK(memcmp(t.argmax, want_am, nout * sizeof(int32_t)) == 0);
 
     float *din = falloc(nin);
-    if (max)
-        visc_maxpool2d_backward(&t.pool, din, t.lw, t.argmax);
-    else
-        visc_avgpool2d_backward(&t.pool, din, t.lw);
+    if (max) visc_maxpool2d_backward(&t.pool, din, t.lw, t.argmax);
+    else visc_avgpool2d_backward(&t.pool, din, t.lw);
     /* values reach ~|0.025 nin|: allow for their float rounding in the FD */
     check_fd(max ? "maxpool d/din" : "avgpool d/din", t.in, nin, din, pool_loss, &t, 2e-3, 2e-3);
 

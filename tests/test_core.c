@@ -38,8 +38,10 @@ TEST(rng_uniform_and_normal_moments) {
 }
 
 TEST(rng_streams_are_reproducible_and_distinct) {
-    visc_rng a = visc_rng_make(7, VISC_STREAM_SHUFFLE, 3), b = visc_rng_make(7, VISC_STREAM_SHUFFLE, 3);
-    visc_rng c = visc_rng_make(7, VISC_STREAM_SHUFFLE, 4), d = visc_rng_make(8, VISC_STREAM_SHUFFLE, 3);
+    visc_rng a = visc_rng_make(7, VISC_STREAM_SHUFFLE, 3),
+             b = visc_rng_make(7, VISC_STREAM_SHUFFLE, 3);
+    visc_rng c = visc_rng_make(7, VISC_STREAM_SHUFFLE, 4),
+             d = visc_rng_make(8, VISC_STREAM_SHUFFLE, 3);
     int same_c = 0, same_d = 0;
     for (int i = 0; i < 100; i++) {
         uint32_t x = visc_rng_u32(&a);

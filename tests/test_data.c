@@ -386,8 +386,10 @@ static void check_fashion(const char *images, const char *labels, int64_t count)
     snprintf(pi, sizeof pi, "%s/%s", FASHION_DIR, images);
     snprintf(pl, sizeof pl, "%s/%s", FASHION_DIR, labels);
     if (access(pi, R_OK) != 0 || access(pl, R_OK) != 0) {
-        CHECK_MSG(0, "Fashion-MNIST missing: %s or %s not readable "
-                     "(install it with: apt-get install dataset-fashion-mnist)", pi, pl);
+        CHECK_MSG(0,
+                  "Fashion-MNIST missing: %s or %s not readable "
+                  "(install it with: apt-get install dataset-fashion-mnist)",
+                  pi, pl);
         return;
     }
     double t0 = visc_now();
@@ -657,10 +659,9 @@ TEST(make_batch_threads) {
     bad[40] = N + 5;
     bad[13] = -2;
     CHECK_ERR(visc_make_batch(ds, bad, B, &aug, 1, 5, 2, x1, y1), "batch position 13: sample "
-                                                                   "index -2 out of range");
+                                                                  "index -2 out of range");
     free(x1);
     free(x2);
     free(x3);
     visc_dataset_free(ds);
 }
-

@@ -33,7 +33,9 @@ static void rm_rf(const char *path) {
     if (system(cmd) != 0) fprintf(stderr, "warning: could not remove %s\n", path);
 }
 
-static int has(const char *haystack, const char *needle) { return strstr(haystack, needle) != NULL; }
+static int has(const char *haystack, const char *needle) {
+    return strstr(haystack, needle) != NULL;
+}
 
 #define CHECK_ERR(call, needle)                                                                    \
     do {                                                                                           \
@@ -90,7 +92,7 @@ static int st_parse_json(const char *json, size_t data_len) {
 
 /* ---------------------------------------------------------------- safetensors */
 
-static uint16_t f16_bits[] = {0x3E00 /* 1.5 */, 0xC000 /* -2 */, 0x0001 /* 2^-24 */,
+static uint16_t f16_bits[] = {0x3E00 /* 1.5 */,   0xC000 /* -2 */,    0x0001 /* 2^-24 */,
                               0x7BFF /* 65504 */, 0x0400 /* 2^-14 */, 0x8000 /* -0 */};
 static float f16_vals[] = {1.5f, -2.0f, 5.9604644775390625e-8f, 65504.0f, 6.103515625e-5f, -0.0f};
 
@@ -120,7 +122,7 @@ TEST(safetensors_round_trip_all_dtypes) {
     visc_st_writer_meta(w, "format", "pt");
     visc_st_writer_meta(w, "odd \"key\"\\", "line\nbreak, tab\t, caf\xC3\xA9");
     visc_st_writer_meta(w, "format", "pt2"); /* later value wins */
-    f32[0] = 99; /* data is copied at add time */
+    f32[0] = 99;                             /* data is copied at add time */
     CHECK(visc_st_writer_save(w, path) == 0);
     visc_st_writer_free(w);
     f32[0] = 1;
@@ -146,7 +148,8 @@ TEST(safetensors_round_trip_all_dtypes) {
         CHECK(st.tensors[i - 1].end <= st.tensors[i].begin);
     }
     CHECK(strcmp(visc_safetensors_meta(&st, "format"), "pt2") == 0);
-    CHECK(strcmp(visc_safetensors_meta(&st, "odd \"key\"\\"), "line\nbreak, tab\t, caf\xC3\xA9") == 0);
+    CHECK(strcmp(visc_safetensors_meta(&st, "odd \"key\"\\"), "line\nbreak, tab\t, caf\xC3\xA9") ==
+          0);
     CHECK(visc_safetensors_meta(&st, "absent") == NULL);
 
     const visc_st_tensor *t = visc_safetensors_find(&st, "z.f32");
@@ -158,7 +161,8 @@ TEST(safetensors_round_trip_all_dtypes) {
 
     t = visc_safetensors_find(&st, "bn.num_batches_tracked");
     CHECK(t && t->dtype == VISC_DTYPE_I64 && t->ndim == 0 && t->numel == 1);
-    CHECK(visc_safetensors_read_f32(&st, "bn.num_batches_tracked", out, 1) == 0 && out[0] == 1234567.0f);
+    CHECK(visc_safetensors_read_f32(&st, "bn.num_batches_tracked", out, 1) == 0 &&
+          out[0] == 1234567.0f);
 
     CHECK(visc_safetensors_read_f32(&st, "f16", out, 6) == 0);
     CHECK_ARRAYS("f16", out, f16_vals, 6, 0, 0);
@@ -203,10 +207,12 @@ TEST(safetensors_read_errors_name_tensor_and_shapes) {
     char want[512];
     snprintf(want, sizeof want, "no tensor named 'fc.bias' in %s", path);
     CHECK_ERR(visc_safetensors_read_f32(&st, "fc.bias", out, 4), want);
-    CHECK_ERR(visc_safetensors_read_f32(&st, "fc.weight", out, 10), "has shape [3, 4] (12 elements), expected 10");
+    CHECK_ERR(visc_safetensors_read_f32(&st, "fc.weight", out, 10),
+              "has shape [3, 4] (12 elements), expected 10");
     CHECK(has(visc_last_error(), "'fc.weight'") && has(visc_last_error(), path));
     int64_t other[] = {4, 3};
-    CHECK_ERR(visc_safetensors_read_f32_shaped(&st, "fc.weight", out, 2, other), "has shape [3, 4], expected [4, 3]");
+    CHECK_ERR(visc_safetensors_read_f32_shaped(&st, "fc.weight", out, 2, other),
+              "has shape [3, 4], expected [4, 3]");
     visc_safetensors_close(&st);
     rm_rf(dir);
 }
@@ -251,7 +257,8 @@ TEST(safetensors_reads_python_fixture_exactly) {
         return;
     }
     CHECK(st.count == 9);
-    CHECK(strcmp(visc_safetensors_meta(&st, "format") ? visc_safetensors_meta(&st, "format") : "", "pt") == 0);
+    CHECK(strcmp(visc_safetensors_meta(&st, "format") ? visc_safetensors_meta(&st, "format") : "",
+                 "pt") == 0);
     CHECK(visc_safetensors_meta(&st, "source") != NULL);
     float out[8];
     int64_t s23[] = {2, 3};
@@ -303,45 +310,59 @@ TEST(safetensors_rejects_malformed_files) {
               "tensor 'a': unknown dtype 'F8'");
     CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4),
               "shape[0] is not a non-negative integer");
-    CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4),
+    CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}",
+                            4),
               "shape[0] is not a non-negative integer");
-    CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],"
-                            "\"data_offsets\":[0,4]}}", 4),
+    CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296]"
+                            ","
+                            "\"data_offsets\":[0,4]}}",
+                            4),
               "shape is too large");
-    CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4),
+    CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_"
+                            "offsets\":[0,4]}}",
+                            4),
               "9 dimensions");
     CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4),
               "data_offsets [0, 8] outside the data section of 4 bytes");
     CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[4,0]}}", 4),
               "outside the data section");
-    CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,99999999999999999999]}}", 4),
+    CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,"
+                            "99999999999999999999]}}",
+                            4),
               "\"data_offsets\" must be [begin, end]");
     CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 4),
               "\"data_offsets\" must be [begin, end]");
     CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", 8),
               "F32 [2] needs 8 bytes but data_offsets span 4");
     CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                            "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12),
+                            "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+                            12),
               "tensors 'a' [0, 8) and 'b' [4, 12) overlap");
     CHECK_ERR(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-                            "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8),
+                            "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+                            8),
               "duplicate tensor name 'a'");
-    CHECK_ERR(st_parse_json("{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4), "missing string \"dtype\"");
+    CHECK_ERR(st_parse_json("{\"a\":{\"shape\":[1],\"data_offsets\":[0,4]}}", 4),
+              "missing string \"dtype\"");
     CHECK_ERR(st_parse_json("{\"a\":[1]}", 4), "entry is not an object");
     CHECK_ERR(st_parse_json("{\"__metadata__\":{\"k\":1}}", 0), "metadata 'k' is not a string");
-    CHECK_ERR(st_parse_json("{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0), "duplicate metadata key");
+    CHECK_ERR(st_parse_json("{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0),
+              "duplicate metadata key");
     CHECK_ERR(st_parse_json("{\"__metadata__\":[]}", 0), "\"__metadata__\" is not an object");
     char json[512];
-    snprintf(json, sizeof json, "{\"%0*d\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}",
-             VISC_MAX_NAME, 7);
+    snprintf(json, sizeof json,
+             "{\"%0*d\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", VISC_MAX_NAME,
+             7);
     CHECK_ERR(st_parse_json(json, 1), "is longer than");
-    snprintf(json, sizeof json, "{\"%0*d\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}",
+    snprintf(json, sizeof json,
+             "{\"%0*d\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}",
              VISC_MAX_NAME - 1, 7);
     CHECK(st_parse_json(json, 1) == 0);
 
     /* Accepted: padding, gaps between tensors, empty tensors anywhere, no tensors. */
     CHECK(st_parse_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]},"
-                        "\"e\":{\"dtype\":\"F32\",\"shape\":[0,5],\"data_offsets\":[6,6]}}      ", 8) == 0);
+                        "\"e\":{\"dtype\":\"F32\",\"shape\":[0,5],\"data_offsets\":[6,6]}}      ",
+                        8) == 0);
     CHECK(st_parse_json("{}", 0) == 0);
 }
 
@@ -371,7 +392,8 @@ TEST(safetensors_open_errors) {
 
 TEST(json_strings_numbers_and_limits) {
     visc_json v;
-    const char *doc = " {\"a\\u00e9\\ud83d\\ude00\\n\\\"\": [1, -2, 3.5e2, true, false, null, {}]} ";
+    const char *doc =
+        " {\"a\\u00e9\\ud83d\\ude00\\n\\\"\": [1, -2, 3.5e2, true, false, null, {}]} ";
     CHECK(visc_json_parse(&v, doc, strlen(doc)) == 0);
     CHECK(v.type == VISC_JSON_OBJECT && v.count == 1);
     CHECK(strcmp(v.keys[0], "a\xC3\xA9\xF0\x9F\x98\x80\n\"") == 0);
@@ -385,7 +407,8 @@ TEST(json_strings_numbers_and_limits) {
     visc_json_free(&v);
 
     const char *big = "9223372036854775807", *bigger = "9223372036854775808";
-    CHECK(visc_json_parse(&v, big, strlen(big)) == 0 && visc_json_int(&v, &x) == 0 && x == INT64_MAX);
+    CHECK(visc_json_parse(&v, big, strlen(big)) == 0 && visc_json_int(&v, &x) == 0 &&
+          x == INT64_MAX);
     visc_json_free(&v);
     CHECK(visc_json_parse(&v, bigger, strlen(bigger)) == 0 && visc_json_int(&v, &x) == -1);
     visc_json_free(&v);
@@ -478,7 +501,8 @@ TEST(atomic_write_failures_leave_old_file) {
     setrlimit(RLIMIT_FSIZE, &old_lim);
     signal(SIGXFSZ, old_handler);
     CHECK(rc == -1);
-    CHECK_MSG(has(visc_last_error(), path) && has(visc_last_error(), "too large"), "%s", visc_last_error());
+    CHECK_MSG(has(visc_last_error(), path) && has(visc_last_error(), "too large"), "%s",
+              visc_last_error());
     CHECK(read_file(path, buf, sizeof buf) == 3 && memcmp(buf, "old", 3) == 0);
     CHECK(count_files(sub, ".tmp.") == 0);
     rm_rf(dir);
@@ -559,7 +583,8 @@ TEST(tensorboard_round_trip_and_corruption) {
     CHECK(strcmp(s.tags[0], "loss/train") == 0 && s.steps[0] == 0 && s.values[0] == 2.5f);
     CHECK(strcmp(s.tags[1], "loss/train") == 0 && s.steps[1] == 1 && s.values[1] == 1.25f);
     CHECK(strcmp(s.tags[2], "lr") == 0 && s.steps[2] == 300000000000LL && s.values[2] == 1e-3f);
-    CHECK(strcmp(s.tags[3], "neg") == 0 && s.steps[3] == -5 && s.values[3] == 0 && signbit(s.values[3]));
+    CHECK(strcmp(s.tags[3], "neg") == 0 && s.steps[3] == -5 && s.values[3] == 0 &&
+          signbit(s.values[3]));
 
     /* The first record is the file_version event. */
     uint8_t buf[4096];
@@ -594,11 +619,11 @@ TEST(tensorboard_reads_unknown_fields) {
     uint8_t ev[64], rec[96];
     size_t k = 0;
     /* summary { value { tag "x" metadata {..} } value { simple_value 3 tag "y" } } */
-    const uint8_t summary[] = {0x2a, 19, 0x0a, 5, 0x0a, 1, 'x', 0x4a, 0,
-                               0x0a, 10, 0x15, 0, 0, 0x40, 0x40, 0x0a, 1, 'y', 0x18, 1};
+    const uint8_t summary[] = {0x2a, 19, 0x0a, 5,    0x0a, 1,    'x', 0x4a, 0,    0x0a, 10,
+                               0x15, 0,  0,    0x40, 0x40, 0x0a, 1,   'y',  0x18, 1};
     memcpy(ev, summary, sizeof summary);
     k = sizeof summary;
-    ev[k++] = 0x10, ev[k++] = 7;       /* step 7 */
+    ev[k++] = 0x10, ev[k++] = 7;                    /* step 7 */
     ev[k++] = 0x38, ev[k++] = 0x96, ev[k++] = 0x01; /* unknown varint field 7 */
     /* Frame it: length, masked CRCs computed the way TensorFlow does. */
     for (int i = 0; i < 8; i++) rec[i] = (uint8_t)((uint64_t)k >> (8 * i));
@@ -626,7 +651,8 @@ TEST(tensorboard_reads_pytorch_fixture) {
     CHECK(strcmp(s.tags[0], "loss/train") == 0 && s.steps[0] == 0 && s.values[0] == 2.5f);
     CHECK(strcmp(s.tags[1], "loss/train") == 0 && s.steps[1] == 7 && s.values[1] == 0.125f);
     CHECK(strcmp(s.tags[2], "lr") == 0 && s.steps[2] == 7 && s.values[2] == 0.001f);
-    CHECK(strcmp(s.tags[3], "loss/train") == 0 && s.steps[3] == (int64_t)1 << 40 && s.values[3] == -3.0f);
+    CHECK(strcmp(s.tags[3], "loss/train") == 0 && s.steps[3] == (int64_t)1 << 40 &&
+          s.values[3] == -3.0f);
 }
 
 /* ---------------------------------------------------------------- config */
@@ -670,13 +696,18 @@ TEST(config_parses_sections_quotes_comments) {
 TEST(config_errors_name_file_and_line) {
     visc_config c;
     const char *t1 = "a = 1\n# ok\njust words\n";
-    CHECK_ERR(visc_config_parse(&c, t1, strlen(t1), "config.ini"), "config.ini:3: expected 'key = value'");
+    CHECK_ERR(visc_config_parse(&c, t1, strlen(t1), "config.ini"),
+              "config.ini:3: expected 'key = value'");
     CHECK(c.count == 0 && c.keys == NULL);
-    CHECK_ERR(visc_config_parse(&c, "a b = 1", 7, "x.ini"), "x.ini:1: invalid character ' ' in key");
-    CHECK_ERR(visc_config_parse(&c, "a/b = 1", 7, "x.ini"), "x.ini:1: invalid character '/' in key");
+    CHECK_ERR(visc_config_parse(&c, "a b = 1", 7, "x.ini"),
+              "x.ini:1: invalid character ' ' in key");
+    CHECK_ERR(visc_config_parse(&c, "a/b = 1", 7, "x.ini"),
+              "x.ini:1: invalid character '/' in key");
     CHECK_ERR(visc_config_parse(&c, "= 1", 3, "x.ini"), "x.ini:1: expected 'key = value'");
-    CHECK_ERR(visc_config_parse(&c, "\n\na = \"open", 11, "x.ini"), "x.ini:3: unterminated quoted value");
-    CHECK_ERR(visc_config_parse(&c, "a = \"x\" y", 9, "x.ini"), "unexpected text after the quoted value");
+    CHECK_ERR(visc_config_parse(&c, "\n\na = \"open", 11, "x.ini"),
+              "x.ini:3: unterminated quoted value");
+    CHECK_ERR(visc_config_parse(&c, "a = \"x\" y", 9, "x.ini"),
+              "unexpected text after the quoted value");
     CHECK_ERR(visc_config_parse(&c, "a = \"\\q\"", 8, "x.ini"), "unknown escape");
     CHECK_ERR(visc_config_parse(&c, "[sec", 4, "x.ini"), "x.ini:1: expected '[section]'");
     CHECK_ERR(visc_config_parse(&c, "[]", 2, "x.ini"), "empty section name");
@@ -684,7 +715,8 @@ TEST(config_errors_name_file_and_line) {
     CHECK_ERR(visc_config_parse(&c, "[a] x", 5, "x.ini"), "unexpected text after ']'");
     CHECK_ERR(visc_config_parse(&c, "a = 1\0", 6, "x.ini"), "x.ini:1: NUL byte");
     /* Without a trailing newline the last line still counts. */
-    CHECK(visc_config_parse(&c, "a = 1", 5, "x.ini") == 0 && strcmp(visc_config_get(&c, "a"), "1") == 0);
+    CHECK(visc_config_parse(&c, "a = 1", 5, "x.ini") == 0 &&
+          strcmp(visc_config_get(&c, "a"), "1") == 0);
     visc_config_free(&c);
 }
 

@@ -15,7 +15,8 @@
 
 static void make_table(visc_table *t) {
     visc_table_init(t);
-    for (int i = 0; i < OG_TENSORS; i++) visc_table_add(t, og_names[i], og_ndim[i], og_shape[i], og_flags[i]);
+    for (int i = 0; i < OG_TENSORS; i++)
+        visc_table_add(t, og_names[i], og_ndim[i], og_shape[i], og_flags[i]);
     visc_table_alloc(t);
 }
 
@@ -39,11 +40,13 @@ TEST(optimizers_match_torch_and_timm) {
             visc_optimizer_step(&o, t.data, grads, gc->lr[s]);
             /* The gradients are read-only, even where timm clips p.grad in place. */
             for (int i = 0, off = 0; i < t.count; off += (int)t.entries[i].numel, i++)
-                CHECK(memcmp(grads + t.entries[i].offset, og_grads[s] + off, t.entries[i].numel * sizeof(float)) == 0);
+                CHECK(memcmp(grads + t.entries[i].offset, og_grads[s] + off,
+                             t.entries[i].numel * sizeof(float)) == 0);
             for (int i = 0, off = 0; i < t.count; off += (int)t.entries[i].numel, i++) {
                 char what[160];
                 snprintf(what, sizeof what, "%s step %d %s", gc->name, s, t.entries[i].name);
-                CHECK_ARRAYS(what, visc_table_get(&t, i), gc->expect[s] + off, t.entries[i].numel, ATOL, RTOL);
+                CHECK_ARRAYS(what, visc_table_get(&t, i), gc->expect[s] + off, t.entries[i].numel,
+                             ATOL, RTOL);
             }
         }
         CHECK(o.step == OG_STEPS);
@@ -75,8 +78,10 @@ TEST(optimizer_golden_detects_wrong_rules) {
         const float *want = gc->expect[OG_STEPS - 1] + t.entries[0].numel;
         const float *got = visc_table_get(&t, 1);
         double worst = 0;
-        for (size_t i = 0; i < t.entries[1].numel; i++) worst = fmax(worst, fabs(got[i] - want[i]) / fabs(want[i]));
-        CHECK_MSG(worst > 100 * RTOL, "%s: decaying bn.weight changed it by only %g", gc->name, worst);
+        for (size_t i = 0; i < t.entries[1].numel; i++)
+            worst = fmax(worst, fabs(got[i] - want[i]) / fabs(want[i]));
+        CHECK_MSG(worst > 100 * RTOL, "%s: decaying bn.weight changed it by only %g", gc->name,
+                  worst);
         visc_optimizer_free(&o);
     }
     visc_free_aligned(grads);
@@ -156,8 +161,8 @@ TEST(optimizer_step_is_thread_count_independent) {
         large_run(&og_large_cases[c], &t, one, grads);
         visc_set_num_threads(3);
         large_run(&og_large_cases[c], &t, t.data, grads);
-        CHECK_MSG(memcmp(one, t.data, t.total * sizeof(float)) == 0, "%s differs between 1 and 3 threads",
-                  og_large_cases[c].name);
+        CHECK_MSG(memcmp(one, t.data, t.total * sizeof(float)) == 0,
+                  "%s differs between 1 and 3 threads", og_large_cases[c].name);
     }
     visc_set_num_threads(threads);
     visc_free_aligned(one);
@@ -173,14 +178,18 @@ TEST(optimizer_defaults_and_names) {
         CHECK(strcmp(visc_opt_kind_name(k), names[i]) == 0);
         visc_opt_config c = visc_opt_defaults(k);
         CHECK(c.kind == k);
-        CHECK(c.beta1 == 0.9f && c.beta2 == 0.999f && c.max_grad_norm == 1.0f && c.trust_coef == 0.001f);
+        CHECK(c.beta1 == 0.9f && c.beta2 == 0.999f && c.max_grad_norm == 1.0f &&
+              c.trust_coef == 0.001f);
     }
     CHECK(visc_opt_parse_kind("adam", &k) == -1);
     CHECK(strstr(visc_last_error(), "adam") != NULL);
-    CHECK(visc_opt_defaults(VISC_OPT_LAMB).eps == 1e-6f && visc_opt_defaults(VISC_OPT_ADAMW).eps == 1e-8f);
+    CHECK(visc_opt_defaults(VISC_OPT_LAMB).eps == 1e-6f &&
+          visc_opt_defaults(VISC_OPT_ADAMW).eps == 1e-8f);
     CHECK(visc_opt_defaults(VISC_OPT_ADAMW).weight_decay == 0.01f);
-    CHECK(visc_optimizer_state_slots(VISC_OPT_SGD) == 1 && visc_optimizer_state_slots(VISC_OPT_LARS) == 1);
-    CHECK(visc_optimizer_state_slots(VISC_OPT_ADAMW) == 2 && visc_optimizer_state_slots(VISC_OPT_LAMB) == 2);
+    CHECK(visc_optimizer_state_slots(VISC_OPT_SGD) == 1 &&
+          visc_optimizer_state_slots(VISC_OPT_LARS) == 1);
+    CHECK(visc_optimizer_state_slots(VISC_OPT_ADAMW) == 2 &&
+          visc_optimizer_state_slots(VISC_OPT_LAMB) == 2);
 }
 
 TEST(schedules_match_torch) {
@@ -189,19 +198,25 @@ TEST(schedules_match_torch) {
         for (int k = 0; k < g->n; k++) {
             float lr = visc_schedule_lr(&g->s, k);
             if (!(fabs(lr - g->lrs[k]) <= 1e-9 + 1e-6 * fabs(g->lrs[k])))
-                visc_test_fail(__FILE__, __LINE__, "%s step %d: lr %.9g, torch %.9g", g->name, k, lr, g->lrs[k]);
+                visc_test_fail(__FILE__, __LINE__, "%s step %d: lr %.9g, torch %.9g", g->name, k,
+                               lr, g->lrs[k]);
         }
     }
 }
 
 TEST(schedule_edges) {
-    visc_schedule s = {.kind = VISC_SCHED_COSINE, .base_lr = 0.4f, .min_lr = 0.01f, .total_steps = 100,
-                       .warmup_steps = 10, .warmup_start = 0.1f};
-    CHECK_CLOSE(visc_schedule_lr(&s, 0), 0.04, 0, 1e-6);   /* warmup_start * base_lr */
-    CHECK_CLOSE(visc_schedule_lr(&s, -5), 0.04, 0, 1e-6);  /* before the start: step 0 */
+    visc_schedule s = {.kind = VISC_SCHED_COSINE,
+                       .base_lr = 0.4f,
+                       .min_lr = 0.01f,
+                       .total_steps = 100,
+                       .warmup_steps = 10,
+                       .warmup_start = 0.1f};
+    CHECK_CLOSE(visc_schedule_lr(&s, 0), 0.04, 0, 1e-6);  /* warmup_start * base_lr */
+    CHECK_CLOSE(visc_schedule_lr(&s, -5), 0.04, 0, 1e-6); /* before the start: step 0 */
     CHECK_CLOSE(visc_schedule_lr(&s, 5), 0.04 + 0.36 * 0.5, 0, 1e-6);
-    CHECK_CLOSE(visc_schedule_lr(&s, 10), 0.4, 0, 1e-6);   /* end of warmup: base_lr */
-    CHECK_CLOSE(visc_schedule_lr(&s, 55), 0.01 + 0.39 * 0.5, 0, 1e-6); /* halfway through the cosine */
+    CHECK_CLOSE(visc_schedule_lr(&s, 10), 0.4, 0, 1e-6); /* end of warmup: base_lr */
+    CHECK_CLOSE(visc_schedule_lr(&s, 55), 0.01 + 0.39 * 0.5, 0,
+                1e-6);                                      /* halfway through the cosine */
     CHECK_CLOSE(visc_schedule_lr(&s, 100), 0.01, 0, 1e-6);  /* last step */
     CHECK_CLOSE(visc_schedule_lr(&s, 1000), 0.01, 0, 1e-6); /* beyond total: stays at min_lr */
     CHECK(visc_schedule_lr(&s, 99) > 0.01f);
@@ -217,21 +232,34 @@ TEST(schedule_edges) {
     CHECK_CLOSE(visc_schedule_lr(&s, 10), 0.4, 0, 1e-6);
     CHECK_CLOSE(visc_schedule_lr(&s, 1 << 30), 0.4, 0, 1e-6);
 
-    visc_schedule st = {.kind = VISC_SCHED_STEP, .base_lr = 1.0f, .total_steps = 10, .step_size = 3, .gamma = 0.1f};
+    visc_schedule st = {.kind = VISC_SCHED_STEP,
+                        .base_lr = 1.0f,
+                        .total_steps = 10,
+                        .step_size = 3,
+                        .gamma = 0.1f};
     CHECK_CLOSE(visc_schedule_lr(&st, 0), 1.0, 0, 1e-6);
     CHECK_CLOSE(visc_schedule_lr(&st, 2), 1.0, 0, 1e-6);
     CHECK_CLOSE(visc_schedule_lr(&st, 3), 0.1, 0, 1e-6);
-    CHECK_CLOSE(visc_schedule_lr(&st, 12), 1e-4, 0, 1e-5); /* beyond total: keeps stepping, like torch */
+    CHECK_CLOSE(visc_schedule_lr(&st, 12), 1e-4, 0,
+                1e-5); /* beyond total: keeps stepping, like torch */
 
-    visc_schedule ms = {.kind = VISC_SCHED_MULTISTEP, .base_lr = 1.0f, .total_steps = 10, .gamma = 0.5f,
-                        .milestones = {2, 4}, .num_milestones = 2};
+    visc_schedule ms = {.kind = VISC_SCHED_MULTISTEP,
+                        .base_lr = 1.0f,
+                        .total_steps = 10,
+                        .gamma = 0.5f,
+                        .milestones = {2, 4},
+                        .num_milestones = 2};
     CHECK_CLOSE(visc_schedule_lr(&ms, 1), 1.0, 0, 1e-6);
     CHECK_CLOSE(visc_schedule_lr(&ms, 2), 0.5, 0, 1e-6);
     CHECK_CLOSE(visc_schedule_lr(&ms, 4), 0.25, 0, 1e-6);
     CHECK_CLOSE(visc_schedule_lr(&ms, 100), 0.25, 0, 1e-6);
 
     /* Degenerate: no steps left after warmup. */
-    visc_schedule d = {.kind = VISC_SCHED_COSINE, .base_lr = 1.0f, .min_lr = 0.0f, .total_steps = 5, .warmup_steps = 5};
+    visc_schedule d = {.kind = VISC_SCHED_COSINE,
+                       .base_lr = 1.0f,
+                       .min_lr = 0.0f,
+                       .total_steps = 5,
+                       .warmup_steps = 5};
     CHECK_CLOSE(visc_schedule_lr(&d, 4), 0.8, 0, 1e-6);
     CHECK(visc_schedule_lr(&d, 5) == 0.0f);
 
@@ -284,7 +312,8 @@ TEST(global_norm_is_accurate_and_deterministic) {
     CHECK(a == (float)sqrt(ref));
     CHECK(visc_global_norm(x, 0) == 0.0f);
     float tiny[3] = {3, 4, 0};
-    CHECK(visc_clip_grad_norm(tiny, 3, 10.0f) == 5.0f && tiny[0] == 3.0f); /* under the limit: untouched */
+    CHECK(visc_clip_grad_norm(tiny, 3, 10.0f) == 5.0f &&
+          tiny[0] == 3.0f); /* under the limit: untouched */
     CHECK(visc_clip_grad_norm(tiny, 3, 1.0f) == 5.0f);
     CHECK_CLOSE(tiny[0], 0.6, 0, 1e-6);
     free(x);

@@ -364,6 +364,11 @@ def main():
     if not which or "layers" in which:
         save_safetensors(os.path.join(OUT_DIR, "layers.safetensors"), layer_goldens(),
                          {"generator": "tools/gen_golden.py", "torch": torch.__version__})
+    # (file, arch, in_channels, image, batch, small_stem, seed). The seed draws x
+    # and labels; the small-stem seed is one whose fp32 gradients are well
+    # conditioned (seed 28 put a ReLU input within rounding of 0, and torch's own
+    # fp32 gradients then differed from float64 by 3% of max|g|). resnet50 is
+    # ill-conditioned for every seed tried (see tests/test_resnet_parity.c).
     cases = [("resnet18", "resnet18", 3, 32, 4, False, 18),
              ("resnet50", "resnet50", 3, 64, 2, False, 50),
              ("resnet18_small", "resnet18", 1, 28, 4, True, 2)]

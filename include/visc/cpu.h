@@ -27,8 +27,7 @@ _Noreturn void visc_dnnl_fail(dnnl_status_t status, const char *call, const char
     } while (0)
 
 /* fp32 memory descriptor; tag dnnl_format_tag_any lets a primitive choose. */
-void visc_dnnl_md(dnnl_memory_desc_t *md, int ndims, const dnnl_dim_t *dims,
-                  dnnl_format_tag_t tag);
+void visc_dnnl_md(dnnl_memory_desc_t *md, int ndims, const dnnl_dim_t *dims, dnnl_format_tag_t tag);
 /* A memory object on the process engine; handle NULL: set one before use. */
 dnnl_memory_t visc_dnnl_memory(const dnnl_memory_desc_t *md, void *handle);
 void visc_dnnl_set_handle(dnnl_memory_t mem, const void *handle);

@@ -19,8 +19,8 @@
 #include <stdint.h>
 
 typedef struct {
-    int pad_crop;     /* random crop of the input size after zero padding by this much; 0: off */
-    int hflip;        /* random horizontal flip with probability 1/2 */
+    int pad_crop; /* random crop of the input size after zero padding by this much; 0: off */
+    int hflip;    /* random horizontal flip with probability 1/2 */
     float mean[3], std[3];
 } visc_augment;
 
@@ -73,13 +73,13 @@ void visc_augment_apply(const visc_augment *aug, const uint8_t *img, int c, int 
 /* The random part, split out so it can be tested: the crop offsets into the
  * padded image (each in [0, 2 * pad_crop]; pad_crop, pad_crop is the
  * centre, i.e. no shift) and the flip, drawn from (seed, epoch, idx). */
-void visc_augment_draw(const visc_augment *aug, uint64_t seed, int64_t epoch, int64_t idx,
-                       int *dy, int *dx, int *flip);
+void visc_augment_draw(const visc_augment *aug, uint64_t seed, int64_t epoch, int64_t idx, int *dy,
+                       int *dx, int *flip);
 /* The deterministic part: crop at (dy, dx) of the image zero-padded by
  * aug->pad_crop, mirror if flip, normalize. dy = dx = pad_crop, flip = 0
  * is plain normalization. */
-void visc_augment_apply_at(const visc_augment *aug, const uint8_t *img, int c, int h, int w,
-                           int dy, int dx, int flip, float *out);
+void visc_augment_apply_at(const visc_augment *aug, const uint8_t *img, int c, int h, int w, int dy,
+                           int dx, int flip, float *out);
 
 /* ---- batch.c ---- */
 /* The sample order of an epoch: a permutation drawn from (seed, epoch), or

@@ -125,4 +125,14 @@ const char *visc_config_get(const visc_config *c, const char *key);
 void visc_config_set(visc_config *c, const char *key, const char *value);
 void visc_config_free(visc_config *c);
 
+/* ---- png.c ---- */
+/* 8-bit RGB images (rows top to bottom, 3 bytes a pixel, no row padding) as
+ * PNG: IHDR, one zlib-compressed IDAT, IEND. For plots, not photographs:
+ * every scanline uses filter type 0 (flat colours compress well anyway). */
+/* Encodes into a visc_malloc'd buffer (*out, *out_size); -1 with the error
+ * set when the size is out of range (1..16384 a side) or zlib fails. */
+int visc_png_encode(const uint8_t *rgb, int width, int height, uint8_t **out, size_t *out_size);
+/* Encodes and writes atomically (visc_write_file_atomic). */
+int visc_png_write(const char *path, const uint8_t *rgb, int width, int height);
+
 #endif

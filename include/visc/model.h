@@ -17,7 +17,7 @@
 #include "table.h"
 
 typedef struct {
-    char arch[64];          /* "resnet18", "resnet50", ... */
+    char arch[64]; /* "resnet18", "resnet50", ... */
     int num_classes;
     int in_channels;
     int image_size;         /* square input height = width */
@@ -30,11 +30,11 @@ typedef struct {
 typedef struct visc_model visc_model;
 struct visc_model {
     visc_model_config cfg;
-    visc_table params;   /* trainable, state_dict names */
-    visc_table buffers;  /* running_mean / running_var, state_dict names */
-    float *grads;        /* params.total floats, laid out as params */
-    int64_t bn_updates;  /* num_batches_tracked of every BatchNorm (they are all equal) */
-    float *logits;       /* [batch, num_classes], valid after forward */
+    visc_table params;      /* trainable, state_dict names */
+    visc_table buffers;     /* running_mean / running_var, state_dict names */
+    float *grads;           /* params.total floats, laid out as params */
+    int64_t bn_updates;     /* num_batches_tracked of every BatchNorm (they are all equal) */
+    float *logits;          /* [batch, num_classes], valid after forward */
     double flops_per_image; /* forward FLOPs (2 x multiply-adds) of one image */
     /* BatchNorm layer names ("layer1.0.bn1"): checkpoints write each one's
      * num_batches_tracked (= bn_updates) as torchvision's state_dict has it. */

@@ -24,13 +24,13 @@
 
 /* ---- conv2d.c: 2-D convolution (oneDNN forward, backward-data, backward-weights) ---- */
 typedef struct {
-    int N, C, H, W;         /* input */
-    int K, R, S;            /* output channels, kernel height, width */
+    int N, C, H, W; /* input */
+    int K, R, S;    /* output channels, kernel height, width */
     int stride, pad, dilation, groups;
     int has_bias;
-    int P, Q;               /* output height, width */
+    int P, Q; /* output height, width */
     visc_device device;
-    void *impl;             /* cached primitives and scratch */
+    void *impl; /* cached primitives and scratch */
 } visc_conv2d;
 
 void visc_conv2d_init(visc_conv2d *c, int N, int C, int H, int W, int K, int R, int S, int stride,
@@ -64,8 +64,8 @@ void visc_batchnorm2d_forward_train(visc_batchnorm2d *b, float *out, float *save
                                     float *save_rstd, const float *in, const float *gamma,
                                     const float *beta, float *running_mean, float *running_var);
 void visc_batchnorm2d_forward_eval(visc_batchnorm2d *b, float *out, const float *in,
-                                   const float *gamma, const float *beta,
-                                   const float *running_mean, const float *running_var);
+                                   const float *gamma, const float *beta, const float *running_mean,
+                                   const float *running_var);
 /* din may alias dout. */
 void visc_batchnorm2d_backward(visc_batchnorm2d *b, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *out,
@@ -94,8 +94,8 @@ void visc_global_avgpool_forward(float *out, const float *in, int N, int C, int 
 void visc_global_avgpool_backward(float *din, const float *dout, int N, int C, int HW);
 
 /* ---- linear.c: y = x W^T + b on [N, in] rows (tokens: N = batch * tokens) ---- */
-void visc_linear_forward(float *out, const float *in, const float *weight, const float *bias,
-                         int N, int in_features, int out_features);
+void visc_linear_forward(float *out, const float *in, const float *weight, const float *bias, int N,
+                         int in_features, int out_features);
 /* din may be NULL; bias gradient skipped when dbias is NULL. */
 void visc_linear_backward(float *din, float *dweight, float *dbias, const float *dout,
                           const float *in, const float *weight, int N, int in_features,
@@ -105,8 +105,9 @@ void visc_linear_backward(float *din, float *dweight, float *dbias, const float 
 void visc_relu_forward(float *out, const float *in, size_t n);
 /* Uses the forward OUTPUT for the mask; din may alias dout. */
 void visc_relu_backward(float *din, const float *dout, const float *out, size_t n);
-void visc_add_forward(float *out, const float *a, const float *b, size_t n); /* out may alias a or b */
-void visc_add_inplace(float *acc, const float *x, size_t n);                /* acc += x */
+void visc_add_forward(float *out, const float *a, const float *b,
+                      size_t n);                             /* out may alias a or b */
+void visc_add_inplace(float *acc, const float *x, size_t n); /* acc += x */
 
 /* ---- dropout.c: inverted dropout; the mask is a pure function of (seed, offset) ---- */
 /* mask: [n] bytes (1 kept, 0 dropped), kept for backward. p in [0, 1). */

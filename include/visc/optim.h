@@ -30,18 +30,18 @@ typedef enum { VISC_OPT_SGD, VISC_OPT_ADAMW, VISC_OPT_LAMB, VISC_OPT_LARS } visc
 
 typedef struct {
     visc_opt_kind kind;
-    float momentum;       /* SGD/LARS momentum (PyTorch's dampening = 0); 0: none */
-    int nesterov;         /* SGD/LARS */
-    float weight_decay;   /* SGD/LARS: coupled (g += wd * p); AdamW: decoupled
-                           * (p *= 1 - lr * wd); LAMB: added to the update */
+    float momentum;          /* SGD/LARS momentum (PyTorch's dampening = 0); 0: none */
+    int nesterov;            /* SGD/LARS */
+    float weight_decay;      /* SGD/LARS: coupled (g += wd * p); AdamW: decoupled
+                              * (p *= 1 - lr * wd); LAMB: added to the update */
     float beta1, beta2, eps; /* AdamW / LAMB; eps is also LARS's trust-ratio eps */
-    float trust_coef;     /* LARS eta (0.001 by default) */
+    float trust_coef;        /* LARS eta (0.001 by default) */
     int decay_norm_and_bias; /* 0: parameters flagged VISC_TENSOR_NO_DECAY get no weight decay
                               * (and, for LARS/LAMB, no trust-ratio scaling, as timm) */
-    float max_grad_norm;  /* LAMB: gradients are divided by ||g|| / max_grad_norm over all
-                           * tensors when ||g|| exceeds it (timm's default 1.0); <= 0: off */
-    int always_adapt;     /* LAMB/LARS: trust ratio also where weight decay is 0 (timm, default 0) */
-    int trust_clip;       /* LAMB: trust ratio <= 1; LARS: ratio / lr <= 1 (LAMBC/LARC, default 0) */
+    float max_grad_norm;     /* LAMB: gradients are divided by ||g|| / max_grad_norm over all
+                              * tensors when ||g|| exceeds it (timm's default 1.0); <= 0: off */
+    int always_adapt; /* LAMB/LARS: trust ratio also where weight decay is 0 (timm, default 0) */
+    int trust_clip;   /* LAMB: trust ratio <= 1; LARS: ratio / lr <= 1 (LAMBC/LARC, default 0) */
 } visc_opt_config;
 
 /* Defaults per kind: the constructors' defaults of torch.optim.SGD/AdamW and
@@ -60,13 +60,13 @@ typedef struct {
     const visc_table *params; /* layout and flags; values are passed to step */
     float *state;             /* slots x params->total floats */
     int slots;
-    int64_t step;             /* completed steps (Adam bias correction, first momentum step) */
+    int64_t step; /* completed steps (Adam bias correction, first momentum step) */
     /* Built by init so that a step allocates nothing. */
-    visc_opt_block *blocks;   /* the table cut into pieces of <= 16384 floats, in order */
+    visc_opt_block *blocks; /* the table cut into pieces of <= 16384 floats, in order */
     int num_blocks;
-    double *block_sums;       /* 2 partial sums of squares per block */
-    float *entry_decay;       /* per entry: the weight decay it gets */
-    float *entry_ratio;       /* per entry: this step's trust ratio (LAMB/LARS) */
+    double *block_sums; /* 2 partial sums of squares per block */
+    float *entry_decay; /* per entry: the weight decay it gets */
+    float *entry_ratio; /* per entry: this step's trust ratio (LAMB/LARS) */
 } visc_optimizer;
 
 int visc_optimizer_state_slots(visc_opt_kind kind);
@@ -94,15 +94,17 @@ typedef struct {
     visc_sched_kind kind;
     float base_lr, min_lr;
     int64_t total_steps;
-    int64_t warmup_steps;  /* linear warmup from warmup_start * base_lr (all kinds) */
+    int64_t warmup_steps; /* linear warmup from warmup_start * base_lr (all kinds) */
     float warmup_start;
-    int64_t step_size;     /* STEP */
-    float gamma;           /* STEP, MULTISTEP */
+    int64_t step_size;                       /* STEP */
+    float gamma;                             /* STEP, MULTISTEP */
     int64_t milestones[VISC_MAX_MILESTONES]; /* MULTISTEP, counted in t like the rest */
     int num_milestones;
 } visc_schedule;
 
-int visc_sched_parse_kind(const char *name, visc_sched_kind *kind); /* "constant", "step", "multistep", "cosine", "onecycle" */
+int visc_sched_parse_kind(
+    const char *name,
+    visc_sched_kind *kind); /* "constant", "step", "multistep", "cosine", "onecycle" */
 const char *visc_sched_kind_name(visc_sched_kind kind);
 float visc_schedule_lr(const visc_schedule *s, int64_t step);
 

@@ -22,21 +22,22 @@ void visc_philox4x32(uint64_t key, uint64_t counter_hi, uint64_t counter_lo, uin
 
 /* A sequential stream over the counter space of (seed, stream). */
 typedef struct {
-    uint64_t key;      /* derived from seed and stream */
-    uint64_t stream;   /* upper counter word */
-    uint64_t counter;  /* next block */
+    uint64_t key;     /* derived from seed and stream */
+    uint64_t stream;  /* upper counter word */
+    uint64_t counter; /* next block */
     uint32_t buf[4];
-    int avail;         /* unread words left in buf */
+    int avail; /* unread words left in buf */
 } visc_rng;
 
 visc_rng visc_rng_make(uint64_t seed, uint64_t stream, uint64_t substream);
 uint32_t visc_rng_u32(visc_rng *r);
-float visc_rng_uniform(visc_rng *r);  /* [0, 1) with 24 random bits */
-double visc_rng_uniform_double(visc_rng *r); /* [0, 1) with 53 random bits */
-float visc_rng_normal(visc_rng *r);   /* standard normal (Box-Muller) */
+float visc_rng_uniform(visc_rng *r);              /* [0, 1) with 24 random bits */
+double visc_rng_uniform_double(visc_rng *r);      /* [0, 1) with 53 random bits */
+float visc_rng_normal(visc_rng *r);               /* standard normal (Box-Muller) */
 uint32_t visc_rng_below(visc_rng *r, uint32_t n); /* uniform in [0, n), unbiased */
 
 /* Fisher-Yates permutation of 0..n-1 drawn from (seed, stream, substream). */
-void visc_rng_permutation(int32_t *perm, int32_t n, uint64_t seed, uint64_t stream, uint64_t substream);
+void visc_rng_permutation(int32_t *perm, int32_t n, uint64_t seed, uint64_t stream,
+                          uint64_t substream);
 
 #endif

@@ -18,8 +18,9 @@
 #define VISC_MAX_DIMS 4
 
 enum {
-    VISC_TENSOR_NO_DECAY = 1u << 0, /* norm weights, biases: excluded from weight decay when asked */
-    VISC_TENSOR_NORM = 1u << 1,     /* a normalization layer's affine parameter */
+    VISC_TENSOR_NO_DECAY =
+        1u << 0,                /* norm weights, biases: excluded from weight decay when asked */
+    VISC_TENSOR_NORM = 1u << 1, /* a normalization layer's affine parameter */
     VISC_TENSOR_BIAS = 1u << 2,
 };
 
@@ -35,8 +36,8 @@ typedef struct {
 typedef struct {
     visc_tensor_entry *entries;
     int count, capacity;
-    size_t total;   /* floats over all entries */
-    float *data;    /* the values; NULL until visc_table_alloc */
+    size_t total; /* floats over all entries */
+    float *data;  /* the values; NULL until visc_table_alloc */
     visc_device device;
 } visc_table;
 

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "options.h"
+#include "plot.h"
 #include "visc/model.h"
 #include "visc/train.h"
 
@@ -10,6 +11,7 @@ static void usage(FILE *f) {
     fputs("usage: visc <command> [options]\n\n"
           "commands:\n"
           "  train     train (or with --evaluate, evaluate) a model\n"
+          "  plot      draw a run's curves (loss, accuracy, LR) as a PNG\n"
           "  models    list the architectures\n"
           "  version   print the version\n\n"
           "`visc train --help` lists the training options.\n",
@@ -29,12 +31,15 @@ static int cmd_train(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    /* line by line even into a pipe or a log file, so progress is visible */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc < 2) {
         usage(stderr);
         return 2;
     }
     const char *cmd = argv[1];
     if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
+    if (strcmp(cmd, "plot") == 0) return visc_cmd_plot(argc - 2, argv + 2);
     if (strcmp(cmd, "models") == 0) {
         for (const char *const *n = visc_model_names(); *n; n++) puts(*n);
         return 0;

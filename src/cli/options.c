@@ -48,7 +48,8 @@ static const option options[] = {
     {"no-hflip", NULL, NOFLAG, O(hflip), "no flips"},
     {"num-classes", NULL, INT, O(model.num_classes), "classifier outputs (default: the dataset's)"},
     {"small-stem", NULL, FLAG, O(model.small_stem), "3x3 stride-1 stem without max-pool"},
-    {"zero-init-residual", NULL, FLAG, O(model.zero_init_residual), "zero-init last BN of each block"},
+    {"zero-init-residual", NULL, FLAG, O(model.zero_init_residual),
+     "zero-init last BN of each block"},
     {"width", NULL, INT, O(model.width), "base channel width (0: the model's own)"},
     {"seed", NULL, U64, O(seed), "random seed (fixes the whole run)"},
     {"threads", "j", INT, O(threads), "threads (default: all cores)"},
@@ -65,7 +66,8 @@ static const option options[] = {
 
 static const option *find(const char *name) {
     for (int i = 0; i < NUM_OPTIONS; i++)
-        if (strcmp(options[i].name, name) == 0 || (options[i].alias && strcmp(options[i].alias, name) == 0))
+        if (strcmp(options[i].name, name) == 0 ||
+            (options[i].alias && strcmp(options[i].alias, name) == 0))
             return &options[i];
     return NULL;
 }
@@ -75,8 +77,7 @@ static int set_value(visc_train_config *c, const option *o, const char *value, c
     errno = 0;
     switch (o->kind) {
     case STR:
-        if (strlen(value) >= o->size)
-            return visc_set_error("%s%s: value too long", where, o->name);
+        if (strlen(value) >= o->size) return visc_set_error("%s%s: value too long", where, o->name);
         strcpy(field, value);
         return 0;
     case INT: {
@@ -89,7 +90,8 @@ static int set_value(visc_train_config *c, const option *o, const char *value, c
     case U64: {
         unsigned long long v = strtoull(value, &end, 10);
         if (!*value || *end || errno || value[0] == '-')
-            return visc_set_error("%s%s: expected a non-negative integer, got '%s'", where, o->name, value);
+            return visc_set_error("%s%s: expected a non-negative integer, got '%s'", where, o->name,
+                                  value);
         *(uint64_t *)field = v;
         return 0;
     }
@@ -97,6 +99,7 @@ static int set_value(visc_train_config *c, const option *o, const char *value, c
         float v = strtof(value, &end);
         if (!*value || *end || errno || v != v)
             return visc_set_error("%s%s: expected a number, got '%s'", where, o->name, value);
+        /* cppcheck-suppress invalidPointerCast ; field points at a float member (offsetof) */
         *(float *)field = v;
         return 0;
     }
@@ -122,10 +125,10 @@ static int apply_config_file(visc_train_config *c, const char *path) {
         char where[600];
         snprintf(where, sizeof where, "%s: ", path);
         if (!o)
-            rc = visc_set_error("%s: unknown key '%s' (keys are the long flags of `visc train --help`)",
+            rc = visc_set_error("%s: unknown key '%s' (keys are the long flags of `visc train "
+                                "--help`)",
                                 path, cfg.keys[i]);
-        else
-            rc = set_value(c, o, cfg.values[i], where);
+        else rc = set_value(c, o, cfg.values[i], where);
     }
     visc_config_free(&cfg);
     return rc;
@@ -160,29 +163,25 @@ int visc_parse_train_args(visc_train_config *c, int argc, char **argv) {
         key[len] = 0;
         const option *o = find(key);
         if (!o) return visc_set_error("unknown option '%s' (see `visc train --help`)", arg);
-        if (eq)
-            value = eq + 1;
-        else if (o->kind == FLAG || o->kind == NOFLAG)
-            value = "1";
-        else if (i + 1 < argc)
-            value = argv[++i];
-        else
-            return visc_set_error("option '%s' needs a value", arg);
+        if (eq) value = eq + 1;
+        else if (o->kind == FLAG || o->kind == NOFLAG) value = "1";
+        else if (i + 1 < argc) value = argv[++i];
+        else return visc_set_error("option '%s' needs a value", arg);
         if (set_value(c, o, value, "--")) return -1;
     }
     return 0;
 }
 
 void visc_print_train_help(FILE *f) {
-    fprintf(f, "usage: visc train [--config FILE] [options]\n\noptions (config-file keys are the long names):\n");
+    fprintf(f, "usage: visc train [--config FILE] [options]\n\noptions (config-file keys are the "
+               "long names):\n");
     for (int i = 0; i < NUM_OPTIONS; i++) {
         char left[64];
         const char *arg = options[i].kind == FLAG || options[i].kind == NOFLAG ? "" : " V";
         if (options[i].alias)
             snprintf(left, sizeof left, "--%s, -%s%s%s", options[i].name,
                      strlen(options[i].alias) > 1 ? "-" : "", options[i].alias, arg);
-        else
-            snprintf(left, sizeof left, "--%s%s", options[i].name, arg);
+        else snprintf(left, sizeof left, "--%s%s", options[i].name, arg);
         fprintf(f, "  %-30s %s\n", left, options[i].help);
     }
 }

@@ -81,7 +81,8 @@ uint32_t visc_rng_below(visc_rng *r, uint32_t n) {
     return (uint32_t)(m >> 32);
 }
 
-void visc_rng_permutation(int32_t *perm, int32_t n, uint64_t seed, uint64_t stream, uint64_t substream) {
+void visc_rng_permutation(int32_t *perm, int32_t n, uint64_t seed, uint64_t stream,
+                          uint64_t substream) {
     visc_rng r = visc_rng_make(seed, stream, substream);
     for (int32_t i = 0; i < n; i++) perm[i] = i;
     for (int32_t i = n - 1; i > 0; i--) {

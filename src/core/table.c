@@ -6,13 +6,15 @@
 
 void visc_table_init(visc_table *t) { memset(t, 0, sizeof *t); }
 
-int visc_table_add(visc_table *t, const char *name, int ndim, const int64_t *shape, unsigned flags) {
+int visc_table_add(visc_table *t, const char *name, int ndim, const int64_t *shape,
+                   unsigned flags) {
     VISC_ASSERT(t->data == NULL); /* the layout is fixed once allocated */
     VISC_ASSERT(ndim >= 0 && ndim <= VISC_MAX_DIMS);
     VISC_ASSERT(strlen(name) < VISC_MAX_NAME);
     if (t->count == t->capacity) {
         t->capacity = t->capacity ? 2 * t->capacity : 64;
-        t->entries = visc_realloc(t->entries, (size_t)t->capacity * sizeof *t->entries, "tensor table");
+        t->entries =
+            visc_realloc(t->entries, (size_t)t->capacity * sizeof *t->entries, "tensor table");
     }
     visc_tensor_entry *e = &t->entries[t->count];
     memset(e, 0, sizeof *e);
@@ -37,6 +39,7 @@ void visc_table_alloc(visc_table *t) {
 
 float *visc_table_get(const visc_table *t, int index) {
     VISC_ASSERT(index >= 0 && index < t->count && t->data);
+    /* cppcheck-suppress nullPointerArithmeticRedundantCheck ; asserted non-NULL above */
     return t->data + t->entries[index].offset;
 }
 

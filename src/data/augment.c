@@ -29,8 +29,8 @@
 
 static const visc_augment no_augment = {0, 0, {0, 0, 0}, {1, 1, 1}};
 
-void visc_augment_draw(const visc_augment *aug, uint64_t seed, int64_t epoch, int64_t idx,
-                       int *dy, int *dx, int *flip) {
+void visc_augment_draw(const visc_augment *aug, uint64_t seed, int64_t epoch, int64_t idx, int *dy,
+                       int *dx, int *flip) {
     if (!aug) aug = &no_augment;
     int p = aug->pad_crop > 0 ? aug->pad_crop : 0;
     visc_rng r = visc_rng_make(seed, VISC_STREAM_AUGMENT + 16 * (uint64_t)epoch, (uint64_t)idx);
@@ -41,8 +41,8 @@ void visc_augment_draw(const visc_augment *aug, uint64_t seed, int64_t epoch, in
     *flip = aug->hflip ? (int)coin : 0;
 }
 
-void visc_augment_apply_at(const visc_augment *aug, const uint8_t *img, int c, int h, int w,
-                           int dy, int dx, int flip, float *out) {
+void visc_augment_apply_at(const visc_augment *aug, const uint8_t *img, int c, int h, int w, int dy,
+                           int dx, int flip, float *out) {
     if (!aug) aug = &no_augment;
     int p = aug->pad_crop > 0 ? aug->pad_crop : 0;
     /* Shift of the window relative to the unpadded image. */
@@ -71,8 +71,7 @@ void visc_augment_apply_at(const visc_augment *aug, const uint8_t *img, int c, i
                 for (int x = x0; x < x1; x++)
                     row[x] = ((float)srow[w - 1 - x + ox] / 255.0f - mean) / std;
             } else {
-                for (int x = x0; x < x1; x++)
-                    row[x] = ((float)srow[x + ox] / 255.0f - mean) / std;
+                for (int x = x0; x < x1; x++) row[x] = ((float)srow[x + ox] / 255.0f - mean) / std;
             }
             for (int x = x1; x < w; x++) row[x] = zero;
         }

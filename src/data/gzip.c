@@ -101,8 +101,7 @@ int visc_gunzip_memory(const uint8_t *buf, size_t size, uint8_t **out, size_t *o
             if (!is_gzip(rest, left)) {
                 inflateEnd(&zs);
                 free(dst);
-                return visc_set_error("gzip: %zu bytes of trailing garbage after the stream",
-                                      left);
+                return visc_set_error("gzip: %zu bytes of trailing garbage after the stream", left);
             }
             inflateReset(&zs);
             continue;
@@ -116,8 +115,7 @@ int visc_gunzip_memory(const uint8_t *buf, size_t size, uint8_t **out, size_t *o
             if (zs.avail_in == 0) {
                 inflateEnd(&zs);
                 free(dst);
-                return visc_set_error("gzip: truncated stream (input ends after %zu bytes)",
-                                      size);
+                return visc_set_error("gzip: truncated stream (input ends after %zu bytes)", size);
             }
         }
         const char *why = zs.msg ? zs.msg : (rc == Z_MEM_ERROR ? "out of memory" : "bad data");

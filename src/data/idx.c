@@ -34,9 +34,10 @@ static int check_magic(const uint8_t *buf, size_t size, uint32_t want, const cha
                               magic & 0xff, what, want & 0xff);
     if ((magic >> 16) == 0)
         return visc_set_error("bad IDX magic 0x%08x: element type 0x%02x, only unsigned bytes "
-                              "(0x08) are supported", magic, magic >> 8 & 0xff);
-    return visc_set_error("bad IDX magic 0x%08x (expected 0x%08x for %s): not an IDX file",
-                          magic, want, what);
+                              "(0x08) are supported",
+                              magic, magic >> 8 & 0xff);
+    return visc_set_error("bad IDX magic 0x%08x (expected 0x%08x for %s): not an IDX file", magic,
+                          want, what);
 }
 
 int visc_idx_parse_images(const uint8_t *buf, size_t size, uint8_t **images, int64_t *n, int *h,
@@ -56,8 +57,8 @@ int visc_idx_parse_images(const uint8_t *buf, size_t size, uint8_t **images, int
     size_t have = size - 16;
     if (need > have)
         return visc_set_error("truncated: header says %u images of %ux%u, file has %zu bytes "
-                              "(needs %llu)", count, rows, cols, size,
-                              (unsigned long long)need + 16);
+                              "(needs %llu)",
+                              count, rows, cols, size, (unsigned long long)need + 16);
     if (need < have)
         return visc_set_error("%zu bytes of trailing data after %u images of %ux%u",
                               have - (size_t)need, count, rows, cols);
@@ -120,8 +121,8 @@ visc_dataset *visc_idx_load(const char *images_path, const char *labels_path) {
         goto fail;
     }
     if (n_img != n_lab) {
-        visc_set_error("%s has %lld images but %s has %lld labels", images_path,
-                       (long long)n_img, labels_path, (long long)n_lab);
+        visc_set_error("%s has %lld images but %s has %lld labels", images_path, (long long)n_img,
+                       labels_path, (long long)n_lab);
         goto fail;
     }
     /* Classes are 0..max: the files carry no class count, and MNIST-likes

@@ -91,8 +91,9 @@ int visc_mkdirs(const char *path) {
         if (mkdir(p, 0777) != 0) {
             int err = errno;
             if (err != EEXIST || stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) {
-                rc = visc_set_error("cannot create directory '%s': %s", p,
-                                    err == EEXIST ? "exists and is not a directory" : strerror(err));
+                rc =
+                    visc_set_error("cannot create directory '%s': %s", p,
+                                   err == EEXIST ? "exists and is not a directory" : strerror(err));
                 break;
             }
         }

@@ -47,7 +47,9 @@ static int quoted(const char **pp, const char *end, char *out, const char *src, 
             case 't': out[n++] = '\t'; break;
             case '"':
             case '\\': out[n++] = *p; break;
-            default: return visc_set_error("%s:%d: unknown escape '\\%c' in quoted value", src, line, *p);
+            default:
+                return visc_set_error("%s:%d: unknown escape '\\%c' in quoted value", src, line,
+                                      *p);
             }
             p++;
         } else {
@@ -73,8 +75,7 @@ static int parse_line(visc_config *c, const char *p, const char *end, char **sec
         const char *q = p + k;
         while (q < end && is_space(*q)) q++;
         if (q >= end || *q != ']') {
-            if (k == 0 || q >= end)
-                return visc_set_error("%s:%d: expected '[section]'", src, line);
+            if (k == 0 || q >= end) return visc_set_error("%s:%d: expected '[section]'", src, line);
             return visc_set_error("%s:%d: invalid character '%c' in section name", src, line, *q);
         }
         if (k == 0) return visc_set_error("%s:%d: empty section name", src, line);
@@ -141,7 +142,8 @@ int visc_config_parse(visc_config *c, const char *text, size_t size, const char 
     while (p < end && rc == 0) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         const char *eol = nl ? nl : end;
-        if (memchr(p, 0, (size_t)(eol - p))) rc = visc_set_error("%s:%d: NUL byte in line", src, line);
+        if (memchr(p, 0, (size_t)(eol - p)))
+            rc = visc_set_error("%s:%d: NUL byte in line", src, line);
         else rc = parse_line(c, p, eol, &section, src, line);
         p = nl ? nl + 1 : end;
         line++;

@@ -145,7 +145,10 @@ static int parse_string(reader *r, char **out, size_t *out_len) {
             }
             n += put_utf8(buf + n, cp);
             break;
-        default: r->p--; fail(r, "bad escape in string"); goto bad;
+        default:
+            r->p--;
+            fail(r, "bad escape in string");
+            goto bad;
         }
     }
     r->p++; /* closing quote */
@@ -186,7 +189,8 @@ static int parse_number(reader *r, visc_json *v) {
 
 static int literal(reader *r, const char *word) {
     size_t n = strlen(word);
-    if ((size_t)(r->end - r->p) < n || memcmp(r->p, word, n) != 0) return fail(r, "unexpected character");
+    if ((size_t)(r->end - r->p) < n || memcmp(r->p, word, n) != 0)
+        return fail(r, "unexpected character");
     r->p += n;
     return 0;
 }
@@ -258,7 +262,10 @@ static int parse_value(reader *r, visc_json *v, int depth) {
     case '{':
     case '[': return parse_container(r, v, depth);
     case '"': v->type = VISC_JSON_STRING; return parse_string(r, &v->str, &v->len);
-    case 't': v->type = VISC_JSON_BOOL; v->boolean = 1; return literal(r, "true");
+    case 't':
+        v->type = VISC_JSON_BOOL;
+        v->boolean = 1;
+        return literal(r, "true");
     case 'f': v->type = VISC_JSON_BOOL; return literal(r, "false");
     case 'n': v->type = VISC_JSON_NULL; return literal(r, "null");
     default: return parse_number(r, v);

@@ -49,7 +49,8 @@ static int cmp_str_ptr(const void *a, const void *b) {
 }
 
 static int cmp_by_offset(const void *a, const void *b) {
-    const visc_st_tensor *x = *(const visc_st_tensor *const *)a, *y = *(const visc_st_tensor *const *)b;
+    const visc_st_tensor *x = *(const visc_st_tensor *const *)a,
+                         *y = *(const visc_st_tensor *const *)b;
     if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
     return x->end < y->end ? -1 : x->end > y->end;
 }
@@ -152,7 +153,8 @@ static int parse_metadata(visc_safetensors *st, const visc_json *m) {
 }
 
 static int parse_header(visc_safetensors *st, const visc_json *root) {
-    if (root->type != VISC_JSON_OBJECT) return visc_set_error("%s: header is not a JSON object", st->source);
+    if (root->type != VISC_JSON_OBJECT)
+        return visc_set_error("%s: header is not a JSON object", st->source);
     st->tensors = visc_calloc((size_t)root->count + 1, sizeof *st->tensors, "safetensors index");
     int seen_meta = 0;
     for (int i = 0; i < root->count; i++) {
@@ -167,11 +169,13 @@ static int parse_header(visc_safetensors *st, const visc_json *root) {
     qsort(st->tensors, (size_t)st->count, sizeof *st->tensors, cmp_by_name);
     for (int i = 1; i < st->count; i++)
         if (strcmp(st->tensors[i - 1].name, st->tensors[i].name) == 0)
-            return visc_set_error("%s: duplicate tensor name '%s'", st->source, st->tensors[i].name);
+            return visc_set_error("%s: duplicate tensor name '%s'", st->source,
+                                  st->tensors[i].name);
 
     /* Overlap: sort (non-empty) ranges by start; each must begin at or after
      * the previous end. Empty tensors own no bytes and cannot overlap. */
-    const visc_st_tensor **order = visc_malloc((size_t)st->count * sizeof *order + 1, "safetensors order");
+    const visc_st_tensor **order =
+        visc_malloc((size_t)st->count * sizeof *order + 1, "safetensors order");
     int n = 0;
     for (int i = 0; i < st->count; i++)
         if (st->tensors[i].end > st->tensors[i].begin) order[n++] = &st->tensors[i];
@@ -179,23 +183,25 @@ static int parse_header(visc_safetensors *st, const visc_json *root) {
     int rc = 0;
     for (int i = 1; i < n && rc == 0; i++)
         if (order[i]->begin < order[i - 1]->end)
-            rc = visc_set_error("%s: tensors '%s' [%zu, %zu) and '%s' [%zu, %zu) overlap", st->source,
-                                order[i - 1]->name, order[i - 1]->begin, order[i - 1]->end,
-                                order[i]->name, order[i]->begin, order[i]->end);
+            rc = visc_set_error("%s: tensors '%s' [%zu, %zu) and '%s' [%zu, %zu) overlap",
+                                st->source, order[i - 1]->name, order[i - 1]->begin,
+                                order[i - 1]->end, order[i]->name, order[i]->begin, order[i]->end);
     free(order);
     return rc;
 }
 
 static int parse_image(visc_safetensors *st, const uint8_t *buf, size_t size) {
     if (size < 8)
-        return visc_set_error("%s: %zu bytes is too short for a safetensors file", st->source, size);
+        return visc_set_error("%s: %zu bytes is too short for a safetensors file", st->source,
+                              size);
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | buf[i];
     if (n > size - 8)
         return visc_set_error("%s: header length %llu exceeds the file size %zu", st->source,
                               (unsigned long long)n, size);
     if (n < 2 || buf[8] != '{')
-        return visc_set_error("%s: header does not start with '{' (not a safetensors file?)", st->source);
+        return visc_set_error("%s: header does not start with '{' (not a safetensors file?)",
+                              st->source);
     st->data = buf + 8 + n;
     st->data_size = size - 8 - (size_t)n;
     visc_json root;
@@ -297,8 +303,7 @@ static float half_to_float(uint16_t h) {
     if (exp == 0x1F) bits = sign | 0x7F800000u | (mant << 13);
     else if (exp != 0) bits = sign | ((exp + 112) << 23) | (mant << 13);
     else if (mant == 0) bits = sign;
-    else { /* subnormal: normalize */
-        exp = 113;
+    else { /* subnormal: normalize */ exp = 113;
         while (!(mant & 0x400)) mant <<= 1, exp--;
         bits = sign | (exp << 23) | ((mant & 0x3FF) << 13);
     }
@@ -360,7 +365,8 @@ static void convert(const visc_st_tensor *t, const uint8_t *src, float *dst) {
 
 static const visc_st_tensor *find_or_fail(const visc_safetensors *st, const char *name) {
     const visc_st_tensor *t = visc_safetensors_find(st, name);
-    if (!t) visc_set_error("no tensor named '%s' in %s", name, st->source ? st->source : "<closed>");
+    if (!t)
+        visc_set_error("no tensor named '%s' in %s", name, st->source ? st->source : "<closed>");
     return t;
 }
 
@@ -371,7 +377,8 @@ int visc_safetensors_read_f32(const visc_safetensors *st, const char *name, floa
     if (t->numel != numel) {
         char shape[160];
         format_shape(shape, sizeof shape, t->ndim, t->shape);
-        return visc_set_error("tensor '%s' in %s has shape %s (%zu elements), expected %zu elements",
+        return visc_set_error("tensor '%s' in %s has shape %s (%zu elements), expected %zu "
+                              "elements",
                               name, st->source, shape, t->numel, numel);
     }
     convert(t, st->data + t->begin, dst);
@@ -464,8 +471,10 @@ void visc_st_writer_meta(visc_st_writer *w, const char *key, const char *value) 
             w->meta_values[i] = visc_strdup(value);
             return;
         }
-    w->meta_keys = visc_realloc(w->meta_keys, (size_t)(w->meta_count + 1) * sizeof(char *), "metadata");
-    w->meta_values = visc_realloc(w->meta_values, (size_t)(w->meta_count + 1) * sizeof(char *), "metadata");
+    w->meta_keys =
+        visc_realloc(w->meta_keys, (size_t)(w->meta_count + 1) * sizeof(char *), "metadata");
+    w->meta_values =
+        visc_realloc(w->meta_values, (size_t)(w->meta_count + 1) * sizeof(char *), "metadata");
     w->meta_keys[w->meta_count] = visc_strdup(key);
     w->meta_values[w->meta_count] = visc_strdup(value);
     w->meta_count++;
@@ -539,7 +548,8 @@ int visc_st_writer_save(visc_st_writer *w, const char *path) {
         if (i || w->meta_count) sb_put(&h, ",", 1);
         sb_json_string(&h, e->name);
         sb_printf(&h, ":{\"dtype\":\"%s\",\"shape\":[", dtype_names[e->dtype]);
-        for (int d = 0; d < e->ndim; d++) sb_printf(&h, "%s%lld", d ? "," : "", (long long)e->shape[d]);
+        for (int d = 0; d < e->ndim; d++)
+            sb_printf(&h, "%s%lld", d ? "," : "", (long long)e->shape[d]);
         sb_printf(&h, "],\"data_offsets\":[%zu,%zu]}", offset, offset + e->bytes);
         offset += e->bytes;
     }
@@ -553,7 +563,8 @@ int visc_st_writer_save(visc_st_writer *w, const char *path) {
     size_t *sizes = visc_malloc((size_t)nparts * sizeof *sizes, "safetensors parts");
     parts[0] = len_bytes, sizes[0] = 8;
     parts[1] = h.p, sizes[1] = h.len;
-    for (int i = 0; i < w->count; i++) parts[2 + i] = w->entries[i].data, sizes[2 + i] = w->entries[i].bytes;
+    for (int i = 0; i < w->count; i++)
+        parts[2 + i] = w->entries[i].data, sizes[2 + i] = w->entries[i].bytes;
     int rc = visc_write_file_atomic(path, (const void *const *)parts, sizes, nparts);
     free(parts);
     free(sizes);

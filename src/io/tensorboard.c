@@ -117,7 +117,8 @@ visc_tb_writer *visc_tb_open(const char *logdir) {
     /* "x": never append to (or clobber) another writer's file. */
     for (int attempt = 0; attempt < 100 && !f; attempt++) {
         if (attempt == 0)
-            snprintf(path, n, "%s/events.out.tfevents.%ld.%s.%ld.v2", logdir, secs, host, (long)getpid());
+            snprintf(path, n, "%s/events.out.tfevents.%ld.%s.%ld.v2", logdir, secs, host,
+                     (long)getpid());
         else
             snprintf(path, n, "%s/events.out.tfevents.%ld.%s.%ld.%d.v2", logdir, secs, host,
                      (long)getpid(), attempt);
@@ -297,19 +298,21 @@ static int parse_event(cursor c, visc_tb_scalar_fn fn, void *ctx) {
 int visc_tb_parse(const uint8_t *buf, size_t size, visc_tb_scalar_fn fn, void *ctx) {
     size_t pos = 0;
     while (pos < size) {
-        if (size - pos < 12) return visc_set_error("event file: truncated record header at byte %zu", pos);
+        if (size - pos < 12)
+            return visc_set_error("event file: truncated record header at byte %zu", pos);
         uint64_t n = get_le(buf + pos, 8);
         if ((uint32_t)get_le(buf + pos + 8, 4) != masked_crc(buf + pos, 8))
             return visc_set_error("event file: bad length CRC at byte %zu", pos);
         if (n > size - pos - 12 || size - pos - 12 - n < 4)
-            return visc_set_error("event file: record at byte %zu claims %llu bytes, %zu remain", pos,
-                                  (unsigned long long)n, size - pos - 12);
+            return visc_set_error("event file: record at byte %zu claims %llu bytes, %zu remain",
+                                  pos, (unsigned long long)n, size - pos - 12);
         const uint8_t *data = buf + pos + 12;
         if ((uint32_t)get_le(data + n, 4) != masked_crc(data, (size_t)n))
             return visc_set_error("event file: bad data CRC in record at byte %zu", pos);
         cursor c = {data, data + n};
         if (parse_event(c, fn, ctx) != 0)
-            return visc_set_error("event file: malformed Event protobuf in record at byte %zu", pos);
+            return visc_set_error("event file: malformed Event protobuf in record at byte %zu",
+                                  pos);
         pos += 12 + (size_t)n + 4;
     }
     return 0;

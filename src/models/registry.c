@@ -4,7 +4,7 @@
 #include "visc/model.h"
 
 static const char *const names[] = {"resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
-                                    "resnet14", "resnet20", "resnet32", "resnet56", NULL};
+                                    "resnet14", "resnet20", "resnet32", "resnet56",  NULL};
 
 const char *const *visc_model_names(void) { return names; }
 

@@ -28,8 +28,8 @@ typedef struct {
 
 typedef struct {
     visc_batchnorm2d op;
-    int gamma, beta;       /* params */
-    int mean, var;         /* buffers */
+    int gamma, beta; /* params */
+    int mean, var;   /* buffers */
     float *save_mean, *save_rstd;
     char name[VISC_MAX_NAME];
 } bn_layer;
@@ -136,7 +136,9 @@ static void add_block(visc_model *m, resnet *r, block *b, const char *name, int 
 
 /* ---- building: activations, planned once (a counting pass, then the real one) ---- */
 
-static size_t conv_out_size(const conv_layer *c) { return (size_t)c->op.N * c->op.K * c->op.P * c->op.Q; }
+static size_t conv_out_size(const conv_layer *c) {
+    return (size_t)c->op.N * c->op.K * c->op.P * c->op.Q;
+}
 
 static void take_bn_stats(visc_arena *a, bn_layer *b) {
     b->save_mean = visc_arena_floats(a, (size_t)b->op.C);
@@ -145,7 +147,8 @@ static void take_bn_stats(visc_arena *a, bn_layer *b) {
 
 static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     int N = m->cfg.batch;
-    r->x = visc_arena_floats(a, (size_t)N * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size);
+    r->x = visc_arena_floats(a, (size_t)N * m->cfg.in_channels * m->cfg.image_size *
+                                    m->cfg.image_size);
     size_t stem = conv_out_size(&r->stem_conv);
     r->stem_c = visc_arena_floats(a, stem);
     r->stem_b = visc_arena_floats(a, stem);
@@ -177,7 +180,8 @@ static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
             take_bn_stats(a, &b->down_bn);
         }
         b->out = visc_arena_floats(a, b->out_size);
-        size_t biggest = conv_out_size(&b->conv1) > b->out_size ? conv_out_size(&b->conv1) : b->out_size;
+        size_t biggest =
+            conv_out_size(&b->conv1) > b->out_size ? conv_out_size(&b->conv1) : b->out_size;
         if (conv_out_size(&b->conv2) > biggest) biggest = conv_out_size(&b->conv2);
         if (biggest > r->max_act) r->max_act = biggest;
         prev = b->out;
@@ -212,7 +216,8 @@ static void init_params(visc_model *m, resnet *r, uint64_t seed) {
         } else {
             /* nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias */
             float bound = 1.0f / sqrtf((float)r->feature_dim);
-            for (size_t j = 0; j < e->numel; j++) w[j] = bound * (2.0f * visc_rng_uniform(&rng) - 1.0f);
+            for (size_t j = 0; j < e->numel; j++)
+                w[j] = bound * (2.0f * visc_rng_uniform(&rng) - 1.0f);
         }
     }
     if (m->cfg.zero_init_residual) {
@@ -243,7 +248,8 @@ static void bn_fwd(visc_model *m, bn_layer *b, float *out, const float *in, int 
         visc_batchnorm2d_forward_train(&b->op, out, b->save_mean, b->save_rstd, in, P(b->gamma),
                                        P(b->beta), B(b->mean), B(b->var));
     else
-        visc_batchnorm2d_forward_eval(&b->op, out, in, P(b->gamma), P(b->beta), B(b->mean), B(b->var));
+        visc_batchnorm2d_forward_eval(&b->op, out, in, P(b->gamma), P(b->beta), B(b->mean),
+                                      B(b->var));
 }
 
 /* out = relu(out + identity) */
@@ -281,7 +287,8 @@ static void resnet_forward(visc_model *m, const float *x, int train) {
     memcpy(r->x, x, xn * sizeof(float));
     conv_fwd(m, &r->stem_conv, r->stem_c, r->x);
     bn_fwd(m, &r->stem_bn, r->stem_b, r->stem_c, train);
-    if (r->has_maxpool) visc_maxpool2d_forward(&r->maxpool, r->pooled_in, r->pool_argmax, r->stem_b);
+    if (r->has_maxpool)
+        visc_maxpool2d_forward(&r->maxpool, r->pooled_in, r->pool_argmax, r->stem_b);
     for (int i = 0; i < r->num_blocks; i++) block_forward(m, &r->blocks[i], train);
     block *last = &r->blocks[r->num_blocks - 1];
     visc_global_avgpool_forward(r->features, last->out, m->cfg.batch, r->feature_dim, r->final_hw);
@@ -415,7 +422,8 @@ visc_model *visc_resnet_create(const visc_model_config *cfg, uint64_t seed) {
     int small = cfg->small_stem || spec->cifar;
     int min_size = small ? (spec->cifar ? 4 : 8) : 32;
     if (N < 1 || cfg->num_classes < 1 || cfg->in_channels < 1 || S < min_size) {
-        visc_set_error("%s needs batch >= 1, classes >= 1, channels >= 1 and images of at least %d px "
+        visc_set_error("%s needs batch >= 1, classes >= 1, channels >= 1 and images of at least %d "
+                       "px "
                        "(got batch %d, %d classes, %d channels, %d px)",
                        cfg->arch, min_size, N, cfg->num_classes, cfg->in_channels, S);
         return NULL;
@@ -457,7 +465,8 @@ visc_model *visc_resnet_create(const visc_model_config *cfg, uint64_t seed) {
     r->final_hw = H * H;
     int64_t fcw[2] = {cfg->num_classes, C}, fcb[1] = {cfg->num_classes};
     r->fc_weight = visc_table_add(&m->params, "fc.weight", 2, fcw, 0);
-    r->fc_bias = visc_table_add(&m->params, "fc.bias", 1, fcb, VISC_TENSOR_NO_DECAY | VISC_TENSOR_BIAS);
+    r->fc_bias =
+        visc_table_add(&m->params, "fc.bias", 1, fcb, VISC_TENSOR_NO_DECAY | VISC_TENSOR_BIAS);
     visc_table_alloc(&m->params);
     visc_table_alloc(&m->buffers);
     m->grads = visc_alloc_aligned(m->params.total * sizeof(float), "gradients");

@@ -15,8 +15,8 @@
 #define LANES 16
 
 /* sum x[i] */
-__attribute__((target_clones("avx512f", "avx2", "default")))
-static double row_sum(const float *x, int n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) static double row_sum(const float *x,
+                                                                                   int n) {
     float acc[LANES] = {0};
     int i = 0;
     for (; i + LANES <= n; i += LANES)
@@ -28,8 +28,8 @@ static double row_sum(const float *x, int n) {
 }
 
 /* sum (x[i] - m)^2 */
-__attribute__((target_clones("avx512f", "avx2", "default")))
-static double row_sqdev(const float *x, int n, float m) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) static double
+row_sqdev(const float *x, int n, float m) {
     float acc[LANES] = {0};
     int i = 0;
     for (; i + LANES <= n; i += LANES)
@@ -45,9 +45,8 @@ static double row_sqdev(const float *x, int n, float m) {
 
 /* out = max?((x - mean) * scale + shift). Centering first (rather than
  * x * scale + (shift - mean * scale)) keeps precision when |mean| >> std. */
-__attribute__((target_clones("avx512f", "avx2", "default")))
-static void row_affine(float *out, const float *x, int n, float mean, float scale, float shift,
-                       int relu) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+row_affine(float *out, const float *x, int n, float mean, float scale, float shift, int relu) {
     if (relu)
         for (int i = 0; i < n; i++) {
             float y = (x[i] - mean) * scale + shift;
@@ -98,8 +97,8 @@ void visc_batchnorm2d_forward_train(visc_batchnorm2d *b, float *out, float *save
 }
 
 void visc_batchnorm2d_forward_eval(visc_batchnorm2d *b, float *out, const float *in,
-                                   const float *gamma, const float *beta,
-                                   const float *running_mean, const float *running_var) {
+                                   const float *gamma, const float *beta, const float *running_mean,
+                                   const float *running_var) {
     const int N = b->N, C = b->C, HW = b->HW;
     const size_t plane = (size_t)C * HW;
 #pragma omp parallel for collapse(2) schedule(static)
@@ -113,9 +112,9 @@ void visc_batchnorm2d_forward_eval(visc_batchnorm2d *b, float *out, const float 
 }
 
 /* With the ReLU fused, the gradient reaching bn's output is dout * (out > 0). */
-__attribute__((target_clones("avx512f", "avx2", "default")))
-static void row_grad_sums(const float *dout, const float *out, const float *x, int n, float mean,
-                          int relu, double *sum_dy, double *sum_dy_xc) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+row_grad_sums(const float *dout, const float *out, const float *x, int n, float mean, int relu,
+              double *sum_dy, double *sum_dy_xc) {
     float a[LANES] = {0}, bsum[LANES] = {0};
     int i = 0;
     for (; i + LANES <= n; i += LANES)
@@ -138,9 +137,9 @@ static void row_grad_sums(const float *dout, const float *out, const float *x, i
 }
 
 /* din = k * (dy - mean_dy - (x - mean) * c2), dy masked as above. din may alias dout. */
-__attribute__((target_clones("avx512f", "avx2", "default")))
-static void row_grad_input(float *din, const float *dout, const float *out, const float *x, int n,
-                           float mean, float k, float mean_dy, float c2, int relu) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+row_grad_input(float *din, const float *dout, const float *out, const float *x, int n, float mean,
+               float k, float mean_dy, float c2, int relu) {
     for (int i = 0; i < n; i++) {
         float dy = dout[i];
         if (relu) dy = out[i] > 0 ? dy : 0;

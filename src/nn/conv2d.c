@@ -56,6 +56,7 @@ void visc_conv2d_init(visc_conv2d *c, int N, int C, int H, int W, int K, int R, 
                       int pad, int dilation, int groups, int has_bias) {
     VISC_ASSERT(N > 0 && C > 0 && H > 0 && W > 0 && K > 0 && R > 0 && S > 0);
     VISC_ASSERT(stride > 0 && pad >= 0 && dilation > 0 && groups > 0);
+    /* cppcheck-suppress zerodivcond ; the assert above dies when groups <= 0 */
     VISC_ASSERT(C % groups == 0 && K % groups == 0);
     memset(c, 0, sizeof *c);
     c->N = N, c->C = C, c->H = H, c->W = W, c->K = K, c->R = R, c->S = S;
@@ -98,10 +99,12 @@ void visc_conv2d_init(visc_conv2d *c, int N, int C, int H, int W, int K, int R, 
     dnnl_primitive_desc_t fpd, bdpd, bwpd;
     VISC_DNNL(dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training,
                                                          dnnl_convolution_direct, &a_src, &a_wei,
-                                                         bias_md, &a_dst, strides, dil, pads, pads));
+                                                         bias_md, &a_dst, strides, dil, pads,
+                                                         pads));
     VISC_DNNL(dnnl_primitive_desc_create(&fpd, &fd, attr, eng, NULL));
-    VISC_DNNL(dnnl_dilated_convolution_backward_data_desc_init(
-        &bdd, dnnl_convolution_direct, &a_src, &a_wei, &a_dst, strides, dil, pads, pads));
+    VISC_DNNL(dnnl_dilated_convolution_backward_data_desc_init(&bdd, dnnl_convolution_direct,
+                                                               &a_src, &a_wei, &a_dst, strides, dil,
+                                                               pads, pads));
     VISC_DNNL(dnnl_primitive_desc_create(&bdpd, &bdd, attr, eng, fpd));
     VISC_DNNL(dnnl_dilated_convolution_backward_weights_desc_init(&bwd, dnnl_convolution_direct,
                                                                   &a_src, &a_wei, bias_md, &a_dst,
@@ -141,9 +144,9 @@ void visc_conv2d_init(visc_conv2d *c, int N, int C, int H, int W, int K, int R, 
         visc_dnnl_tensor_init(&im->bw_dbias, &u_bias, &u_bias, 1, NULL);
     }
 
-    size_t scratch = max_size(visc_dnnl_scratchpad_bytes(fpd),
-                              max_size(visc_dnnl_scratchpad_bytes(bdpd),
-                                       visc_dnnl_scratchpad_bytes(bwpd)));
+    size_t scratch =
+        max_size(visc_dnnl_scratchpad_bytes(fpd),
+                 max_size(visc_dnnl_scratchpad_bytes(bdpd), visc_dnnl_scratchpad_bytes(bwpd)));
     im->scratch = visc_alloc_aligned(scratch ? scratch : 64, "conv2d scratchpad");
     dnnl_memory_desc_t smd;
     dnnl_dims_t sdims = {(dnnl_dim_t)(scratch ? scratch : 64)};
@@ -165,7 +168,8 @@ void visc_conv2d_forward(visc_conv2d *c, float *out, const float *in, const floa
     int n = 0;
     args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, visc_dnnl_tensor_in(&im->src, in)};
     args[n++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, visc_dnnl_tensor_in(&im->wei, weight)};
-    if (c->has_bias) args[n++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, visc_dnnl_tensor_in(&im->bias, bias)};
+    if (c->has_bias)
+        args[n++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, visc_dnnl_tensor_in(&im->bias, bias)};
     args[n++] = (dnnl_exec_arg_t){DNNL_ARG_DST, visc_dnnl_tensor_out(&im->dst, out)};
     args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, im->scratch_mem};
     visc_dnnl_run(im->fwd, n, args);
@@ -182,9 +186,11 @@ void visc_conv2d_backward(visc_conv2d *c, float *din, float *dweight, float *dbi
     dnnl_memory_t ddst = visc_dnnl_tensor_in(&im->bw_ddst, dout);
     args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, visc_dnnl_tensor_in(&im->bw_src, in)};
     args[n++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_DST, ddst};
-    args[n++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_WEIGHTS, visc_dnnl_tensor_out(&im->bw_dwei, dweight)};
+    args[n++] =
+        (dnnl_exec_arg_t){DNNL_ARG_DIFF_WEIGHTS, visc_dnnl_tensor_out(&im->bw_dwei, dweight)};
     if (c->has_bias)
-        args[n++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_BIAS, visc_dnnl_tensor_out(&im->bw_dbias, dbias)};
+        args[n++] =
+            (dnnl_exec_arg_t){DNNL_ARG_DIFF_BIAS, visc_dnnl_tensor_out(&im->bw_dbias, dbias)};
     args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, im->scratch_mem};
     visc_dnnl_run(im->bwd_weights, n, args);
     visc_dnnl_tensor_out_done(&im->bw_dwei);
@@ -207,8 +213,8 @@ void visc_conv2d_destroy(visc_conv2d *c) {
     VISC_DNNL(dnnl_primitive_destroy(im->fwd));
     VISC_DNNL(dnnl_primitive_destroy(im->bwd_data));
     VISC_DNNL(dnnl_primitive_destroy(im->bwd_weights));
-    visc_dnnl_tensor *all[] = {&im->src, &im->wei, &im->dst, &im->bw_src, &im->bw_ddst,
-                               &im->bw_dwei, &im->bd_wei, &im->bd_dsrc};
+    visc_dnnl_tensor *all[] = {&im->src,     &im->wei,     &im->dst,    &im->bw_src,
+                               &im->bw_ddst, &im->bw_dwei, &im->bd_wei, &im->bd_dsrc};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) visc_dnnl_tensor_destroy(all[i]);
     if (!im->bd_reuses_ddst) visc_dnnl_tensor_destroy(&im->bd_ddst);
     if (c->has_bias) {

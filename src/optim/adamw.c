@@ -18,8 +18,8 @@ typedef struct {
 } adamw_scalars;
 
 __attribute__((target_clones("avx2", "default"))) static void
-adamw_block(float *restrict p, const float *restrict g, float *restrict m, float *restrict v, size_t n,
-            const adamw_scalars *s) {
+adamw_block(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
+            size_t n, const adamw_scalars *s) {
     const adamw_scalars c = *s;
     float root[VISC_OPT_SQRT_CHUNK];
     for (size_t k = 0; k < n; k += VISC_OPT_SQRT_CHUNK) {
@@ -58,6 +58,7 @@ void visc_adamw_step(visc_optimizer *o, float *params, const float *grads, float
         const visc_opt_block *k = &o->blocks[b];
         adamw_scalars sb = s;
         sb.decay = (float)(1.0 - (double)lr * (double)o->entry_decay[k->entry]);
-        adamw_block(params + k->begin, grads + k->begin, m + k->begin, v + k->begin, k->end - k->begin, &sb);
+        adamw_block(params + k->begin, grads + k->begin, m + k->begin, v + k->begin,
+                    k->end - k->begin, &sb);
     }
 }

@@ -29,7 +29,8 @@ static void lamb_update(float *restrict u, const float *restrict p, const float 
     const lamb_scalars c = *s;
     for (size_t i = 0; i < len; i++) u[i] = v[i];
     visc_opt_sqrt(u, len);
-    for (size_t i = 0; i < len; i++) u[i] = (m[i] / c.bc1) / (u[i] / c.bc2_sqrt + c.eps) + wd * p[i];
+    for (size_t i = 0; i < len; i++)
+        u[i] = (m[i] / c.bc1) / (u[i] / c.bc2_sqrt + c.eps) + wd * p[i];
 }
 
 /* Moments of one block; with adapt, the sums of squares of u and p in sums[0..1]. */
@@ -61,8 +62,8 @@ static void lamb_moments(const float *restrict p, const float *restrict g, float
     sums[1] = sp;
 }
 
-static void lamb_apply(float *restrict p, const float *restrict m, const float *restrict v, size_t n,
-                       float wd, float ratio, float lr, const lamb_scalars *s) {
+static void lamb_apply(float *restrict p, const float *restrict m, const float *restrict v,
+                       size_t n, float wd, float ratio, float lr, const lamb_scalars *s) {
     float u[VISC_OPT_SQRT_CHUNK];
     for (size_t k = 0; k < n; k += VISC_OPT_SQRT_CHUNK) {
         const size_t len = n - k < VISC_OPT_SQRT_CHUNK ? n - k : VISC_OPT_SQRT_CHUNK;
@@ -82,7 +83,8 @@ void visc_lamb_step(visc_optimizer *o, float *params, const float *grads, float 
     if (cfg->max_grad_norm > 0.0f) {
 #pragma omp parallel for schedule(static) if (o->params->total >= VISC_OPT_PARALLEL_MIN)
         for (int b = 0; b < nb; b++)
-            sums[2 * b] = visc_sum_squares(grads + o->blocks[b].begin, o->blocks[b].end - o->blocks[b].begin);
+            sums[2 * b] =
+                visc_sum_squares(grads + o->blocks[b].begin, o->blocks[b].end - o->blocks[b].begin);
         double total = 0;
         for (int b = 0; b < nb; b++) total += sums[2 * b];
         float norm = (float)sqrt(total);
@@ -104,8 +106,9 @@ void visc_lamb_step(visc_optimizer *o, float *params, const float *grads, float 
 #pragma omp parallel for schedule(static) if (o->params->total >= VISC_OPT_PARALLEL_MIN)
     for (int b = 0; b < nb; b++) {
         const visc_opt_block *k = &o->blocks[b];
-        lamb_moments(params + k->begin, grads + k->begin, m + k->begin, v + k->begin, k->end - k->begin,
-                     o->entry_decay[k->entry], visc_opt_adapts(o, k->entry), &s, sums + 2 * b);
+        lamb_moments(params + k->begin, grads + k->begin, m + k->begin, v + k->begin,
+                     k->end - k->begin, o->entry_decay[k->entry], visc_opt_adapts(o, k->entry), &s,
+                     sums + 2 * b);
     }
 
     /* Per-tensor trust ratios from the block partials, in block order. */

@@ -48,8 +48,13 @@ void visc_lars_step(visc_optimizer *o, float *params, const float *grads, float 
 #pragma omp parallel for schedule(static) if (o->params->total >= VISC_OPT_PARALLEL_MIN)
     for (int b = 0; b < nb; b++) {
         const visc_opt_block *k = &o->blocks[b];
-        visc_sgd_args a = {o->entry_decay[k->entry], o->entry_ratio[k->entry], cfg->momentum, lr,
-                           cfg->nesterov, o->step == 0};
-        visc_sgd_apply(params + k->begin, grads + k->begin, o->state + k->begin, k->end - k->begin, &a);
+        visc_sgd_args a = {o->entry_decay[k->entry],
+                           o->entry_ratio[k->entry],
+                           cfg->momentum,
+                           lr,
+                           cfg->nesterov,
+                           o->step == 0};
+        visc_sgd_apply(params + k->begin, grads + k->begin, o->state + k->begin, k->end - k->begin,
+                       &a);
     }
 }

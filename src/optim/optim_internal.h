@@ -55,7 +55,8 @@ typedef struct {
     float weight_decay, scale, momentum, lr;
     int nesterov, first;
 } visc_sgd_args;
-void visc_sgd_apply(float *params, const float *grads, float *buf, size_t n, const visc_sgd_args *a);
+void visc_sgd_apply(float *params, const float *grads, float *buf, size_t n,
+                    const visc_sgd_args *a);
 
 /* Whether an entry gets a trust ratio under LAMB/LARS: timm adapts where the
  * group's weight decay is non-zero, or everywhere with always_adapt. */

@@ -17,7 +17,10 @@ visc_opt_config visc_opt_defaults(visc_opt_kind kind) {
     switch (kind) {
     case VISC_OPT_SGD: c.momentum = 0.9f; break;
     case VISC_OPT_ADAMW: c.weight_decay = 0.01f; break;
-    case VISC_OPT_LAMB: c.weight_decay = 0.01f; c.eps = 1e-6f; break;
+    case VISC_OPT_LAMB:
+        c.weight_decay = 0.01f;
+        c.eps = 1e-6f;
+        break;
     case VISC_OPT_LARS: c.momentum = 0.9f; break;
     }
     return c;
@@ -53,7 +56,8 @@ void visc_optimizer_init(visc_optimizer *o, const visc_opt_config *cfg, const vi
     o->cfg = *cfg;
     o->params = params;
     o->slots = visc_optimizer_state_slots(cfg->kind);
-    o->state = visc_alloc_aligned((size_t)o->slots * params->total * sizeof(float), "optimizer state");
+    o->state =
+        visc_alloc_aligned((size_t)o->slots * params->total * sizeof(float), "optimizer state");
 
     int n = 0;
     for (int e = 0; e < params->count; e++)
@@ -68,7 +72,8 @@ void visc_optimizer_init(visc_optimizer *o, const visc_opt_config *cfg, const vi
             visc_opt_block *k = &o->blocks[o->num_blocks++];
             k->entry = e;
             k->begin = t->offset + b;
-            k->end = t->offset + (t->numel - b > VISC_OPT_BLOCK_FLOATS ? b + VISC_OPT_BLOCK_FLOATS : t->numel);
+            k->end = t->offset +
+                     (t->numel - b > VISC_OPT_BLOCK_FLOATS ? b + VISC_OPT_BLOCK_FLOATS : t->numel);
         }
         int excluded = !cfg->decay_norm_and_bias && (t->flags & VISC_TENSOR_NO_DECAY);
         o->entry_decay[e] = excluded ? 0.0f : cfg->weight_decay;

@@ -16,8 +16,8 @@ int visc_sched_parse_kind(const char *name, visc_sched_kind *kind) {
             *kind = (visc_sched_kind)i;
             return 0;
         }
-    return visc_set_error("unknown lr schedule '%s' (expected constant, step, multistep, cosine or onecycle)",
-                          name);
+    return visc_set_error(
+        "unknown lr schedule '%s' (expected constant, step, multistep, cosine or onecycle)", name);
 }
 
 const char *visc_sched_kind_name(visc_sched_kind kind) {
@@ -40,7 +40,8 @@ float visc_schedule_lr(const visc_schedule *s, int64_t step) {
         return (float)(base * pow((double)s->gamma, (double)(t / s->step_size)));
     case VISC_SCHED_MULTISTEP: {
         int passed = 0;
-        for (int i = 0; i < s->num_milestones && i < VISC_MAX_MILESTONES; i++) passed += s->milestones[i] <= t;
+        for (int i = 0; i < s->num_milestones && i < VISC_MAX_MILESTONES; i++)
+            passed += s->milestones[i] <= t;
         return (float)(base * pow((double)s->gamma, (double)passed));
     }
     case VISC_SCHED_COSINE:

@@ -34,8 +34,9 @@ void visc_sgd_step(visc_optimizer *o, float *params, const float *grads, float l
 #pragma omp parallel for schedule(static) if (o->params->total >= VISC_OPT_PARALLEL_MIN)
     for (int b = 0; b < o->num_blocks; b++) {
         const visc_opt_block *k = &o->blocks[b];
-        visc_sgd_args a = {o->entry_decay[k->entry], 1.0f, o->cfg.momentum, lr, o->cfg.nesterov,
-                           o->step == 0};
-        visc_sgd_apply(params + k->begin, grads + k->begin, o->state + k->begin, k->end - k->begin, &a);
+        visc_sgd_args a = {o->entry_decay[k->entry], 1.0f,        o->cfg.momentum, lr,
+                           o->cfg.nesterov,          o->step == 0};
+        visc_sgd_apply(params + k->begin, grads + k->begin, o->state + k->begin, k->end - k->begin,
+                       &a);
     }
 }

@@ -49,15 +49,19 @@ static int load_table(visc_table *t, const visc_safetensors *st, const char *pat
     for (int i = 0; i < t->count; i++) {
         const visc_tensor_entry *e = &t->entries[i];
         const visc_st_tensor *s = visc_safetensors_find(st, e->name);
-        if (!s) return visc_set_error("%s: missing tensor '%s' (not a checkpoint of this model?)", path, e->name);
+        if (!s)
+            return visc_set_error("%s: missing tensor '%s' (not a checkpoint of this model?)", path,
+                                  e->name);
         int same = s->ndim == e->ndim;
         for (int d = 0; same && d < e->ndim; d++) same = s->shape[d] == e->shape[d];
         if (!same) {
             char want[64] = "", got[64] = "";
             for (int d = 0; d < e->ndim; d++)
-                snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "x" : "", (long long)e->shape[d]);
+                snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "x" : "",
+                         (long long)e->shape[d]);
             for (int d = 0; d < s->ndim; d++)
-                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "x" : "", (long long)s->shape[d]);
+                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "x" : "",
+                         (long long)s->shape[d]);
             return visc_set_error("%s: tensor '%s' has shape [%s], the model needs [%s]", path,
                                   e->name, got, want);
         }
@@ -66,7 +70,8 @@ static int load_table(visc_table *t, const visc_safetensors *st, const char *pat
     return 0;
 }
 
-static int load_model_from(visc_model *m, const visc_safetensors *st, const char *path, int strict) {
+static int load_model_from(visc_model *m, const visc_safetensors *st, const char *path,
+                           int strict) {
     if (load_table(&m->params, st, path) || load_table(&m->buffers, st, path)) return -1;
     if (m->num_bn > 0) {
         char key[VISC_MAX_NAME + 32];
@@ -103,12 +108,14 @@ int visc_save_checkpoint(const visc_model *m, const visc_optimizer *o, const flo
         char key[64];
         int64_t shape[1] = {(int64_t)m->params.total};
         snprintf(key, sizeof key, "optimizer.slot%d", k);
-        visc_st_writer_add(w, key, VISC_DTYPE_F32, 1, shape, o->state + (size_t)k * m->params.total);
+        visc_st_writer_add(w, key, VISC_DTYPE_F32, 1, shape,
+                           o->state + (size_t)k * m->params.total);
     }
     if (ema_params) {
         int64_t ps[1] = {(int64_t)m->params.total}, bs[1] = {(int64_t)m->buffers.total};
         visc_st_writer_add(w, "ema.params", VISC_DTYPE_F32, 1, ps, ema_params);
-        if (m->buffers.total) visc_st_writer_add(w, "ema.buffers", VISC_DTYPE_F32, 1, bs, ema_buffers);
+        if (m->buffers.total)
+            visc_st_writer_add(w, "ema.buffers", VISC_DTYPE_F32, 1, bs, ema_buffers);
     }
     char state[512];
     snprintf(state, sizeof state,
@@ -160,7 +167,8 @@ int visc_load_checkpoint(visc_model *m, visc_optimizer *o, float *ema_params, fl
         json_number(state, "step_in_epoch", &in_epoch) || json_number(state, "best_top1", &best) ||
         json_number(state, "optimizer_steps", &opt_steps) ||
         json_string(state, "optimizer", opt_name, sizeof opt_name)) {
-        visc_set_error("%s: not a visc training checkpoint (no valid visc_train_state metadata)", path);
+        visc_set_error("%s: not a visc training checkpoint (no valid visc_train_state metadata)",
+                       path);
         goto out;
     }
     if (arch && strcmp(arch, m->cfg.arch) != 0) {
@@ -176,7 +184,8 @@ int visc_load_checkpoint(visc_model *m, visc_optimizer *o, float *ema_params, fl
     for (int k = 0; k < o->slots; k++) {
         char key[64];
         snprintf(key, sizeof key, "optimizer.slot%d", k);
-        if (visc_safetensors_read_f32(&st, key, o->state + (size_t)k * m->params.total, m->params.total))
+        if (visc_safetensors_read_f32(&st, key, o->state + (size_t)k * m->params.total,
+                                      m->params.total))
             goto out;
     }
     if (ema_params) {

@@ -21,15 +21,16 @@ visc_dataset *visc_open_dataset(const char *name, const char *dir, int train, vi
         snprintf(labels, sizeof labels, "%s/%s-labels-idx1-ubyte.gz", dir, split);
         /* accept uncompressed copies too */
         FILE *f = fopen(images, "rb");
-        if (f)
-            fclose(f);
+        if (f) fclose(f);
         else {
             snprintf(images, sizeof images, "%s/%s-images-idx3-ubyte", dir, split);
             snprintf(labels, sizeof labels, "%s/%s-labels-idx1-ubyte", dir, split);
         }
         /* statistics of the training sets, as commonly used */
-        static const float fm_mean[3] = {0.2860f, 0.2860f, 0.2860f}, fm_std[3] = {0.3530f, 0.3530f, 0.3530f};
-        static const float m_mean[3] = {0.1307f, 0.1307f, 0.1307f}, m_std[3] = {0.3081f, 0.3081f, 0.3081f};
+        static const float fm_mean[3] = {0.2860f, 0.2860f, 0.2860f},
+                           fm_std[3] = {0.3530f, 0.3530f, 0.3530f};
+        static const float m_mean[3] = {0.1307f, 0.1307f, 0.1307f},
+                           m_std[3] = {0.3081f, 0.3081f, 0.3081f};
         set_norm(aug, fashion ? fm_mean : m_mean, fashion ? fm_std : m_std);
         visc_dataset *ds = visc_idx_load(images, labels);
         if (!ds && fashion && strcmp(dir, "/usr/share/datasets/fashion-mnist") == 0)
@@ -39,16 +40,15 @@ visc_dataset *visc_open_dataset(const char *name, const char *dir, int train, vi
     }
     if (strcmp(name, "cifar10") == 0) {
         if (!dir || !dir[0]) dir = "data/cifar-10-batches-bin";
-        static const float mean[3] = {0.4914f, 0.4822f, 0.4465f}, std[3] = {0.2470f, 0.2435f, 0.2616f};
+        static const float mean[3] = {0.4914f, 0.4822f, 0.4465f},
+                           std[3] = {0.2470f, 0.2435f, 0.2616f};
         set_norm(aug, mean, std);
         char paths[5][1024];
         const char *ptrs[5];
         int n = train ? 5 : 1;
         for (int i = 0; i < n; i++) {
-            if (train)
-                snprintf(paths[i], sizeof paths[i], "%s/data_batch_%d.bin", dir, i + 1);
-            else
-                snprintf(paths[i], sizeof paths[i], "%s/test_batch.bin", dir);
+            if (train) snprintf(paths[i], sizeof paths[i], "%s/data_batch_%d.bin", dir, i + 1);
+            else snprintf(paths[i], sizeof paths[i], "%s/test_batch.bin", dir);
             ptrs[i] = paths[i];
         }
         return visc_cifar_bin_load(ptrs, n);

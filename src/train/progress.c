@@ -17,10 +17,8 @@ void visc_progress_begin(visc_progress *p, const char *label, int64_t total, int
 
 static void format_duration(char *buf, size_t n, double s) {
     int t = (int)(s + 0.5);
-    if (t >= 3600)
-        snprintf(buf, n, "%d:%02d:%02d", t / 3600, t / 60 % 60, t % 60);
-    else
-        snprintf(buf, n, "%d:%02d", t / 60, t % 60);
+    if (t >= 3600) snprintf(buf, n, "%d:%02d:%02d", t / 3600, t / 60 % 60, t % 60);
+    else snprintf(buf, n, "%d:%02d", t / 60, t % 60);
 }
 
 void visc_progress_update(visc_progress *p, int64_t done, const char *stats) {

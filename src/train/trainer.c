@@ -16,6 +16,7 @@
 
 #include "visc/io.h"
 #include "visc/nn.h"
+#include "visc/plot.h"
 #include "visc/train.h"
 
 void visc_train_config_defaults(visc_train_config *c) {
@@ -193,17 +194,21 @@ static int run_epochs(trainer *t) {
             if ((c->print_freq > 0 && done % c->print_freq == 0) || done == t->steps_per_epoch) {
                 double now = visc_now(), ips = window_imgs / (now - window_t0);
                 char stats[160];
-                snprintf(stats, sizeof stats, "loss %.4f acc %.2f%% lr %.4g %.0f img/s %.1f GFLOP/s",
+                snprintf(stats, sizeof stats,
+                         "loss %.4f acc %.2f%% lr %.4g %.0f img/s %.1f GFLOP/s",
                          loss_sum / (seen / B), 100.0 * correct / seen, lr, ips,
                          ips * flops_per_img * 1e-9);
                 visc_progress_update(&bar, done, stats);
-                log_json(t, "{\"type\":\"train\",\"epoch\":%lld,\"step\":%lld,\"loss\":%.6f,"
-                            "\"top1\":%.4f,\"lr\":%.6g,\"img_per_s\":%.1f}",
+                log_json(t,
+                         "{\"type\":\"train\",\"epoch\":%lld,\"step\":%lld,\"loss\":%.6f,"
+                         "\"top1\":%.4f,\"lr\":%.6g,\"img_per_s\":%.1f}",
                          (long long)epoch + 1, (long long)t->state.step, loss_sum / (seen / B),
                          100.0 * correct / seen, lr, ips);
                 if (t->tb) {
-                    visc_tb_scalar(t->tb, "train/loss", t->state.step, (float)(loss_sum / (seen / B)));
-                    visc_tb_scalar(t->tb, "train/top1", t->state.step, (float)(100.0 * correct / seen));
+                    visc_tb_scalar(t->tb, "train/loss", t->state.step,
+                                   (float)(loss_sum / (seen / B)));
+                    visc_tb_scalar(t->tb, "train/top1", t->state.step,
+                                   (float)(100.0 * correct / seen));
                     visc_tb_scalar(t->tb, "train/lr", t->state.step, lr);
                     visc_tb_scalar(t->tb, "train/img_per_s", t->state.step, (float)ips);
                 }
@@ -229,8 +234,9 @@ static int run_epochs(trainer *t) {
                  seen ? loss_sum / (seen / B) : 0.0, seen ? 100.0 * correct / seen : 0.0, r.loss,
                  r.top1, r.top5, train_time);
         visc_progress_end(&bar, summary);
-        log_json(t, "{\"type\":\"val\",\"epoch\":%lld,\"step\":%lld,\"loss\":%.6f,\"top1\":%.4f,"
-                    "\"top5\":%.4f,\"epoch_time_s\":%.2f}",
+        log_json(t,
+                 "{\"type\":\"val\",\"epoch\":%lld,\"step\":%lld,\"loss\":%.6f,\"top1\":%.4f,"
+                 "\"top5\":%.4f,\"epoch_time_s\":%.2f}",
                  (long long)t->state.epoch, (long long)t->state.step, r.loss, r.top1, r.top5,
                  train_time);
         if (t->tb) {
@@ -248,6 +254,8 @@ static int run_epochs(trainer *t) {
         }
         if (t->tb) visc_tb_flush(t->tb);
         if (save_all(t, is_best)) return -1;
+        /* curves.png beside the logs; a plot that fails never stops training */
+        if (visc_plot_run(c->output, NULL)) fprintf(stderr, "visc: warning: %s\n", visc_last_error());
     }
     return 0;
 }

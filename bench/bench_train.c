@@ -1,0 +1,212 @@
+/* bench_train.c: training speed of one model on synthetic data.
+ *
+ * One training step exactly as the trainer runs it (forward, softmax
+ * cross-entropy, backward, SGD with momentum 0.9), on a fixed random batch,
+ * so nothing but the engine is measured: no data loading, no augmentation.
+ * Warm-up steps first (oneDNN creates its kernels and touches every buffer),
+ * then timed steps; the clock is read between the phases, which costs a few
+ * microseconds per step, so the per-phase breakdown is always printed.
+ *
+ * Achieved GFLOP/s counts a training step as 3 x the forward FLOPs (the
+ * backward is a data gradient plus a weight gradient, each about one
+ * forward), the same convention as the trainer's log. The machine's peak is
+ * measured here rather than assumed: dnnl_sgemm on 2048^3, best of a few.
+ *
+ * usage: bench_train [--model resnet18] [--batch 128] [--image-size 32]
+ *                    [--classes 10] [--in-channels 3] [--small-stem]
+ *                    [--warmup 3] [--steps 10] [--seconds 0] [--threads 0]
+ *                    [--no-peak] [--quiet]
+ * --seconds S: run timed steps until S seconds have passed (at least
+ * --steps of them). The last line is one machine-readable "RESULT ..." line.
+ *
+ * Besides wall-clock images/s it reports "CPU images/s": images per
+ * CPU-second of this process times the thread count, i.e. the speed the run
+ * would have with its cores to itself. On a shared machine the wall clock
+ * measures the neighbours as much as the program; CPU time does not, as
+ * long as idle threads sleep instead of spinning (OMP_WAIT_POLICY=passive,
+ * which bench/train_vs_pytorch.sh sets for both engines). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "visc/core.h"
+#include "visc/cpu.h"
+#include "visc/model.h"
+#include "visc/nn.h"
+#include "visc/optim.h"
+#include "visc/rng.h"
+
+typedef struct {
+    visc_model_config model;
+    int warmup, steps, threads, peak, quiet;
+    double seconds;
+} options;
+
+static void usage(void) {
+    fprintf(stderr, "usage: bench_train [--model NAME] [--batch N] [--image-size PX] "
+                    "[--classes K] [--in-channels C] [--small-stem] [--warmup N] [--steps N] "
+                    "[--seconds S] [--threads N] [--no-peak] [--quiet]\n");
+    exit(2);
+}
+
+static int int_arg(int argc, char **argv, int *i) {
+    if (*i + 1 >= argc) usage();
+    char *end;
+    long v = strtol(argv[++*i], &end, 10);
+    if (*end || v < 0 || v > 1000000) visc_die("bad value '%s' for %s", argv[*i], argv[*i - 1]);
+    return (int)v;
+}
+
+static options parse(int argc, char **argv) {
+    options o;
+    memset(&o, 0, sizeof o);
+    snprintf(o.model.arch, sizeof o.model.arch, "resnet18");
+    o.model.batch = 128, o.model.image_size = 32, o.model.num_classes = 10;
+    o.model.in_channels = 3;
+    o.warmup = 3, o.steps = 10, o.peak = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--model") && i + 1 < argc)
+            snprintf(o.model.arch, sizeof o.model.arch, "%s", argv[++i]);
+        else if (!strcmp(a, "--batch")) o.model.batch = int_arg(argc, argv, &i);
+        else if (!strcmp(a, "--image-size")) o.model.image_size = int_arg(argc, argv, &i);
+        else if (!strcmp(a, "--classes")) o.model.num_classes = int_arg(argc, argv, &i);
+        else if (!strcmp(a, "--in-channels")) o.model.in_channels = int_arg(argc, argv, &i);
+        else if (!strcmp(a, "--small-stem")) o.model.small_stem = 1;
+        else if (!strcmp(a, "--warmup")) o.warmup = int_arg(argc, argv, &i);
+        else if (!strcmp(a, "--steps")) o.steps = int_arg(argc, argv, &i);
+        else if (!strcmp(a, "--threads")) o.threads = int_arg(argc, argv, &i);
+        else if (!strcmp(a, "--seconds") && i + 1 < argc) o.seconds = atof(argv[++i]);
+        else if (!strcmp(a, "--no-peak")) o.peak = 0;
+        else if (!strcmp(a, "--quiet")) o.quiet = 1;
+        else usage();
+    }
+    if (o.model.batch < 1 || o.model.image_size < 1 || o.model.num_classes < 1 ||
+        o.model.in_channels < 1 || o.steps < 1)
+        visc_die("batch, image size, classes, in-channels and steps must be positive");
+    return o;
+}
+
+/* dnnl_sgemm GFLOP/s on n^3: the machine's practical fp32 peak. */
+static double sgemm_peak(int n) {
+    size_t nn = (size_t)n * n;
+    float *a = visc_alloc_aligned(nn * sizeof(float), "sgemm a");
+    float *b = visc_alloc_aligned(nn * sizeof(float), "sgemm b");
+    float *c = visc_alloc_aligned(nn * sizeof(float), "sgemm c");
+    for (size_t i = 0; i < nn; i++) {
+        a[i] = (float)(i % 7) * 0.1f;
+        b[i] = (float)(i % 5) * 0.1f;
+    }
+    double best = 1e30;
+    for (int r = 0; r < 4; r++) { /* the first call warms up; best of the rest */
+        double t0 = visc_now();
+        VISC_DNNL(dnnl_sgemm('N', 'N', n, n, n, 1.0f, a, n, b, n, 0.0f, c, n));
+        double t = visc_now() - t0;
+        if (r > 0 && t < best) best = t;
+    }
+    visc_free_aligned(a), visc_free_aligned(b), visc_free_aligned(c);
+    return 2.0 * n * n * (double)n / best * 1e-9;
+}
+
+/* CPU seconds used by all threads of this process. */
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+enum { PH_FWD, PH_LOSS, PH_BWD, PH_OPT, PH_COUNT };
+static const char *const phase_names[PH_COUNT] = {"forward", "loss", "backward", "optimizer"};
+
+int main(int argc, char **argv) {
+    options o = parse(argc, argv);
+    if (o.threads > 0) visc_set_num_threads(o.threads);
+    const visc_model_config *mc = &o.model;
+    int B = mc->batch, K = mc->num_classes;
+
+    double peak = o.peak ? sgemm_peak(2048) : 0;
+
+    double t_create = visc_now();
+    visc_model *m = visc_model_create(mc, 1);
+    if (!m) visc_die("%s", visc_last_error());
+    t_create = visc_now() - t_create;
+
+    /* A fixed random batch: N(0,1) pixels, uniform labels. */
+    size_t nx = (size_t)B * mc->in_channels * mc->image_size * mc->image_size;
+    float *x = visc_alloc_aligned(nx * sizeof(float), "bench images");
+    int32_t *y = visc_malloc((size_t)B * sizeof(int32_t), "bench labels");
+    float *probs = visc_malloc((size_t)B * K * sizeof(float), "bench probs");
+    float *dlogits = visc_malloc((size_t)B * K * sizeof(float), "bench dlogits");
+    visc_rng r = visc_rng_make(7, VISC_STREAM_AUGMENT, 0);
+    for (size_t i = 0; i < nx; i++) x[i] = visc_rng_normal(&r);
+    for (int i = 0; i < B; i++) y[i] = (int32_t)visc_rng_below(&r, (uint32_t)K);
+
+    visc_opt_config oc = visc_opt_defaults(VISC_OPT_SGD);
+    oc.momentum = 0.9f;
+    visc_optimizer opt;
+    visc_optimizer_init(&opt, &oc, &m->params);
+    const float lr = 0.01f;
+
+    if (!o.quiet)
+        printf("visc %s batch %d %dpx %d classes%s, %d threads, %.2fM params, "
+               "%.3f GFLOP/image forward (model created in %.2f s)\n",
+               mc->arch, B, mc->image_size, K, mc->small_stem ? " small stem" : "",
+               visc_num_threads(), m->params.total * 1e-6, m->flops_per_image * 1e-9, t_create);
+
+    double phase[PH_COUNT] = {0};
+    float loss = 0;
+    int timed = 0;
+    double t_timed = 0, t_first = 0, cpu_timed = 0;
+    for (int step = 0;; step++) {
+        int warm = step < o.warmup;
+        if (!warm && timed >= o.steps && t_timed >= o.seconds) break;
+        double c0 = cpu_seconds(), t0 = visc_now();
+        m->forward(m, x, 1);
+        double t1 = visc_now();
+        loss = visc_softmax_xent_forward(probs, m->logits, y, B, K, 0.0f);
+        visc_softmax_xent_backward(dlogits, probs, y, B, K, 0.0f);
+        double t2 = visc_now();
+        m->backward(m, dlogits);
+        double t3 = visc_now();
+        visc_optimizer_step(&opt, m->params.data, m->grads, lr);
+        double t4 = visc_now();
+        if (step == 0) t_first = t4 - t0;
+        if (warm) continue;
+        phase[PH_FWD] += t1 - t0, phase[PH_LOSS] += t2 - t1;
+        phase[PH_BWD] += t3 - t2, phase[PH_OPT] += t4 - t3;
+        t_timed += t4 - t0;
+        cpu_timed += cpu_seconds() - c0;
+        timed++;
+    }
+
+    double ips = timed * B / t_timed;
+    double gflops = 3.0 * m->flops_per_image * ips * 1e-9;
+    double cpu_ips = timed * B / (cpu_timed / visc_num_threads());
+    if (!o.quiet) {
+        printf("first step %.2f s (kernel creation), %d timed steps, loss %.4f\n", t_first, timed,
+               loss);
+        printf("  %-10s %9s %7s\n", "phase", "ms/step", "share");
+        for (int p = 0; p < PH_COUNT; p++)
+            printf("  %-10s %9.2f %6.1f%%\n", phase_names[p], phase[p] / timed * 1e3,
+                   100.0 * phase[p] / t_timed);
+        printf("%.1f img/s, %.1f ms/step, %.1f GFLOP/s", ips, t_timed / timed * 1e3, gflops);
+        if (peak > 0) printf(" = %.0f%% of sgemm peak %.1f GFLOP/s", 100 * gflops / peak, peak);
+        printf("\n");
+        printf("CPU time %.1f ms/step over %d threads: %.1f img/s with the cores to itself "
+               "(%.1f GFLOP/s)\n",
+               cpu_timed / timed * 1e3, visc_num_threads(), cpu_ips,
+               3.0 * m->flops_per_image * cpu_ips * 1e-9);
+    }
+    printf("RESULT engine=visc model=%s batch=%d res=%d img_s=%.2f ms_step=%.2f gflops=%.1f "
+           "peak=%.1f cpu_img_s=%.2f threads=%d fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f steps=%d\n",
+           mc->arch, B, mc->image_size, ips, t_timed / timed * 1e3, gflops, peak, cpu_ips,
+           visc_num_threads(), phase[PH_FWD] / timed * 1e3, phase[PH_BWD] / timed * 1e3,
+           phase[PH_OPT] / timed * 1e3, timed);
+
+    visc_optimizer_free(&opt);
+    visc_free_aligned(x);
+    free(y), free(probs), free(dlogits);
+    visc_model_destroy(m);
+    return 0;
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# train_vs_pytorch.sh: visc against PyTorch, same models, batch and machine, one run.
+#
+# For each setting, runs build/bench/bench_train and bench/torch_train.py
+# alternately (visc, torch, visc, torch, ...) so that a change of machine
+# load hits both alike, then prints the medians: images/s of each, their
+# ratio (median of the per-pair ratios), visc's achieved GFLOP/s and its
+# share of the measured dnnl_sgemm peak, and the same ratio in CPU time
+# (images per CPU-second; see bench_train.c), which a busy machine disturbs
+# less than the wall clock.
+#
+# Both engines get the same OpenMP settings (both use libgomp and oneDNN
+# 2.6): OMP_NUM_THREADS=--threads and OMP_WAIT_POLICY=passive by default,
+# because spin-waiting threads collapse when the cores are shared (measured
+# 3-10x slower for both at load 6 on 2 cores); --wait-policy default keeps
+# libgomp's spinning. PyTorch also gets OPENBLAS_CORETYPE=SkylakeX and, on
+# its first run per setting, picks NCHW or channels_last, whichever is
+# faster; later runs reuse that choice.
+#
+# usage: bench/train_vs_pytorch.sh [--repeats 3] [--threads 2] [--only r18|r50]
+#            [--steps18 10] [--steps50 3] [--wait-policy passive|active|default] [--quick]
+# Takes ~3-6 minutes on the 2-core machine at the default settings.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+repeats=3 threads=2 only="" steps18=10 steps50=3 wait_policy=passive
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --repeats) repeats=$2; shift ;;
+    --threads) threads=$2; shift ;;
+    --only) only=$2; shift ;;
+    --steps18) steps18=$2; shift ;;
+    --steps50) steps50=$2; shift ;;
+    --wait-policy) wait_policy=$2; shift ;;
+    --quick) repeats=1 steps18=4 steps50=2 ;;
+    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+BENCH=build/bench/bench_train
+PY=/usr/bin/python3
+[ -x "$BENCH" ] || make -s -j2 "$BENCH"
+
+export OMP_NUM_THREADS=$threads OPENBLAS_CORETYPE=SkylakeX
+if [ "$wait_policy" = default ]; then unset OMP_WAIT_POLICY; else export OMP_WAIT_POLICY=$wait_policy; fi
+
+# settings: tag model batch res warmup steps
+settings=()
+[ "$only" = "" ] || [ "$only" = r18 ] && settings+=("r18 resnet18 128 32 2 $steps18")
+[ "$only" = "" ] || [ "$only" = r50 ] && settings+=("r50 resnet50 16 224 1 $steps50")
+
+field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
+median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
+load() { cut -d' ' -f1 /proc/loadavg; }
+
+echo "visc vs PyTorch training speed: $(nproc) cores, OMP_NUM_THREADS=$threads," \
+     "OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-default}, $repeats interleaved repeats, medians"
+echo "cpu: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)"
+load_start=$(load)
+rows=()
+for s in "${settings[@]}"; do
+    read -r tag model batch res warmup steps <<<"$s"
+    common=(--model "$model" --batch "$batch" --image-size "$res" --classes 10
+            --warmup "$warmup" --steps "$steps" --threads "$threads" --quiet)
+    fmt=auto
+    vi=() ti=() ratios=() cratios=() gf=() pk=() loads=()
+    for ((r = 1; r <= repeats; r++)); do
+        loads+=("$(load)")
+        v=$("$BENCH" "${common[@]}" | grep '^RESULT')
+        t=$("$PY" bench/torch_train.py "${common[@]}" --channels-last "$fmt" | grep '^RESULT')
+        fmt_used=$(field format "$t")
+        [ "$fmt" = auto ] && { [ "$fmt_used" = channels_last ] && fmt=on || fmt=off; }
+        vi+=("$(field img_s "$v")") ti+=("$(field img_s "$t")")
+        gf+=("$(field gflops "$v")") pk+=("$(field peak "$v")")
+        ratios+=("$(awk -v a="${vi[-1]}" -v b="${ti[-1]}" 'BEGIN {printf "%.3f", a / b}')")
+        cratios+=("$(awk -v a="$(field cpu_img_s "$v")" -v b="$(field cpu_img_s "$t")" \
+            'BEGIN {printf "%.3f", a / b}')")
+        printf '  %s run %d/%d (load %s): visc %7.1f img/s (fwd %s bwd %s opt %s ms), torch %7.1f img/s (%s), CPU ratio %s\n' \
+            "$tag" "$r" "$repeats" "${loads[-1]}" "${vi[-1]}" "$(field fwd_ms "$v")" \
+            "$(field bwd_ms "$v")" "$(field opt_ms "$v")" "${ti[-1]}" "$fmt_used" "${cratios[-1]}"
+    done
+    mv=$(printf '%s\n' "${vi[@]}" | median) mt=$(printf '%s\n' "${ti[@]}" | median)
+    mr=$(printf '%s\n' "${ratios[@]}" | median) mg=$(printf '%s\n' "${gf[@]}" | median)
+    mc=$(printf '%s\n' "${cratios[@]}" | median)
+    mp=$(printf '%s\n' "${pk[@]}" | median) ml=$(printf '%s\n' "${loads[@]}" | median)
+    rows+=("$(printf '| %-8s | %5s | %4s | %10.1f | %11.1f | %5.2fx | %12.1f | %10.1f | %5.0f%% | %8.2fx | %-13s | %4s |' \
+        "$model" "$batch" "$res" "$mv" "$mt" "$mr" "$mg" "$mp" \
+        "$(awk -v g="$mg" -v p="$mp" 'BEGIN {print 100 * g / p}')" "$mc" "$fmt_used" "$ml")")
+done
+
+echo
+echo "| model    | batch |  res | visc img/s | torch img/s | ratio  | visc GFLOP/s | sgemm peak | % peak | CPU ratio | torch format  | load |"
+echo "| -------- | ----- | ---- | ---------- | ----------- | ------ | ------------ | ---------- | ------ | --------- | ------------- | ---- |"
+printf '%s\n' "${rows[@]}"
+echo "load average (1 min): $load_start at start, $(load) at end; targets: ratio >= 1.5"

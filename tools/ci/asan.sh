@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sanitizer gate: `make asan` (ASan + UBSan, LeakSanitizer on, any UBSan
+# report aborts) over the unit tests in build-asan/. The e2e scripts are
+# left out by default: they train real models for minutes under the
+# sanitizers, and the coverage gate runs them already (set ASAN_E2E=1 to
+# include them). Any sanitizer report fails a test binary and so the gate.
+# Leak suppressions, third-party libraries only: tools/ci/lsan.supp.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tools/ci/lsan.supp:print_suppressions=0}
+if [ -z "${ASAN_E2E:-}" ]; then export VISC_SKIP_E2E=1; fi
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+make -j"${JOBS:-$(nproc)}" asan 2>&1 | tee "$log" | grep -v '^\(cc\|gcc\|ar\|make\)' || true
+# A report that slipped past a test's exit status still fails the gate.
+if grep -qE '^(==[0-9]+==ERROR|SUMMARY: (Address|Leak|UndefinedBehavior)Sanitizer)|runtime error:' "$log"; then
+    echo "asan: FAIL: sanitizer report above"; exit 1
+fi
+tail -1 "$log" | grep -q ' 0 failed$' || { echo "asan: FAIL: test failures above"; exit 1; }
+echo "asan: ok"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Coverage gate: builds the library, the program and the unit tests with gcov
+# instrumentation in build-cov/, runs the whole suite (unit tests and the
+# tests/e2e_*.sh scripts), then prints line and branch coverage of src/ per
+# folder and in total. Fails when a test fails or when total line coverage
+# is below the floor.
+#   COV_FLOOR=NN      line-coverage floor in percent (default below)
+#   VISC_SKIP_E2E=1   skip the end-to-end scripts (quick local runs only:
+#                     the figure CI enforces includes them)
+#   JOBS=N            parallel compile jobs (default: number of CPUs)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+floor=${COV_FLOOR:-85}
+build=build-cov
+jobs=${JOBS:-$(nproc)}
+# -O0 so that every source line maps to code gcov can count; the program's
+# heavy lifting is in oneDNN, which is not instrumented, so the suite stays
+# affordable.
+flags=(BUILD=$build OPT="-O0 -g" SANFLAGS="--coverage")
+
+# Counters accumulate across runs: start from zero so the figure is this
+# run's alone (stale .gcda files from an older build would also confuse gcov).
+if [ -d $build ]; then find $build -name '*.gcda' -delete; fi
+make -j"$jobs" "${flags[@]}" tests
+make "${flags[@]}" test
+
+[ -n "${VISC_SKIP_E2E:-}" ] && echo "coverage: VISC_SKIP_E2E is set: the figure below leaves out the e2e scripts"
+# Only the library and the program (src/) count: tests/ and fuzz/ would
+# flatter the figure. Generated objects live under build-cov/, sources under src/.
+json=$build/coverage.json
+gcovr --root . --object-directory $build --filter 'src/' \
+      --exclude-unreachable-branches --json-summary "$json" --json-summary-pretty \
+      --txt $build/coverage.txt $build >/dev/null
+# gcovr depends on Debian's python3, so it is there.
+/usr/bin/python3 tools/ci/coverage_summary.py "$json" "$floor"
