@@ -14,22 +14,41 @@
  * elementwise and normwise:
  *     max |got - want| <= tol_max * max|want|,   ||got - want|| <= tol_norm * ||want||
  * since fp32 through 20-50 layers does not give elementwise-rtol agreement
- * (small elements carry the absolute error of the large ones). The tolerance
- * of each quantity is max(floor, 3 x PyTorch's own fp32 error): the generator
- * runs the same case in float32 and records, in the file's metadata, how far
- * torch's fp32 result lies from the float64 reference (worst tensor). So the
- * test demands that visc be about as accurate as PyTorch; the floors below
- * are ~10x what visc measures on the well-conditioned resnet18 cases.
+ * (small elements carry the absolute error of the large ones). The
+ * tolerances are fixed (below) and must hold for PyTorch's own fp32 run too:
+ * the generator records, in the file's metadata, how far torch's fp32 result
+ * lies from the float64 reference (worst tensor), and the test requires that
+ * to lie within half of each tolerance, so a golden case that fp32 cannot
+ * match strictly is rejected rather than tolerated.
  *
- * resnet50 (batch 2, 64 px) is badly conditioned in train mode: layer4's
- * BatchNorms see 8 values per channel, the forward error reaching layer4 is
- * ~1e-4 of the activations' scale, and some ReLU inputs there lie within it of
- * 0, so PyTorch's own fp32 gradients differ from float64 by ~28% of max|g| and
- * ~3.5% normwise. Its gradient and optimizer checks therefore only catch
- * gross errors (wrong wiring, missing terms); the precise gradient checks are
- * the resnet18 cases (fp32 error ~1e-5) and test_layer_parity. Its logits,
- * loss and running statistics are still checked tightly. Print the measured
- * errors with VISC_PARITY_VERBOSE=1.
+ * Conditioning. A train step is only reproducible to fp32 accuracy if no
+ * ReLU input (or max-pool top-2 gap) lies within fp32 rounding of 0: there
+ * the mask flips with the rounding and a gradient moves by ~1/sqrt(values per
+ * BN channel) of its size. The generator counts such flips in torch's fp32
+ * run ("kink_flips", must be 0) and records the margin of the closest kink in
+ * units of that layer's rms fp32 error ("kink_margin_sigma"). ResNet-50 with
+ * the plain hash fill is chaotic (a 1e-7 input perturbation grows x370 by
+ * layer4; fp32 error there ~1e-4 of the activations) and has several flips for
+ * any seed and size (64 px batch 2: 5; 96 px batch 8: 32; 128 px batch 4: 34;
+ * torch's own fp32 gradients were then 28% / 3.5% off elementwise / normwise).
+ * Larger batches or images do not help: the forward error does not shrink
+ * and the number of ReLU inputs grows. So tests/golden.h fills each
+ * bottleneck's bn3.weight with 0.3 +- 0.05 (cf. zero_init_residual), which
+ * cuts the growth to ~x16, and the input seed is one whose closest kink is
+ * as far from flipping as found (seeds 0-107 searched, tools/gen_golden.py).
+ * Measured, worst tensor, |diff| / max|want| and ||diff|| / ||want||
+ * (torch fp32 from the metadata; visc from VISC_PARITY_VERBOSE=1):
+ *              logits      gradients          stats     sgd params        closest kink
+ *   resnet50   2.2e-06     4.0e-05 1.7e-05    2.3e-06   (torch n/a)       1.6 sigma
+ *     visc     2.6e-06     2.8e-05 1.9e-05    3.4e-06   8.0e-06 6.4e-06
+ *   resnet18   4.4e-06     6.7e-05 3.8e-05    1.2e-06                     1.5 sigma
+ *     visc     5.1e-06     5.9e-05 3.1e-05    1.4e-06   2.5e-05 2.0e-05
+ * (AdamW's worst element is a legitimate sign flip of a gradient within its
+ * error of 0, allowed 2 lr below.) A margin of 1.6 sigma is not a guarantee:
+ * an fp32 implementation with torch's error level would flip a kink on ~10%
+ * of such cases (sum of Gaussian tails over all kinks). If this case ever
+ * fails on one machine with one or two gradients off by ~1e-2 of max and
+ * the rest at ~1e-5, that is the cause: pick another seed in gen_golden.py.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -41,10 +60,11 @@
 #include "visc/nn.h"
 #include "visc/optim.h"
 
-/* Floors of the tolerances (see above). */
-#define TOL_LOGITS 1e-4 /* train- and eval-mode logits */
-#define TOL_GRAD 1e-3   /* gradients: 20-50 layers of backward through train-mode BN */
-#define TOL_STATS 1e-4  /* running mean/var: one forward deep */
+/* Tolerances (see above): gradients ~15x, the rest ~20-40x what visc and torch measure. */
+#define TOL_LOGITS 1e-4     /* train- and eval-mode logits */
+#define TOL_GRAD_MAX 1e-3   /* gradients: 20-50 layers of backward through train-mode BN */
+#define TOL_GRAD_NORM 2e-4  /* gradients, normwise */
+#define TOL_STATS 1e-4      /* running mean/var: one forward deep */
 #define SGD_LR 0.1f
 #define ADAMW_LR 1e-3f
 
@@ -142,14 +162,16 @@ static void compare(const char *what, const visc_tensor_entry *e, const float *g
 
 static void free_golden(golden_tensor *g) { free(g->want); }
 
-/* max(floor, 3 x PyTorch's own fp32 error recorded under `key` in the file's metadata). */
-static double tolerance(const visc_safetensors *st, const char *key, double floor_) {
+/* The tolerance `tol`, after checking that PyTorch's own fp32 error on this
+ * case (metadata `key`) lies within half of it: the case is well conditioned. */
+static double tolerance(const visc_safetensors *st, const char *key, double tol) {
     char full[96];
     snprintf(full, sizeof full, "torch_fp32_err.%s", key);
     const char *v = visc_safetensors_meta(st, full);
     CHECK_MSG(v != NULL, "metadata %s missing", full);
-    double t = v ? 3.0 * atof(v) : 0.0;
-    return t > floor_ ? t : floor_;
+    CHECK_MSG(v && atof(v) <= 0.5 * tol, "golden case ill-conditioned: torch's own fp32 %s error "
+              "%s exceeds half the tolerance %.2g", key, v, tol);
+    return tol;
 }
 
 static void run_case(const resnet_case *rc) {
@@ -199,9 +221,14 @@ static void run_case(const resnet_case *rc) {
         }
 
     const double tol_logits = tolerance(&st, "logits", TOL_LOGITS);
-    const double tol_gmax = tolerance(&st, "grad_max", TOL_GRAD);
-    const double tol_gnorm = tolerance(&st, "grad_norm", TOL_GRAD);
+    const double tol_gmax = tolerance(&st, "grad_max", TOL_GRAD_MAX);
+    const double tol_gnorm = tolerance(&st, "grad_norm", TOL_GRAD_NORM);
     const double tol_stats = tolerance(&st, "stats", TOL_STATS);
+    const char *flips = visc_safetensors_meta(&st, "kink_flips");
+    const char *margin = visc_safetensors_meta(&st, "kink_margin_sigma");
+    CHECK_MSG(flips && atoi(flips) == 0, "golden case ill-conditioned: torch's fp32 run flips %s "
+              "ReLU masks / max-pool argmaxes", flips ? flips : "(metadata missing)");
+    CHECK_MSG(margin != NULL, "metadata kink_margin_sigma missing");
     const int B = rc->batch, K = 10;
     size_t nx = (size_t)B * rc->in_channels * rc->image * rc->image;
     float *x = malloc(nx * sizeof(float)), *lf = malloc(B * sizeof(float));
@@ -297,9 +324,10 @@ static void run_case(const resnet_case *rc) {
     compare("eval", &logits_entry, m->logits, &gl, tol_logits, tol_logits, Q_EVAL, NULL);
 
     if (getenv("VISC_PARITY_VERBOSE")) {
-        printf("# %s: loss %.7f (want %.7f); tolerances logits %.2g grad %.2g/%.2g stats %.2g\n"
+        printf("# %s: loss %.7f (want %.7f); tolerances logits %.2g grad %.2g/%.2g stats %.2g; "
+               "closest kink %s sigmas\n"
                "#   worst |diff|/max|want| and ||diff||/||want||:", rc->file, loss, want_loss,
-               tol_logits, tol_gmax, tol_gnorm, tol_stats);
+               tol_logits, tol_gmax, tol_gnorm, tol_stats, margin ? margin : "?");
         for (int q = 0; q < 6; q++) printf(" %s %.2g/%.2g", worst_names[q], worst_rel[q], worst_norm[q]);
         printf("\n");
         memset(worst_rel, 0, sizeof worst_rel);

@@ -12,7 +12,7 @@ visc's own fp32 error instead of the sum of visc's and PyTorch's.
 Files:
   layers.safetensors          conv2d / batchnorm2d / pooling / linear / xent cases
   resnet18.safetensors        torchvision resnet18, 10 classes, 3x32x32, batch 4
-  resnet50.safetensors        torchvision resnet50, 10 classes, 3x64x64, batch 2
+  resnet50.safetensors        torchvision resnet50, 10 classes, 3x64x64, batch 2 (bn3 damped, see golden.h)
   resnet18_small.safetensors  resnet18 with a 3x3/1 stem and no max-pool, 1x28x28, batch 4
 
 Model weights are not stored: every parameter and BatchNorm buffer is filled
@@ -32,6 +32,7 @@ import torch.nn.functional as F
 import torchvision
 
 OUT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "golden")
+RESNET50_SEED = 36
 FULL_LIMIT = 4096   # tensors with more elements are stored as a sample + norm
 SAMPLES = 1024
 
@@ -100,6 +101,8 @@ def hash_kind(name, shape):
     if name.endswith(".weight") and len(shape) >= 2:      # conv / linear
         fan_in = int(np.prod(shape[1:]))
         return np.float32(2.0 * math.sqrt(3.0 / fan_in)), np.float32(0.0)
+    if name.endswith(".bn3.weight") and len(shape) == 1:  # last BN of a bottleneck branch
+        return np.float32(0.1), np.float32(0.3)           # (damps ResNet-50's chaos; see golden.h)
     if name.endswith(".weight") and len(shape) == 1:      # BatchNorm gamma
         return np.float32(0.2), np.float32(1.0)
     if name.endswith(".bias"):                            # BatchNorm beta and linear bias
@@ -264,23 +267,64 @@ def store(out, name, t):
         out[name + ":norm"] = f32(flat.to(torch.float64).norm().reshape(1))
 
 
-def train_pass(arch, in_channels, small_stem, dtype, x, labels):
-    """Hash-filled model, one train-mode forward and backward in `dtype`."""
+def train_pass(arch, in_channels, small_stem, dtype, x, labels, kinks=None):
+    """Hash-filled model, one train-mode forward and backward in `dtype`.
+    kinks, if a list, receives (module, input) of every ReLU and max-pool call."""
     model = make_resnet(arch, in_channels, small_stem).to(dtype)
     fill_model(model)
     model.train()
+    hooks = []
+    if kinks is not None:
+        for mod in model.modules():
+            if isinstance(mod, (nn.ReLU, nn.MaxPool2d)):   # pre-hook: before the in-place ReLU
+                hooks.append(mod.register_forward_pre_hook(
+                    lambda m, inp: kinks.append((m, inp[0].detach().clone()))))
     logits = model(x.to(dtype))
+    for h in hooks:
+        h.remove()
     loss = F.cross_entropy(logits, labels, label_smoothing=0.1)
     loss.backward()
     return model, logits, loss
 
 
-def fp32_errors(arch, in_channels, small_stem, x, labels, ref_model, ref_logits):
-    """How far PyTorch's own float32 run lies from the float64 reference: the
-    C test's tolerances are max(floor, 3 x these), i.e. visc must be about as
-    accurate as PyTorch in fp32. Relative to max|ref| (max) and to ||ref|| (norm),
-    worst over tensors."""
-    model, logits, _ = train_pass(arch, in_channels, small_stem, torch.float32, x, labels)
+def kink_margins(kinks64, kinks32):
+    """Conditioning of the train step at its kinks. A ReLU input (or max-pool
+    top-2 gap) within fp32 rounding of 0 makes the gradient depend on rounding:
+    the ReLU mask (or the routed max) flips and gradients move by ~1/sqrt(values
+    per channel) of their size, far beyond any fp32 tolerance. Returns (flips:
+    ReLU signs and pool argmaxes that torch's fp32 run gets wrong; margin: min
+    over kinks of |distance from the kink| / (rms fp32 error of that layer),
+    i.e. how many sigmas of rounding noise keep the closest kink from flipping)."""
+    flips, margin = 0, math.inf
+    for (mod, a), (_, b) in zip(kinks64, kinks32):
+        b = b.double()
+        sigma = (a - b).pow(2).mean().sqrt().item()
+        if isinstance(mod, nn.ReLU):
+            flips += ((a > 0) != (b > 0)).sum().item()
+            dist = a.abs().reshape(-1)
+        else:
+            k, st, pd = mod.kernel_size, mod.stride, mod.padding
+            ya, ia = F.max_pool2d(a, k, st, pd, return_indices=True)
+            _, ib = F.max_pool2d(b, k, st, pd, return_indices=True)
+            live = ya > 0   # an all-zero (post-ReLU) window's gradient is masked anyway
+            flips += ((ia != ib) & live).sum().item()
+            cols = F.unfold(F.pad(a, (pd,) * 4, value=-1e30), k, stride=st)
+            top2 = cols.reshape(a.shape[0], a.shape[1], k * k, -1).topk(2, dim=2).values
+            dist = (top2[:, :, 0] - top2[:, :, 1]).reshape(ya.shape)[live]
+            sigma *= math.sqrt(2.0)   # a gap carries the error of two values
+        if sigma > 0 and dist.numel():
+            margin = min(margin, dist.min().item() / sigma)
+    return flips, margin
+
+
+def fp32_errors(arch, in_channels, small_stem, x, labels, ref_model, ref_logits, kinks64):
+    """How far PyTorch's own float32 run lies from the float64 reference,
+    relative to max|ref| (max) and to ||ref|| (norm), worst over tensors, and
+    the kink margins (kink_margins). The C test requires these to lie well
+    within its tolerances: a golden case that PyTorch itself cannot match
+    strictly (a kink within rounding of 0) is rejected, not tolerated."""
+    kinks32 = []
+    model, logits, _ = train_pass(arch, in_channels, small_stem, torch.float32, x, labels, kinks32)
     d = lambda a, b: (a.detach().double() - b.detach().double())
     err = {"logits": (d(logits, ref_logits).abs().max() / ref_logits.abs().max()).item()}
     ref = dict(ref_model.named_parameters())
@@ -295,7 +339,11 @@ def fp32_errors(arch, in_channels, small_stem, x, labels, ref_model, ref_logits)
         if not k.endswith("num_batches_tracked"):
             smax = max(smax, (d(b, refb[k]).abs().max() / refb[k].abs().max()).item())
     err.update({"grad_max": gmax, "grad_norm": gnorm, "stats": smax})
-    return {"torch_fp32_err." + k: f"{v:.3e}" for k, v in err.items()}
+    flips, margin = kink_margins(kinks64, kinks32)
+    meta = {"torch_fp32_err." + k: f"{v:.3e}" for k, v in err.items()}
+    meta.update({"kink_flips": flips, "kink_margin_sigma": f"{margin:.2f}"})
+    print(f"  torch fp32 vs float64: {meta}")
+    return meta
 
 
 def resnet_golden(arch, in_channels, image, batch, small_stem, seed):
@@ -304,7 +352,8 @@ def resnet_golden(arch, in_channels, image, batch, small_stem, seed):
     labels = torch.randint(0, 10, (batch,), dtype=torch.int64)
     out = {"x": x.numpy(), "labels": labels.to(torch.int32).numpy()}
 
-    model, logits, loss = train_pass(arch, in_channels, small_stem, torch.float64, x, labels)
+    kinks64 = []
+    model, logits, loss = train_pass(arch, in_channels, small_stem, torch.float64, x, labels, kinks64)
     # Three probes per filled tensor (first, middle, last element) so the C side
     # can prove that golden_fill_model() reproduces this fill bit for bit.
     fresh = make_resnet(arch, in_channels, small_stem)
@@ -339,7 +388,8 @@ def resnet_golden(arch, in_channels, image, batch, small_stem, seed):
     meta = {"arch": arch, "params": len(params),
             "buffers": sum(1 for k, _ in model.named_buffers() if not k.endswith("num_batches_tracked")),
             "param_numel": sum(p.numel() for p in params.values())}
-    meta.update(fp32_errors(arch, in_channels, small_stem, x, labels, model, logits))
+    meta.update(fp32_errors(arch, in_channels, small_stem, x, labels, model, logits, kinks64))
+    del kinks64
 
     # Eval mode from a freshly filled model (hashed running statistics).
     fill_model(model)
@@ -365,12 +415,16 @@ def main():
         save_safetensors(os.path.join(OUT_DIR, "layers.safetensors"), layer_goldens(),
                          {"generator": "tools/gen_golden.py", "torch": torch.__version__})
     # (file, arch, in_channels, image, batch, small_stem, seed). The seed draws x
-    # and labels; the small-stem seed is one whose fp32 gradients are well
-    # conditioned (seed 28 put a ReLU input within rounding of 0, and torch's own
-    # fp32 gradients then differed from float64 by 3% of max|g|). resnet50 is
-    # ill-conditioned for every seed tried (see tests/test_resnet_parity.c).
+    # and labels and is chosen for conditioning (kink_margins: no ReLU input or
+    # max-pool gap within fp32 rounding of its kink; the C test rejects a case
+    # where torch's fp32 run flips one). resnet18_small: seed 28 flipped a ReLU
+    # and torch's own fp32 gradients were then 3% of max|g| off. resnet50: with
+    # bn3.weight damped (golden.h), 1 seed in ~3 has no flip in torch's fp32 run;
+    # RESNET50_SEED is the one of seeds 0-107 with the smallest expected flip count
+    # (Gaussian tails of each layer's fp32 error over all kinks), so that other fp32
+    # implementations (visc, other ISAs) do not flip either.
     cases = [("resnet18", "resnet18", 3, 32, 4, False, 18),
-             ("resnet50", "resnet50", 3, 64, 2, False, 50),
+             ("resnet50", "resnet50", 3, 64, 2, False, RESNET50_SEED),
              ("resnet18_small", "resnet18", 1, 28, 4, True, 2)]
     for fname, arch, cin, image, batch, small, seed in cases:
         if which and fname not in which:

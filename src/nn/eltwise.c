@@ -13,9 +13,15 @@ void visc_relu_forward(float *out, const float *in, size_t n) {
 }
 
 void visc_relu_backward(float *din, const float *dout, const float *out, size_t n) {
-    /* The gradient at 0 is taken as 0, as PyTorch does (threshold_backward). */
+    /* The gradient at 0 is taken as 0, as PyTorch does (threshold_backward).
+     * dout[i] is loaded unconditionally: a load only under out > 0 blocks
+     * if-conversion, and gcc then emits a scalar compare-and-branch loop
+     * that mispredicts on random signs (11x slower). din may alias dout. */
     #pragma omp parallel for simd if (n > PAR_MIN)
-    for (size_t i = 0; i < n; i++) din[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float g = dout[i];
+        din[i] = out[i] > 0.0f ? g : 0.0f;
+    }
 }
 
 void visc_add_forward(float *out, const float *a, const float *b, size_t n) {

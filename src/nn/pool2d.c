@@ -23,6 +23,39 @@ void visc_pool2d_init(visc_pool2d *p, int N, int C, int H, int W, int kernel, in
 static int imin(int a, int b) { return a < b ? a : b; }
 static int imax(int a, int b) { return a > b ? a : b; }
 
+/* One output row of max pooling, taps outermost: for each tap (h, kw) in the
+ * window's row-major order, one pass over the outputs the tap reaches. Each
+ * output still sees its taps in the scalar order (h, then w), so the rule
+ * "first maximum wins, NaN propagates" (as torch: v > m || isnan(v)) is kept
+ * exactly, but the inner loop is a branch-free select over ow that the
+ * compiler vectorizes. Inlined with the stride as a constant (1 and 2 are
+ * the common cases) so the strided loads vectorize too. */
+static inline __attribute__((always_inline)) void
+maxpool_row(float *restrict y, int32_t *restrict am, const float *restrict x, int W, int Q, int k,
+            int s, int pad, int h0, int h1) {
+    for (int ow = 0; ow < Q; ow++) {
+        y[ow] = -INFINITY;
+        am[ow] = h0 * W + imax(ow * s - pad, 0);
+    }
+    for (int h = h0; h < h1; h++) {
+        const float *xr = x + (size_t)h * W;
+        for (int kw = 0; kw < k; kw++) {
+            /* outputs whose tap w = ow * s - pad + kw lies in [0, W) */
+            int off = kw - pad;
+            int lo = off >= 0 ? 0 : (-off + s - 1) / s;
+            int hi = W - 1 - off < 0 ? 0 : imin(Q, (W - 1 - off) / s + 1);
+            const float *xs = xr + off;
+            int32_t base = h * W + off;
+            for (int ow = lo; ow < hi; ow++) {
+                float v = xs[ow * s];
+                int take = v > y[ow] || v != v;
+                y[ow] = take ? v : y[ow];
+                am[ow] = take ? base + ow * s : am[ow];
+            }
+        }
+    }
+}
+
 void visc_maxpool2d_forward(visc_pool2d *p, float *out, int32_t *argmax, const float *in) {
     const int H = p->H, W = p->W, P = p->P, Q = p->Q, k = p->kernel, s = p->stride, pad = p->pad;
     const int planes = p->N * p->C;
@@ -33,22 +66,14 @@ void visc_maxpool2d_forward(visc_pool2d *p, float *out, int32_t *argmax, const f
         int32_t *am = argmax + (size_t)pl * P * Q;
         for (int oh = 0; oh < P; oh++) {
             int h0 = imax(oh * s - pad, 0), h1 = imin(oh * s - pad + k, H);
-            for (int ow = 0; ow < Q; ow++) {
-                int w0 = imax(ow * s - pad, 0), w1 = imin(ow * s - pad + k, W);
-                /* As torch: the first maximum wins, NaN propagates. */
-                int best = h0 * W + w0;
-                float m = -INFINITY;
-                for (int h = h0; h < h1; h++)
-                    for (int w = w0; w < w1; w++) {
-                        float v = x[h * W + w];
-                        if (v > m || isnan(v)) {
-                            m = v;
-                            best = h * W + w;
-                        }
-                    }
-                y[oh * Q + ow] = m;
-                am[oh * Q + ow] = best;
-            }
+            float *yr = y + (size_t)oh * Q;
+            int32_t *ar = am + (size_t)oh * Q;
+            if (s == 2)
+                maxpool_row(yr, ar, x, W, Q, k, 2, pad, h0, h1);
+            else if (s == 1)
+                maxpool_row(yr, ar, x, W, Q, k, 1, pad, h0, h1);
+            else
+                maxpool_row(yr, ar, x, W, Q, k, s, pad, h0, h1);
         }
     }
 }
