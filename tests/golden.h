@@ -78,7 +78,8 @@ static inline int golden_kind(const char *name, int ndim, const int64_t *shape, 
 }
 
 /* The fill rule of a table entry; aborts (a test bug) if none applies. */
-static inline void golden_rule(const visc_tensor_entry *e, uint32_t *t, float *scale, float *offset) {
+static inline void golden_rule(const visc_tensor_entry *e, uint32_t *t, float *scale,
+                               float *offset) {
     if (!golden_kind(e->name, e->ndim, e->shape, scale, offset)) {
         fprintf(stderr, "golden.h: no hash fill rule for tensor '%s'\n", e->name);
         abort();
@@ -100,7 +101,8 @@ static inline void golden_fill_table(visc_table *tab) {
         uint32_t t;
         float scale, offset, *dst = tab->data + e->offset;
         golden_rule(e, &t, &scale, &offset);
-        for (size_t i = 0; i < e->numel; i++) dst[i] = (golden_u01(t, (uint32_t)i) - 0.5f) * scale + offset;
+        for (size_t i = 0; i < e->numel; i++)
+            dst[i] = (golden_u01(t, (uint32_t)i) - 0.5f) * scale + offset;
     }
 }
 

@@ -21,7 +21,11 @@ for bin in "$dir"/test_*; do
 done
 for script in tests/e2e_*.sh; do
     [ -f "$script" ] || continue
-    if [ -n "${VISC_SKIP_E2E:-}" ]; then continue; fi
+    # VISC_SKIP_E2E=1 skips every script; a list of names skips those
+    # (the coverage gate leaves out the long training run that `make test` has run).
+    case " ${VISC_SKIP_E2E:-} " in
+        " 1 "|*" $(basename "$script") "*) echo "# $(basename "$script"): not run here (VISC_SKIP_E2E)"; continue;;
+    esac
     start=$(date +%s)
     if bash "$script" >"$log" 2>&1; then
         cat "$log"; echo "ok   $(basename "$script")"; passed=$((passed + 1))

@@ -24,7 +24,8 @@ static int gst_state; /* 0 unopened, 1 open, -1 failed */
 
 static const visc_safetensors *golden(void) {
     if (gst_state == 0) {
-        gst_state = visc_safetensors_open(&gst, visc_golden_path("layers.safetensors")) == 0 ? 1 : -1;
+        gst_state =
+            visc_safetensors_open(&gst, visc_golden_path("layers.safetensors")) == 0 ? 1 : -1;
         if (gst_state < 0) fprintf(stderr, "  layers.safetensors: %s\n", visc_last_error());
     }
     return gst_state > 0 ? &gst : NULL;
@@ -66,7 +67,8 @@ static float *loadp(const char *pre, const char *what, size_t numel) {
     return load(name, numel);
 }
 
-static void check(const char *pre, const char *what, const float *got, const float *want, size_t n) {
+static void check(const char *pre, const char *what, const float *got, const float *want,
+                  size_t n) {
     char label[64];
     snprintf(label, sizeof label, "%s%s", pre, what);
     CHECK_ARRAYS(label, got, want, n, ATOL, RTOL);
@@ -84,8 +86,8 @@ TEST(conv2d_parity) {
         if (!numel_of(cname)) break;
         int k[11];
         if (!load_config(pre, k, 11)) break;
-        int N = k[0], C = k[1], H = k[2], W = k[3], K = k[4], R = k[5], s = k[6], p = k[7], d = k[8],
-            g = k[9], b = k[10];
+        int N = k[0], C = k[1], H = k[2], W = k[3], K = k[4], R = k[5], s = k[6], p = k[7],
+            d = k[8], g = k[9], b = k[10];
         visc_conv2d c;
         visc_conv2d_init(&c, N, C, H, W, K, R, R, s, p, d, g, b);
         size_t nx = (size_t)N * C * H * W, nw = (size_t)K * (C / g) * R * R;
@@ -131,7 +133,8 @@ static void bn_case(const char *pre) {
     float *x = loadp(pre, "x", n), *gamma = loadp(pre, "gamma", C), *beta = loadp(pre, "beta", C);
     float *rm = loadp(pre, "running_mean", C), *rv = loadp(pre, "running_var", C);
     float *rm0 = loadp(pre, "running_mean", C), *rv0 = loadp(pre, "running_var", C);
-    float *dy = loadp(pre, "dy", n), *y = malloc(n * sizeof(float)), *dx = malloc(n * sizeof(float));
+    float *dy = loadp(pre, "dy", n), *y = malloc(n * sizeof(float)),
+          *dx = malloc(n * sizeof(float));
     float *mean = malloc(C * sizeof(float)), *rstd = malloc(C * sizeof(float));
     float *dg = malloc(C * sizeof(float)), *dbt = malloc(C * sizeof(float));
     float *want;

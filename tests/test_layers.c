@@ -65,7 +65,8 @@ TEST(linear_backward_finite_differences) {
     memset(dw, 0xff, sizeof dw);
     memset(db, 0xff, sizeof db);
     visc_linear_backward(dx, dw, db, g, x, w, LN, LI, LO);
-    const float eps = 1e-2f; /* L is linear in each variable: differences are exact up to rounding */
+    const float eps =
+        1e-2f; /* L is linear in each variable: differences are exact up to rounding */
     float *vars[3] = {x, w, b};
     int counts[3] = {LN * LI, LO * LI, LO}, k = 0;
     for (int v = 0; v < 3; v++)

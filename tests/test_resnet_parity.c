@@ -61,10 +61,10 @@
 #include "visc/optim.h"
 
 /* Tolerances (see above): gradients ~15x, the rest ~20-40x what visc and torch measure. */
-#define TOL_LOGITS 1e-4     /* train- and eval-mode logits */
-#define TOL_GRAD_MAX 1e-3   /* gradients: 20-50 layers of backward through train-mode BN */
-#define TOL_GRAD_NORM 2e-4  /* gradients, normwise */
-#define TOL_STATS 1e-4      /* running mean/var: one forward deep */
+#define TOL_LOGITS 1e-4    /* train- and eval-mode logits */
+#define TOL_GRAD_MAX 1e-3  /* gradients: 20-50 layers of backward through train-mode BN */
+#define TOL_GRAD_NORM 2e-4 /* gradients, normwise */
+#define TOL_STATS 1e-4     /* running mean/var: one forward deep */
 #define SGD_LR 0.1f
 #define ADAMW_LR 1e-3f
 
@@ -144,14 +144,16 @@ static void compare(const char *what, const visc_tensor_entry *e, const float *g
         if (isnan(d)) worst = INFINITY;
     }
     if (worst > worst_rel[quantity]) worst_rel[quantity] = worst;
-    CHECK_MSG(bad == 0, "%s %s: %zu of %zu elements off; e.g. [%zu] got %.9g want %.9g "
-              "(max|want| %.3g, worst |diff|/max|want| %.3g)", what, e->name, bad, g->n,
-              worst_i * g->stride, picked[worst_i], g->want[worst_i], scale, worst);
+    CHECK_MSG(bad == 0,
+              "%s %s: %zu of %zu elements off; e.g. [%zu] got %.9g want %.9g "
+              "(max|want| %.3g, worst |diff|/max|want| %.3g)",
+              what, e->name, bad, g->n, worst_i * g->stride, picked[worst_i], g->want[worst_i],
+              scale, worst);
     /* Normwise, over the compared elements (the sample of a big tensor). */
     double wn = l2(g->want, g->n), rel = wn > 0 ? sqrt(d2) / wn : sqrt(d2);
     if (rel > worst_norm[quantity]) worst_norm[quantity] = rel;
-    CHECK_MSG(rel <= norm_rtol, "%s %s: ||got - want|| / ||want|| = %.3g > %.3g", what, e->name, rel,
-              norm_rtol);
+    CHECK_MSG(rel <= norm_rtol, "%s %s: ||got - want|| / ||want|| = %.3g > %.3g", what, e->name,
+              rel, norm_rtol);
     if (g->sampled) {
         double n = l2(got, e->numel);
         CHECK_MSG(fabs(n - g->norm) <= norm_rtol * g->norm, "%s %s: norm %.9g, want %.9g", what,
@@ -169,8 +171,10 @@ static double tolerance(const visc_safetensors *st, const char *key, double tol)
     snprintf(full, sizeof full, "torch_fp32_err.%s", key);
     const char *v = visc_safetensors_meta(st, full);
     CHECK_MSG(v != NULL, "metadata %s missing", full);
-    CHECK_MSG(v && atof(v) <= 0.5 * tol, "golden case ill-conditioned: torch's own fp32 %s error "
-              "%s exceeds half the tolerance %.2g", key, v, tol);
+    CHECK_MSG(v && atof(v) <= 0.5 * tol,
+              "golden case ill-conditioned: torch's own fp32 %s error "
+              "%s exceeds half the tolerance %.2g",
+              key, v, tol);
     return tol;
 }
 
@@ -194,7 +198,8 @@ static void run_case(const resnet_case *rc) {
         return;
     }
     /* Same tensors as torchvision: counts and total size (names are checked below). */
-    const char *mp = visc_safetensors_meta(&st, "params"), *mb = visc_safetensors_meta(&st, "buffers");
+    const char *mp = visc_safetensors_meta(&st, "params"),
+               *mb = visc_safetensors_meta(&st, "buffers");
     const char *mn = visc_safetensors_meta(&st, "param_numel");
     size_t numel = 0;
     for (int k = 0; k < m->params.count; k++) numel += m->params.entries[k].numel;
@@ -212,11 +217,13 @@ static void run_case(const resnet_case *rc) {
             float probe[3];
             snprintf(name, sizeof name, "init.%s", e->name);
             if (visc_safetensors_read_f32(&st, name, probe, 3) != 0) {
-                CHECK_MSG(0, "%s: %s (a tensor torchvision does not have?)", rc->file, visc_last_error());
+                CHECK_MSG(0, "%s: %s (a tensor torchvision does not have?)", rc->file,
+                          visc_last_error());
                 continue;
             }
             const float *v = tables[t]->data + e->offset;
-            CHECK_MSG(probe[0] == v[0] && probe[1] == v[e->numel / 2] && probe[2] == v[e->numel - 1],
+            CHECK_MSG(probe[0] == v[0] && probe[1] == v[e->numel / 2] &&
+                          probe[2] == v[e->numel - 1],
                       "hash fill of %s differs from tools/gen_golden.py", e->name);
         }
 
@@ -226,19 +233,25 @@ static void run_case(const resnet_case *rc) {
     const double tol_stats = tolerance(&st, "stats", TOL_STATS);
     const char *flips = visc_safetensors_meta(&st, "kink_flips");
     const char *margin = visc_safetensors_meta(&st, "kink_margin_sigma");
-    CHECK_MSG(flips && atoi(flips) == 0, "golden case ill-conditioned: torch's fp32 run flips %s "
-              "ReLU masks / max-pool argmaxes", flips ? flips : "(metadata missing)");
+    CHECK_MSG(flips && atoi(flips) == 0,
+              "golden case ill-conditioned: torch's fp32 run flips %s "
+              "ReLU masks / max-pool argmaxes",
+              flips ? flips : "(metadata missing)");
     CHECK_MSG(margin != NULL, "metadata kink_margin_sigma missing");
     const int B = rc->batch, K = 10;
     size_t nx = (size_t)B * rc->in_channels * rc->image * rc->image;
     float *x = malloc(nx * sizeof(float)), *lf = malloc(B * sizeof(float));
-    float *probs = malloc((size_t)B * K * sizeof(float)), *dlogits = malloc((size_t)B * K * sizeof(float));
+    float *probs = malloc((size_t)B * K * sizeof(float)),
+          *dlogits = malloc((size_t)B * K * sizeof(float));
     float *want = malloc((size_t)B * K * sizeof(float));
     int32_t *labels = malloc(B * sizeof(int32_t));
     CHECK(visc_safetensors_read_f32(&st, "x", x, nx) == 0);
     CHECK(visc_safetensors_read_f32(&st, "labels", lf, B) == 0);
     for (int i = 0; i < B; i++) labels[i] = (int32_t)lf[i];
-    visc_tensor_entry logits_entry = {.name = "logits", .ndim = 2, .shape = {B, K}, .numel = (size_t)B * K};
+    visc_tensor_entry logits_entry = {.name = "logits",
+                                      .ndim = 2,
+                                      .shape = {B, K},
+                                      .numel = (size_t)B * K};
     golden_tensor gl = {.want = want, .n = (size_t)B * K, .stride = 1, .ok = 1};
 
     /* Train-mode forward, loss, backward. */
@@ -297,8 +310,7 @@ static void run_case(const resnet_case *rc) {
             float *allowed = malloc(g.n * sizeof(float));
             for (size_t i = 0; i < g.n; i++) {
                 double a = 1e-6 * fabs(g.want[i]) + 1e-8;
-                if (kind == 0)
-                    a += lr * gtol;
+                if (kind == 0) a += lr * gtol;
                 else
                     a += fabs(gg.want[i]) <= gtol || fabs(gg.want[i]) < 1e-6 ? 2.0 * lr : 1e-4 * lr;
                 allowed[i] = (float)a;
@@ -307,8 +319,9 @@ static void run_case(const resnet_case *rc) {
              * lr tol_gnorm ||g|| (+ rounding); AdamW's per-element allowance above
              * is its precise check (a sign flip moves one element by 2 lr). */
             double pn = l2(g.want, g.n);
-            double nt = kind == 0 ? (lr * tol_gnorm * l2(gg.want, gg.n) + 1e-6 * pn) / (pn > 0 ? pn : 1)
-                                  : 1.0;
+            double nt = kind == 0
+                            ? (lr * tol_gnorm * l2(gg.want, gg.n) + 1e-6 * pn) / (pn > 0 ? pn : 1)
+                            : 1.0;
             compare(kind == 0 ? "sgd" : "adamw", e, m->params.data + e->offset, &g, 0, nt,
                     kind == 0 ? Q_SGD : Q_ADAMW, allowed);
             free(allowed);
@@ -326,9 +339,11 @@ static void run_case(const resnet_case *rc) {
     if (getenv("VISC_PARITY_VERBOSE")) {
         printf("# %s: loss %.7f (want %.7f); tolerances logits %.2g grad %.2g/%.2g stats %.2g; "
                "closest kink %s sigmas\n"
-               "#   worst |diff|/max|want| and ||diff||/||want||:", rc->file, loss, want_loss,
-               tol_logits, tol_gmax, tol_gnorm, tol_stats, margin ? margin : "?");
-        for (int q = 0; q < 6; q++) printf(" %s %.2g/%.2g", worst_names[q], worst_rel[q], worst_norm[q]);
+               "#   worst |diff|/max|want| and ||diff||/||want||:",
+               rc->file, loss, want_loss, tol_logits, tol_gmax, tol_gnorm, tol_stats,
+               margin ? margin : "?");
+        for (int q = 0; q < 6; q++)
+            printf(" %s %.2g/%.2g", worst_names[q], worst_rel[q], worst_norm[q]);
         printf("\n");
         memset(worst_rel, 0, sizeof worst_rel);
         memset(worst_norm, 0, sizeof worst_norm);

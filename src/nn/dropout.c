@@ -19,7 +19,7 @@ void visc_dropout_forward(float *out, uint8_t *mask, const float *in, size_t n, 
     const float scale = 1.0f / (1.0f - p);
     const visc_rng base = visc_rng_make(seed, VISC_STREAM_DROPOUT, 0);
     const uint64_t first = offset >> 2, last = (offset + n - 1) >> 2;
-    #pragma omp parallel for if (n > 16384)
+#pragma omp parallel for if (n > 16384)
     for (uint64_t b = first; b <= last; b++) {
         uint32_t w[4];
         visc_philox4x32(base.key, base.stream, b, w);
@@ -38,6 +38,6 @@ void visc_dropout_forward(float *out, uint8_t *mask, const float *in, size_t n, 
 void visc_dropout_backward(float *din, const float *dout, const uint8_t *mask, size_t n, float p) {
     VISC_ASSERT(p >= 0.0f && p < 1.0f);
     const float scale = 1.0f / (1.0f - p);
-    #pragma omp parallel for simd if (n > 32768)
+#pragma omp parallel for simd if (n > 32768)
     for (size_t i = 0; i < n; i++) din[i] = mask[i] ? dout[i] * scale : 0.0f;
 }

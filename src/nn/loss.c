@@ -12,7 +12,7 @@ float visc_softmax_xent_forward(float *probs, const float *logits, const int32_t
                                 int K, float smoothing) {
     VISC_ASSERT(N > 0 && K > 0);
     double total = 0.0;
-    #pragma omp parallel for reduction(+ : total) if ((size_t)N * K > 16384)
+#pragma omp parallel for reduction(+ : total) if ((size_t)N * K > 16384)
     for (int n = 0; n < N; n++) {
         const float *x = logits + (size_t)n * K;
         float *pr = probs + (size_t)n * K;
@@ -38,7 +38,7 @@ float visc_softmax_xent_forward(float *probs, const float *logits, const int32_t
 void visc_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *labels, int N,
                                 int K, float smoothing) {
     const float invN = 1.0f / (float)N, off = smoothing / (float)K, on = 1.0f - smoothing + off;
-    #pragma omp parallel for if ((size_t)N * K > 16384)
+#pragma omp parallel for if ((size_t)N * K > 16384)
     for (int n = 0; n < N; n++) {
         const float *pr = probs + (size_t)n * K;
         float *d = dlogits + (size_t)n * K;

@@ -255,7 +255,8 @@ static int run_epochs(trainer *t) {
         if (t->tb) visc_tb_flush(t->tb);
         if (save_all(t, is_best)) return -1;
         /* curves.png beside the logs; a plot that fails never stops training */
-        if (visc_plot_run(c->output, NULL)) fprintf(stderr, "visc: warning: %s\n", visc_last_error());
+        if (visc_plot_run(c->output, NULL))
+            fprintf(stderr, "visc: warning: %s\n", visc_last_error());
     }
     return 0;
 }

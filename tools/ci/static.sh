@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 jobs=${JOBS:-$(nproc)}
 
 echo "static: -Werror build (gcc)"
-make -j"$jobs" BUILD=build-werror WERROR=1 tests bench >/dev/null
+make -j"$jobs" BUILD="${STATIC_BUILD:-build-werror}" WERROR=1 all tests bench >/dev/null
 
 echo "static: cppcheck $(cppcheck --version | sed 's/^Cppcheck //')"
 cppcheck --std=c11 -D_GNU_SOURCE -Iinclude -Itests \
