@@ -154,6 +154,25 @@ TEST(conv_plain_1x1_large_plane) {
     run_conv_case(&(conv_shape){1, 4, 28, 28, 3, 1, 1, 1, 0, 1, 1, 1}, 9);
 }
 
+/* Planes smaller than the kernel (H*W < R*S: ResNet-18's layer3/4 at 32 px)
+ * take the dense-matrix path in conv2d.c, which only uses taps that touch
+ * real input; padding-only taps must get exactly zero weight gradient. */
+TEST(conv_3x3_on_1x1_plane) {
+    run_conv_case(&(conv_shape){4, 8, 1, 1, 6, 3, 3, 1, 1, 1, 1, 1}, 10);
+}
+TEST(conv_3x3_on_2x2_plane) {
+    run_conv_case(&(conv_shape){3, 16, 2, 2, 20, 3, 3, 1, 1, 1, 1, 0}, 11);
+}
+TEST(conv_3x3_stride2_2x2_to_1x1) {
+    run_conv_case(&(conv_shape){2, 12, 2, 2, 24, 3, 3, 2, 1, 1, 1, 1}, 12);
+}
+TEST(conv_dilated_on_2x2_plane) {
+    run_conv_case(&(conv_shape){2, 5, 2, 2, 7, 3, 3, 1, 2, 2, 1, 1}, 13);
+}
+TEST(conv_7x7_on_3x2_plane) {
+    run_conv_case(&(conv_shape){2, 3, 3, 2, 4, 7, 7, 2, 3, 1, 1, 0}, 14);
+}
+
 /* ============================== batchnorm2d ============================= */
 
 typedef struct {
@@ -247,6 +266,12 @@ static void run_bn_case(int N, int C, int HW, int relu, uint64_t seed) {
 TEST(bn_gradients) { run_bn_case(3, 4, 37, 0, 11); }
 TEST(bn_relu_gradients) { run_bn_case(3, 4, 37, 1, 12); }
 TEST(bn_gradients_small_plane) { run_bn_case(5, 3, 4, 0, 13); }
+/* H*W <= 16 runs channel-chunked loops (32 channels a chunk): more than one
+ * chunk and a partial last chunk, with and without the fused ReLU. */
+TEST(bn_gradients_1x1_plane_many_channels) { run_bn_case(6, 40, 1, 0, 14); }
+TEST(bn_relu_gradients_2x2_plane) { run_bn_case(4, 35, 4, 1, 15); }
+TEST(bn_gradients_3x3_plane) { run_bn_case(3, 33, 9, 0, 16); }
+TEST(bn_relu_gradients_15_plane) { run_bn_case(2, 64, 15, 1, 17); }
 
 /* Forward output, saved statistics and the running-stat update against a
  * direct computation; the input has |mean| >> std to catch cancellation. */

@@ -56,6 +56,162 @@ row_affine(float *out, const float *x, int n, float mean, float scale, float shi
         for (int i = 0; i < n; i++) out[i] = (x[i] - mean) * scale + shift;
 }
 
+/* ---- small planes ----
+ *
+ * With HW <= SMALL_HW (ResNet-18's last stages at 32 px: 4x4, 2x2, 1x1) a
+ * row is too short to vectorize or to pay for a call, and the per-row code
+ * above runs scalar. Here a task takes CHUNK channels and walks the batch:
+ * image n contributes one contiguous run of L = CHUNK*HW floats, and every
+ * loop is a flat, unit-stride loop over that run with one double
+ * accumulator per element (per-channel constants expanded per element), so
+ * it vectorizes; the per-channel sums over the HW accumulators come last.
+ * Everything is summed in double, so the accuracy is at least that of the
+ * row path (two-pass variance, double across rows). */
+#define SMALL_HW 16 /* measured: 4x4 planes gain ~1.7x here, 8x8 lose */
+#define CHUNK 32
+#define CHUNK_L (CHUNK * SMALL_HW)
+
+typedef struct {
+    double a[CHUNK_L], b[CHUNK_L];                              /* per element, then per channel */
+    float mean[CHUNK_L], k1[CHUNK_L], k2[CHUNK_L], k3[CHUNK_L]; /* per element */
+} chunk_acc;
+
+/* per-element accumulators -> per-channel sums in a[0..nc), b[0..nc) */
+static void chunk_reduce(chunk_acc *t, int nc, int HW) {
+    for (int j = 0; j < nc; j++) {
+        double sa = 0, sb = 0;
+        for (int i = 0; i < HW; i++) sa += t->a[j * HW + i], sb += t->b[j * HW + i];
+        t->a[j] = sa, t->b[j] = sb;
+    }
+}
+
+/* per-channel value v[j] -> per element */
+static void chunk_expand(float *dst, const float *v, int nc, int HW) {
+    for (int j = nc - 1; j >= 0; j--) /* backwards: dst may be v (in place) */
+        for (int i = HW - 1; i >= 0; i--) dst[j * HW + i] = v[j];
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+small_forward_chunk(const visc_batchnorm2d *b, int c0, float *out, float *save_mean,
+                    float *save_rstd, const float *in, const float *gamma, const float *beta,
+                    float *running_mean, float *running_var) {
+    const int N = b->N, HW = b->HW, nc = b->C - c0 < CHUNK ? b->C - c0 : CHUNK, L = nc * HW;
+    const size_t plane = (size_t)b->C * HW, off = (size_t)c0 * HW;
+    const double M = (double)N * HW;
+    const float *x = in + off;
+    chunk_acc t;
+    for (int e = 0; e < L; e++) t.a[e] = t.b[e] = 0;
+    for (int n = 0; n < N; n++) {
+        const float *xn = x + n * plane;
+        for (int e = 0; e < L; e++) t.a[e] += xn[e];
+    }
+    chunk_reduce(&t, nc, HW);
+    for (int j = 0; j < nc; j++) t.k3[j] = (float)(t.a[j] / M); /* the float mean */
+    chunk_expand(t.mean, t.k3, nc, HW);
+    for (int e = 0; e < L; e++) t.b[e] = 0;
+    for (int n = 0; n < N; n++) {
+        const float *xn = x + n * plane;
+        for (int e = 0; e < L; e++) {
+            float d = xn[e] - t.mean[e];
+            t.b[e] += (double)d * d;
+        }
+    }
+    for (int j = 0; j < nc; j++) { /* chunk_reduce of b only (a holds the sums) */
+        double sb = 0;
+        for (int i = 0; i < HW; i++) sb += t.b[j * HW + i];
+        t.b[j] = sb;
+    }
+    for (int j = 0; j < nc; j++) {
+        int c = c0 + j;
+        double mean = t.a[j] / M;
+        /* as in the row path: the float mean's error folded out */
+        double dm = mean - (double)t.k3[j];
+        double var = t.b[j] / M - dm * dm;
+        if (var < 0) var = 0;
+        double rstd = 1.0 / sqrt(var + b->eps);
+        save_mean[c] = t.k3[j];
+        save_rstd[c] = (float)rstd;
+        double unbiased = M > 1 ? var * M / (M - 1) : var;
+        running_mean[c] = (float)((1.0 - b->momentum) * running_mean[c] + b->momentum * mean);
+        running_var[c] = (float)((1.0 - b->momentum) * running_var[c] + b->momentum * unbiased);
+        t.k1[j] = (float)(gamma[c] * rstd);
+        t.k2[j] = beta[c];
+    }
+    chunk_expand(t.k1, t.k1, nc, HW);
+    chunk_expand(t.k2, t.k2, nc, HW);
+    for (int n = 0; n < N; n++) {
+        const float *xn = x + n * plane;
+        float *yn = out + off + n * plane;
+        if (b->relu)
+            for (int e = 0; e < L; e++) {
+                float y = (xn[e] - t.mean[e]) * t.k1[e] + t.k2[e];
+                yn[e] = y > 0 ? y : 0.0f;
+            }
+        else
+            for (int e = 0; e < L; e++) yn[e] = (xn[e] - t.mean[e]) * t.k1[e] + t.k2[e];
+    }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+small_backward_chunk(const visc_batchnorm2d *b, int c0, float *din, float *dgamma, float *dbeta,
+                     const float *dout, const float *in, const float *out, const float *gamma,
+                     const float *save_mean, const float *save_rstd) {
+    const int N = b->N, HW = b->HW, nc = b->C - c0 < CHUNK ? b->C - c0 : CHUNK, L = nc * HW;
+    const size_t plane = (size_t)b->C * HW, off = (size_t)c0 * HW;
+    const double M = (double)N * HW;
+    chunk_acc t;
+    chunk_expand(t.mean, save_mean + c0, nc, HW);
+    for (int e = 0; e < L; e++) t.a[e] = t.b[e] = 0;
+    /* a = sum dy, b = sum dy * (x - mean), dy masked by the fused ReLU. The
+     * mask is its own loop: gcc 12 does not if-convert a float select that
+     * feeds double arithmetic, and leaves the fused loop scalar. */
+    float masked[CHUNK_L];
+    for (int n = 0; n < N; n++) {
+        const float *dn = dout + off + n * plane, *xn = in + off + n * plane;
+        if (b->relu) {
+            const float *on = out + off + n * plane;
+            for (int e = 0; e < L; e++) {
+                float g = dn[e], o = on[e];
+                masked[e] = o > 0 ? g : 0.0f;
+            }
+            dn = masked;
+        }
+        for (int e = 0; e < L; e++) {
+            t.a[e] += dn[e];
+            t.b[e] += (double)dn[e] * (xn[e] - t.mean[e]);
+        }
+    }
+    chunk_reduce(&t, nc, HW);
+    for (int j = 0; j < nc; j++) {
+        int c = c0 + j;
+        double rstd = save_rstd[c];
+        dbeta[c] = (float)t.a[j];
+        dgamma[c] = (float)(t.b[j] * rstd);
+        t.k1[j] = (float)(gamma[c] * rstd);
+        t.k2[j] = (float)(t.a[j] / M);
+        t.k3[j] = (float)(t.b[j] / M * rstd * rstd);
+    }
+    if (!din) return;
+    chunk_expand(t.k1, t.k1, nc, HW);
+    chunk_expand(t.k2, t.k2, nc, HW);
+    chunk_expand(t.k3, t.k3, nc, HW);
+    /* din = k1 * (dy - k2 - (x - mean) * k3); din may alias dout */
+    for (int n = 0; n < N; n++) {
+        const float *dn = dout + off + n * plane, *xn = in + off + n * plane;
+        float *gn = din + off + n * plane;
+        if (b->relu) {
+            const float *on = out + off + n * plane;
+            for (int e = 0; e < L; e++) {
+                float g = dn[e], o = on[e];
+                float dy = o > 0 ? g : 0.0f;
+                gn[e] = t.k1[e] * (dy - t.k2[e] - (xn[e] - t.mean[e]) * t.k3[e]);
+            }
+        } else
+            for (int e = 0; e < L; e++)
+                gn[e] = t.k1[e] * (dn[e] - t.k2[e] - (xn[e] - t.mean[e]) * t.k3[e]);
+    }
+}
+
 void visc_batchnorm2d_init(visc_batchnorm2d *b, int N, int C, int HW, float eps, float momentum,
                            int relu) {
     VISC_ASSERT(N > 0 && C > 0 && HW > 0);
@@ -71,6 +227,13 @@ void visc_batchnorm2d_forward_train(visc_batchnorm2d *b, float *out, float *save
     const int N = b->N, C = b->C, HW = b->HW;
     const size_t plane = (size_t)C * HW;
     const double M = (double)N * HW;
+    if (HW <= SMALL_HW) {
+#pragma omp parallel for schedule(static)
+        for (int c0 = 0; c0 < C; c0 += CHUNK)
+            small_forward_chunk(b, c0, out, save_mean, save_rstd, in, gamma, beta, running_mean,
+                                running_var);
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++) {
         const float *xc = in + (size_t)c * HW;
@@ -153,6 +316,13 @@ void visc_batchnorm2d_backward(visc_batchnorm2d *b, float *din, float *dgamma, f
     const int N = b->N, C = b->C, HW = b->HW, relu = b->relu;
     const size_t plane = (size_t)C * HW;
     const double M = (double)N * HW;
+    if (HW <= SMALL_HW) {
+#pragma omp parallel for schedule(static)
+        for (int c0 = 0; c0 < C; c0 += CHUNK)
+            small_backward_chunk(b, c0, din, dgamma, dbeta, dout, in, out, gamma, save_mean,
+                                 save_rstd);
+        return;
+    }
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++) {
         size_t base = (size_t)c * HW;

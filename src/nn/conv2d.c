@@ -8,6 +8,13 @@
  * reorders and wins for 1x1 convolutions on large planes, see
  * choose_layout.
  *
+ * Tiny planes (fewer input pixels than kernel taps, e.g. ResNet-18's
+ * layer3/layer4 at 32 px: 3x3 convs on 2x2 and 1x1 planes) skip oneDNN: most
+ * taps of a direct convolution there multiply padding. Such a convolution
+ * is one dense matrix from the C*H*W inputs of an image to its K*P*Q
+ * outputs, so the three passes are plain GEMMs on the NCHW data (no
+ * reorders) doing only the live multiply-adds, see the "dense" section.
+ *
  * Memory: one input-sized and one output-sized internal buffer per layer,
  * shared by the passes (forward src / backward src / backward diff_src, and
  * forward dst / backward diff_dst), plus one scratchpad for all three. */
@@ -28,6 +35,11 @@ typedef struct {
     int bd_reuses_ddst;
     void *in_buf, *out_buf, *scratch;
     dnnl_memory_t scratch_mem;
+    /* dense path (no oneDNN primitives): the conv as a [K*P*Q, C*H*W]
+     * matrix A, held in `dense` as A^T by forward and as A by backward-data,
+     * and its gradient `ddense` */
+    int is_dense;
+    float *dense, *ddense;
 } conv_impl;
 
 /* 1: let oneDNN pick blocked activation layouts; 0: keep NCHW throughout.
@@ -45,6 +57,152 @@ static int choose_layout(const visc_conv2d *c) {
         return 0;
     return 1;
 }
+
+/* ---- dense path for tiny planes ----
+ *
+ * Output (k, p, q) of image n is sum over inputs (c, h, w) of
+ * A[(k,p,q), (c,h,w)] * x[n, c, h, w], where A holds the weight tap that
+ * connects the two (h = p*stride - pad + r*dilation, likewise w) or 0. With
+ * X = the batch as an N x CHW matrix (NCHW as it is) and Y as N x KPQ:
+ *   forward          Y  = X A^T (A^T built directly, see dense_build_t)
+ *   backward-data    dX = dY A
+ *   backward-weights dA = dY^T X, folded back: dW[k,c,r,s] = sum of dA over
+ *                    the (p, q) whose tap (r, s) is live.
+ * That costs 2*N*KPQ*CHW flops a pass against 2*N*KPQ*C*R*S for the direct
+ * convolution, so it wins whenever H*W < R*S. The same multiply-adds as
+ * the direct convolution minus the ones with padding, so results agree to
+ * fp32 rounding. VISC_CONV_DENSE=0 turns it off (for A/B checks). */
+
+#define DENSE_MAX_HW 64 /* largest R*S (so largest H*W) the dense path takes */
+
+static int use_dense(const visc_conv2d *c) {
+    const char *env = getenv("VISC_CONV_DENSE");
+    if (env && strcmp(env, "0") == 0) return 0;
+    /* H*W < R*S: fewer flops than the direct convolution; the cap keeps A
+     * (P*Q*H*W floats per (input, output) channel pair) within 4x the weights. */
+    return c->groups == 1 && c->H * c->W < c->R * c->S && c->R * c->S <= DENSE_MAX_HW &&
+           c->P * c->Q * c->H * c->W <= 4 * c->R * c->S;
+}
+
+/* Tap index of kernel row (or column) connecting output o to input i, or -1. */
+static int dense_tap(int i, int o, int stride, int pad, int dilation, int taps) {
+    int t = i - o * stride + pad;
+    if (t < 0 || t % dilation) return -1;
+    t /= dilation;
+    return t < taps ? t : -1;
+}
+
+/* Tap offsets r*S + u of output (p, q) for every input pixel, or -1 (not live). */
+static void dense_taps(const visc_conv2d *c, int p, int q, int *taps) {
+    for (int h = 0; h < c->H; h++) {
+        int r = dense_tap(h, p, c->stride, c->pad, c->dilation, c->R);
+        for (int w = 0; w < c->W; w++) {
+            int u = dense_tap(w, q, c->stride, c->pad, c->dilation, c->S);
+            taps[h * c->W + w] = r < 0 || u < 0 ? -1 : r * c->S + u;
+        }
+    }
+}
+
+/* A from the OIHW weights; one row (k, p, q) per iteration, written in
+ * order: for each input channel its H*W entries from the channel's R*S taps. */
+static void dense_build(const visc_conv2d *c, float *A, const float *weight) {
+    const int C = c->C, HW = c->H * c->W, RS = c->R * c->S, P = c->P, Q = c->Q;
+    const int rows = c->K * P * Q;
+    const size_t cols = (size_t)C * HW;
+#pragma omp parallel for schedule(static)
+    for (int row = 0; row < rows; row++) {
+        int k = row / (P * Q), p = row / Q % P, q = row % Q;
+        int taps[DENSE_MAX_HW];
+        dense_taps(c, p, q, taps);
+        float *a = A + (size_t)row * cols;
+        const float *wk = weight + (size_t)k * C * RS;
+        for (int ci = 0; ci < C; ci++)
+            for (int i = 0; i < HW; i++)
+                a[(size_t)ci * HW + i] = taps[i] < 0 ? 0.0f : wk[(size_t)ci * RS + taps[i]];
+    }
+}
+
+/* A^T ([C*H*W, K*P*Q]), for the forward pass: with it the forward GEMM is
+ * 'N','N' (dnnl_sgemm runs 'N','T' at half the speed for these shapes).
+ * One input channel per iteration, whose weights are K short runs. */
+static void dense_build_t(const visc_conv2d *c, float *At, const float *weight) {
+    const int C = c->C, HW = c->H * c->W, RS = c->R * c->S, PQ = c->P * c->Q;
+    const size_t rows = (size_t)c->K * PQ;
+    int taps[4 * DENSE_MAX_HW]; /* [p*Q + q][h*W + w]; P*Q*H*W <= 4*R*S, see use_dense */
+    for (int pq = 0; pq < PQ; pq++) dense_taps(c, pq / c->Q, pq % c->Q, taps + pq * HW);
+#pragma omp parallel for schedule(static)
+    for (int ci = 0; ci < C; ci++)
+        for (int i = 0; i < HW; i++) {
+            float *a = At + ((size_t)ci * HW + i) * rows;
+            for (int k = 0; k < c->K; k++) {
+                const float *w = weight + ((size_t)k * C + ci) * RS;
+                for (int pq = 0; pq < PQ; pq++) {
+                    int t = taps[pq * HW + i];
+                    a[(size_t)k * PQ + pq] = t < 0 ? 0.0f : w[t];
+                }
+            }
+        }
+}
+
+/* dW from dA; one output channel per iteration, so the sums over (p, q)
+ * run in a fixed order (deterministic). */
+static void dense_fold(const visc_conv2d *c, float *dweight, const float *dA) {
+    const int C = c->C, HW = c->H * c->W, RS = c->R * c->S, P = c->P, Q = c->Q;
+    const size_t cols = (size_t)C * HW;
+#pragma omp parallel for schedule(static)
+    for (int k = 0; k < c->K; k++) {
+        float *dw = dweight + (size_t)k * C * RS;
+        memset(dw, 0, sizeof(float) * C * RS);
+        for (int p = 0; p < P; p++)
+            for (int q = 0; q < Q; q++) {
+                int taps[DENSE_MAX_HW];
+                dense_taps(c, p, q, taps);
+                const float *da = dA + (((size_t)k * P + p) * Q + q) * cols;
+                for (int ci = 0; ci < C; ci++)
+                    for (int i = 0; i < HW; i++)
+                        if (taps[i] >= 0) dw[(size_t)ci * RS + taps[i]] += da[(size_t)ci * HW + i];
+            }
+    }
+}
+
+static void sgemm(char ta, char tb, dnnl_dim_t M, dnnl_dim_t N, dnnl_dim_t K, const float *A,
+                  dnnl_dim_t lda, const float *B, dnnl_dim_t ldb, float *Cm, dnnl_dim_t ldc) {
+    VISC_DNNL(dnnl_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, Cm, ldc));
+}
+
+static void dense_forward(visc_conv2d *c, conv_impl *im, float *out, const float *in,
+                          const float *weight, const float *bias) {
+    const int N = c->N, PQ = c->P * c->Q, rows = c->K * PQ, cols = c->C * c->H * c->W;
+    dense_build_t(c, im->dense, weight);
+    sgemm('N', 'N', N, rows, cols, in, cols, im->dense, rows, out, rows);
+    if (bias) {
+#pragma omp parallel for schedule(static)
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < c->K; k++)
+                for (int i = 0; i < PQ; i++) out[((size_t)n * c->K + k) * PQ + i] += bias[k];
+    }
+}
+
+static void dense_backward(visc_conv2d *c, conv_impl *im, float *din, float *dweight, float *dbias,
+                           const float *dout, const float *in, const float *weight) {
+    const int N = c->N, PQ = c->P * c->Q, rows = c->K * PQ, cols = c->C * c->H * c->W;
+    sgemm('T', 'N', rows, cols, N, dout, rows, in, cols, im->ddense, cols);
+    dense_fold(c, dweight, im->ddense);
+    if (c->has_bias && dbias) {
+#pragma omp parallel for schedule(static)
+        for (int k = 0; k < c->K; k++) {
+            double s = 0;
+            for (int n = 0; n < N; n++)
+                for (int i = 0; i < PQ; i++) s += dout[((size_t)n * c->K + k) * PQ + i];
+            dbias[k] = (float)s;
+        }
+    }
+    if (!din) return;
+    dense_build(c, im->dense, weight);
+    sgemm('N', 'N', N, cols, rows, dout, rows, im->dense, cols, din, cols);
+}
+
+/* ---- oneDNN path ---- */
 
 static const dnnl_memory_desc_t *pd_md(const_dnnl_primitive_desc_t pd, dnnl_query_t what) {
     return dnnl_primitive_desc_query_md(pd, what, 0);
@@ -68,6 +226,13 @@ void visc_conv2d_init(visc_conv2d *c, int N, int C, int H, int W, int K, int R, 
     c->device = VISC_DEVICE_CPU;
     conv_impl *im = visc_calloc(1, sizeof *im, "conv2d primitives");
     c->impl = im;
+    if (use_dense(c)) {
+        size_t n = (size_t)K * c->P * c->Q * C * H * W * sizeof(float);
+        im->is_dense = 1;
+        im->dense = visc_alloc_aligned(n, "conv2d dense matrix");
+        im->ddense = visc_alloc_aligned(n, "conv2d dense matrix gradient");
+        return;
+    }
 
     /* Plain (user) descriptors. Grouped weights [G, K/G, C/G, R, S] are the
      * same memory as PyTorch's [K, C/G, R, S]. */
@@ -164,6 +329,10 @@ void visc_conv2d_init(visc_conv2d *c, int N, int C, int H, int W, int K, int R, 
 void visc_conv2d_forward(visc_conv2d *c, float *out, const float *in, const float *weight,
                          const float *bias) {
     conv_impl *im = c->impl;
+    if (im->is_dense) {
+        dense_forward(c, im, out, in, weight, c->has_bias ? bias : NULL);
+        return;
+    }
     dnnl_exec_arg_t args[5];
     int n = 0;
     args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, visc_dnnl_tensor_in(&im->src, in)};
@@ -179,6 +348,10 @@ void visc_conv2d_forward(visc_conv2d *c, float *out, const float *in, const floa
 void visc_conv2d_backward(visc_conv2d *c, float *din, float *dweight, float *dbias,
                           const float *dout, const float *in, const float *weight) {
     conv_impl *im = c->impl;
+    if (im->is_dense) {
+        dense_backward(c, im, din, dweight, dbias, dout, in, weight);
+        return;
+    }
     /* Weights first: it needs src in the shared input buffer, which
      * backward-data then reuses for diff_src. */
     dnnl_exec_arg_t args[5];
@@ -210,6 +383,13 @@ void visc_conv2d_backward(visc_conv2d *c, float *din, float *dweight, float *dbi
 void visc_conv2d_destroy(visc_conv2d *c) {
     conv_impl *im = c->impl;
     if (!im) return;
+    if (im->is_dense) {
+        visc_free_aligned(im->dense);
+        visc_free_aligned(im->ddense);
+        free(im);
+        c->impl = NULL;
+        return;
+    }
     VISC_DNNL(dnnl_primitive_destroy(im->fwd));
     VISC_DNNL(dnnl_primitive_destroy(im->bwd_data));
     VISC_DNNL(dnnl_primitive_destroy(im->bwd_weights));

@@ -44,10 +44,9 @@ maxpool_row(float *restrict y, int32_t *restrict am, const float *restrict x, in
             int off = kw - pad;
             int lo = off >= 0 ? 0 : (-off + s - 1) / s;
             int hi = W - 1 - off < 0 ? 0 : imin(Q, (W - 1 - off) / s + 1);
-            const float *xs = xr + off;
             int32_t base = h * W + off;
             for (int ow = lo; ow < hi; ow++) {
-                float v = xs[ow * s];
+                float v = xr[ow * s + off];
                 int take = v > y[ow] || v != v;
                 y[ow] = take ? v : y[ow];
                 am[ow] = take ? base + ow * s : am[ow];
@@ -68,12 +67,9 @@ void visc_maxpool2d_forward(visc_pool2d *p, float *out, int32_t *argmax, const f
             int h0 = imax(oh * s - pad, 0), h1 = imin(oh * s - pad + k, H);
             float *yr = y + (size_t)oh * Q;
             int32_t *ar = am + (size_t)oh * Q;
-            if (s == 2)
-                maxpool_row(yr, ar, x, W, Q, k, 2, pad, h0, h1);
-            else if (s == 1)
-                maxpool_row(yr, ar, x, W, Q, k, 1, pad, h0, h1);
-            else
-                maxpool_row(yr, ar, x, W, Q, k, s, pad, h0, h1);
+            if (s == 2) maxpool_row(yr, ar, x, W, Q, k, 2, pad, h0, h1);
+            else if (s == 1) maxpool_row(yr, ar, x, W, Q, k, 1, pad, h0, h1);
+            else maxpool_row(yr, ar, x, W, Q, k, s, pad, h0, h1);
         }
     }
 }
