@@ -51,6 +51,9 @@ def main():
     ap.add_argument("file")
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--num-classes", type=int, default=10)
+    ap.add_argument("--in-channels", type=int, default=3)
+    ap.add_argument("--small-stem", action="store_true",
+                    help="3x3 stride-1 stem conv, no max-pool (visc --small-stem)")
     args = ap.parse_args()
 
     tensors, meta = load_safetensors(args.file)
@@ -65,6 +68,11 @@ def main():
         pass
 
     model = getattr(torchvision.models, args.model)(num_classes=args.num_classes)
+    if args.small_stem or args.in_channels != 3:
+        k, st, p = (3, 1, 1) if args.small_stem else (7, 2, 3)
+        model.conv1 = torch.nn.Conv2d(args.in_channels, model.conv1.out_channels, k, st, p, bias=False)
+        if args.small_stem:
+            model.maxpool = torch.nn.Identity()
     want = model.state_dict()
     state = {}
     for k, t in tensors.items():

@@ -5,12 +5,15 @@
 # folder and in total. Fails when a test fails or when total line coverage
 # is below the floor.
 #   COV_FLOOR=NN      line-coverage floor in percent (default below)
-#   VISC_SKIP_E2E=1   skip the end-to-end scripts (quick local runs only:
-#                     the figure CI enforces includes them)
+#   VISC_SKIP_E2E=1   skip the end-to-end scripts (quick local runs only);
+#   VISC_SKIP_E2E="a.sh b.sh" skips those (CI leaves out the long training
+#                     run, which adds no lines and has run in `make test`)
 #   JOBS=N            parallel compile jobs (default: number of CPUs)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-floor=${COV_FLOOR:-85}
+# The floor only goes up: 95.9% measured on 2026-11-29 (CI's run, the
+# Fashion-MNIST training script left out); the issue's minimum is 85%.
+floor=${COV_FLOOR:-95}
 build=build-cov
 jobs=${JOBS:-$(nproc)}
 # -O0 so that every source line maps to code gcov can count; the program's
@@ -24,7 +27,7 @@ if [ -d $build ]; then find $build -name '*.gcda' -delete; fi
 make -j"$jobs" "${flags[@]}" tests
 make "${flags[@]}" test
 
-[ -n "${VISC_SKIP_E2E:-}" ] && echo "coverage: VISC_SKIP_E2E is set: the figure below leaves out the e2e scripts"
+[ -n "${VISC_SKIP_E2E:-}" ] && echo "coverage: VISC_SKIP_E2E=${VISC_SKIP_E2E}: the figure below leaves those e2e scripts out"
 # Only the library and the program (src/) count: tests/ and fuzz/ would
 # flatter the figure. Generated objects live under build-cov/, sources under src/.
 json=$build/coverage.json
