@@ -190,7 +190,7 @@ static int run_epochs(trainer *t) {
             correct += top1;
             seen += B;
             window_imgs += B;
-            int64_t done = i + 1 - 0;
+            int64_t done = i + 1;
             if ((c->print_freq > 0 && done % c->print_freq == 0) || done == t->steps_per_epoch) {
                 double now = visc_now(), ips = window_imgs / (now - window_t0);
                 char stats[160];
