@@ -11,7 +11,7 @@ ifeq ($(WERROR),1)
 WARN    += -Werror
 endif
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Iinclude -fopenmp $(OPT) $(WARN) $(SANFLAGS) -MMD -MP
-LDLIBS  += -ldnnl -lz -lm -lpthread
+LDLIBS  += -ldnnl -ljpeg -lpng -lz -lm -lpthread
 LDFLAGS += -fopenmp $(SANFLAGS)
 
 LIB_SRC   := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)

@@ -2,7 +2,7 @@
 """torch_train.py: PyTorch's training speed on the setting bench_train measures.
 
 The same step as bench/bench_train.c: torchvision ResNet (standard ImageNet
-stem unless --small-stem), a fixed random batch, CrossEntropyLoss, SGD with
+stem unless --small-stem) or timm's transformer of the same name, a fixed random batch, CrossEntropyLoss, SGD with
 momentum 0.9, warm-up steps and then timed steps; prints images/s and one
 machine-readable "RESULT ..." line.
 
@@ -18,6 +18,7 @@ images per CPU-second of the process times the thread count.
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -26,6 +27,11 @@ import torchvision
 
 
 def build(args):
+    if not hasattr(torchvision.models, args.model):
+        # transformers: timm itself, as visc's name mirrors it
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+        from timm_variants import timm_model
+        return timm_model(args.model, args.classes, args.in_channels, args.image_size)
     ctor = getattr(torchvision.models, args.model)
     model = ctor(num_classes=args.classes)
     if args.in_channels != 3 or args.small_stem:

@@ -20,7 +20,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int64_t n;
     if (visc_cifar_bin_parse(data, size, &images, &labels, &n)) return 0;
     visc_dataset *ds = visc_dataset_from_memory(images, labels, n, 3, 32, 32, 10);
-    visc_augment aug = {4, 1, {0.4914f, 0.4822f, 0.4465f}, {0.247f, 0.243f, 0.261f}};
+    visc_augment aug = {4, 1, {0.4914f, 0.4822f, 0.4465f}, {0.247f, 0.243f, 0.261f}, 0};
     float out[3 * 32 * 32];
     int32_t label;
     if (ds->get(ds, 0, &aug, 1, data[0], 1, out, &label) || label < 0 || label > 9) abort();

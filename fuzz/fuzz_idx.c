@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (visc_idx_parse_images(buf, n, &images, &count, &h, &w) == 0) {
         if ((int64_t)h * w <= 1 << 16) {
             uint8_t knob = size ? data[size - 1] : 0;
-            visc_augment aug = {knob & 7, knob >> 3 & 1, {0.5f, 0, 0}, {0.25f, 1, 1}};
+            visc_augment aug = {knob & 7, knob >> 3 & 1, {0.5f, 0, 0}, {0.25f, 1, 1}, 0};
             float *out = malloc((size_t)h * w * sizeof *out);
             visc_augment_apply(&aug, images + (size_t)(count - 1) * h * w, 1, h, w, 1, knob,
                                knob >> 4, count - 1, out);

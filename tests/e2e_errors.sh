@@ -37,6 +37,25 @@ expect_error "bad.ini:2" train --config "$tmp/bad.ini"
 printf 'epochz = 3\n' >"$tmp/typo.ini"
 expect_error "unknown key 'epochz'" train --config "$tmp/typo.ini"
 
+# image data and transformer options
+shared=../shared/data
+[ -d "$shared" ] || shared=/work/shared/data
+export VISC_CACHE_DIR="$tmp/cache"
+mkdir -p "$tmp/imgs/a" "$tmp/imgs/b"
+cp "$shared/cifar10/train/cat/0000.jpg" "$tmp/imgs/a/"
+img=(--data "imagefolder:$tmp/imgs" --input-size 32 --epochs 1 --batch-size 1 --no-progress)
+expect_error "class folder.*b" train "${img[@]}" --output "$tmp/x"
+cp "$shared/cifar10/train/dog/0000.jpg" "$tmp/imgs/b/"
+expect_error "cannot open '$tmp/nothing'" train --data "imagefolder:$tmp/nothing" --output "$tmp/x"
+expect_error "unknown data set 'tar:x'" train --data tar:x --val-data tar:x --output "$tmp/x"
+expect_error "on-bad-image: expected skip or error" train "${img[@]}" --on-bad-image maybe --output "$tmp/x"
+expect_error "scale: expected two numbers" train "${img[@]}" --scale 0.5 --output "$tmp/x"
+expect_error "rand-x" train "${img[@]}" --aa rand-x --output "$tmp/x"
+expect_error "unknown recipe\|unknown preset\|recipe" train "${img[@]}" --aug fancy --output "$tmp/x"
+expect_error "mixup: alphas must be >= 0" train "${quick[@]}" --mixup -1 --output "$tmp/x"
+expect_error "swin_micro_patch2_window4_32" train --model swin_micro_patch2_window4_32 --epochs 1 --output "$tmp/x"
+expect_error "input-size 20: cannot pad 28x28 images to 20 px" train "${quick[@]}" --input-size 20 --output "$tmp/x"
+
 # truncated dataset files
 mkdir -p "$tmp/fm"
 for f in t10k-images-idx3-ubyte t10k-labels-idx1-ubyte train-labels-idx1-ubyte; do
@@ -52,7 +71,7 @@ printf 'not a checkpoint at all' >"$tmp/junk.safetensors"
 expect_error "junk.safetensors" train "${quick[@]}" --resume "$tmp/junk.safetensors" --output "$tmp/x"
 expect_error "checkpoint of model resnet14" train --model resnet20 --epochs 1 --resume "$good" --output "$tmp/x"
 expect_error "optimizer sgd" train "${quick[@]}" --opt adamw --resume "$good" --output "$tmp/x"
-expect_error "missing tensor 'layer1.2.conv1.weight'" train --model resnet20 --weights "$tmp/good/model_last.safetensors" --evaluate
+expect_error "not a checkpoint of model resnet20: 30 missing (layer1.2.conv1.weight, layer1.2.bn1.weight, layer1.2.bn1.bias, layer1.2.conv2.weight, ...)" train --model resnet20 --weights "$tmp/good/model_last.safetensors" --evaluate
 expect_error "shape" train "${quick[@]}" --width 8 --weights "$tmp/good/model_last.safetensors" --evaluate
 expect_error "No such file" train "${quick[@]}" --resume "$tmp/none.safetensors" --output "$tmp/x"
 

@@ -58,11 +58,67 @@ int visc_check_arrays(const char *file, int line, const char *what, const float 
     return 1;
 }
 
+uint8_t *visc_test_read_file(const char *path, size_t *size) {
+    *size = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    uint8_t *buf = NULL;
+    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+        buf = malloc((size_t)n + 1);
+        if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+            free(buf);
+            buf = NULL;
+        }
+    }
+    fclose(f);
+    if (buf) *size = (size_t)n;
+    return buf;
+}
+
 const char *visc_golden_path(const char *name) {
     static char path[1024];
     const char *dir = getenv("VISC_GOLDEN_DIR");
     snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/golden", name);
     return path;
+}
+
+const visc_safetensors *visc_golden_file(const char *file) {
+    /* A few files per binary at most; each opened (mapped) once. */
+    static struct {
+        char name[128];
+        visc_safetensors st;
+        int ok;
+    } open_files[8];
+    static int count;
+    for (int i = 0; i < count; i++)
+        if (strcmp(open_files[i].name, file) == 0)
+            return open_files[i].ok ? &open_files[i].st : NULL;
+    if (count == 8 || strlen(file) >= sizeof open_files[0].name) {
+        fprintf(stderr, "  %s: too many golden files or too long a name\n", file);
+        return NULL;
+    }
+    snprintf(open_files[count].name, sizeof open_files[count].name, "%s", file);
+    open_files[count].ok =
+        visc_safetensors_open(&open_files[count].st, visc_golden_path(file)) == 0;
+    if (!open_files[count].ok) fprintf(stderr, "  %s: %s\n", file, visc_last_error());
+    count++;
+    return open_files[count - 1].ok ? &open_files[count - 1].st : NULL;
+}
+
+size_t visc_golden_numel(const char *file, const char *name) {
+    const visc_safetensors *st = visc_golden_file(file);
+    const visc_st_tensor *t = st ? visc_safetensors_find(st, name) : NULL;
+    return t ? t->numel : 0;
+}
+
+float *visc_golden_load(const char *file, const char *name, size_t numel) {
+    float *p = calloc(numel ? numel : 1, sizeof(float));
+    const visc_safetensors *st = visc_golden_file(file);
+    if (!st || visc_safetensors_read_f32(st, name, p, numel) != 0)
+        CHECK_MSG(0, "golden tensor %s/%s: %s", file, name, st ? visc_last_error() : "no file");
+    return p;
 }
 
 int main(int argc, char **argv) {

@@ -6,7 +6,10 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
+
+#include "visc/io.h"
 
 typedef void (*visc_test_fn)(void);
 void visc_test_register(const char *name, visc_test_fn fn);
@@ -44,7 +47,18 @@ int visc_check_arrays(const char *file, int line, const char *what, const float 
 #define CHECK_ARRAYS(what, got, want, n, atol, rtol)                                               \
     visc_check_arrays(__FILE__, __LINE__, what, got, want, n, atol, rtol)
 
+/* The whole file at path in a fresh buffer (free it; one spare byte past the
+ * end), its length in *size; NULL when it cannot be read. */
+uint8_t *visc_test_read_file(const char *path, size_t *size);
 /* Path of a committed golden file: tests/golden/<name> relative to the repo. */
 const char *visc_golden_path(const char *name);
+/* The golden safetensors file `file` (tests/golden/<file>), opened once per
+ * test binary; NULL (with a message on stderr) when it cannot be read. */
+const visc_safetensors *visc_golden_file(const char *file);
+/* Element count of tensor `name` in golden `file`; 0 when absent. */
+size_t visc_golden_numel(const char *file, const char *name);
+/* A fresh copy (free it) of golden tensor `name`, which must have `numel`
+ * elements; zero-filled, and the test failed, when it cannot be read. */
+float *visc_golden_load(const char *file, const char *name, size_t numel);
 
 #endif

@@ -204,7 +204,7 @@ TEST(idx_load_files) {
         CHECK(ds->num_classes == 7); /* labels 0..6: max + 1 */
         float out[6];
         int32_t label = -1;
-        visc_augment aug = {0, 0, {0.5f, 0, 0}, {0.25f, 1, 1}};
+        visc_augment aug = {0, 0, {0.5f, 0, 0}, {0.25f, 1, 1}, 0};
         CHECK(ds->get(ds, 4, &aug, 0, 1, 0, out, &label) == 0);
         CHECK(label == 4);
         for (int k = 0; k < 6; k++) {
@@ -426,26 +426,66 @@ TEST(fashion_mnist) {
 
 /* ---- augmentation ---- */
 
-/* The direct computation: materialize the padded image, cut the window,
- * mirror it, normalize with torchvision's arithmetic. */
+/* The direct computation: materialize the canvas (pad_to) and the padded
+ * image, cut the window, mirror it, normalize with torchvision's arithmetic. */
 static void reference_augment(const visc_augment *aug, const uint8_t *img, int c, int h, int w,
                               int dy, int dx, int flip, float *out) {
-    int p = aug->pad_crop, ph = h + 2 * p, pw = w + 2 * p;
+    int oh = aug->pad_to > h ? aug->pad_to : h, ow = aug->pad_to > w ? aug->pad_to : w;
+    int top = (oh - h) / 2, left = (ow - w) / 2;
+    int p = aug->pad_crop, ph = oh + 2 * p, pw = ow + 2 * p;
     uint8_t *padded = calloc((size_t)c * ph * pw, 1);
     for (int ch = 0; ch < c; ch++)
         for (int y = 0; y < h; y++)
             for (int x = 0; x < w; x++)
-                padded[(ch * ph + y + p) * pw + x + p] = img[(ch * h + y) * w + x];
+                padded[(ch * ph + y + p + top) * pw + x + p + left] = img[(ch * h + y) * w + x];
     for (int ch = 0; ch < c; ch++) {
         int k = ch < 2 ? ch : 2;
-        for (int y = 0; y < h; y++)
-            for (int x = 0; x < w; x++) {
-                int cx = flip ? w - 1 - x : x; /* column of the cropped image */
+        for (int y = 0; y < oh; y++)
+            for (int x = 0; x < ow; x++) {
+                int cx = flip ? ow - 1 - x : x; /* column of the cropped image */
                 uint8_t v = padded[(ch * ph + y + dy) * pw + cx + dx];
-                out[(ch * h + y) * w + x] = ((float)v / 255.0f - aug->mean[k]) / aug->std[k];
+                out[(ch * oh + y) * ow + x] = ((float)v / 255.0f - aug->mean[k]) / aug->std[k];
             }
     }
     free(padded);
+}
+
+/* pad_to: the image centred on a larger zero canvas, then cropped/flipped
+ * as usual; odd margins put the extra pixel after the image (torchvision's
+ * CenterCrop/Pad arithmetic for a centred placement: offset (S - h) / 2). */
+TEST(augment_pad_to) {
+    int c = 2, h = 5, w = 4;
+    uint8_t img[2 * 5 * 4];
+    for (int i = 0; i < c * h * w; i++) img[i] = (uint8_t)(i * 29 + 3);
+    float got[2 * 8 * 8], want[2 * 8 * 8];
+    for (int S = 5; S <= 8; S++)
+        for (int p = 0; p <= 2; p++) {
+            visc_augment aug = {p, 1, {0.3f, 0.6f, 0}, {0.5f, 0.25f, 1}, S};
+            for (int dy = 0; dy <= 2 * p; dy++)
+                for (int dx = 0; dx <= 2 * p; dx++)
+                    for (int flip = 0; flip <= 1; flip++) {
+                        visc_augment_apply_at(&aug, img, c, h, w, dy, dx, flip, got);
+                        reference_augment(&aug, img, c, h, w, dy, dx, flip, want);
+                        CHECK_MSG(memcmp(got, want, (size_t)c * S * S * sizeof(float)) == 0,
+                                  "S=%d p=%d dy=%d dx=%d flip=%d differs", S, p, dy, dx, flip);
+                    }
+        }
+    /* Through the dataset: 28 -> 32 for Fashion-MNIST-sized data. */
+    uint8_t *images = calloc(3 * 28 * 28, 1);
+    int32_t *labels = calloc(3, sizeof *labels);
+    for (int i = 0; i < 3 * 28 * 28; i++) images[i] = (uint8_t)(i % 251);
+    visc_dataset *ds = visc_dataset_from_memory(images, labels, 3, 1, 28, 28, 10);
+    CHECK(visc_dataset_pad_to(ds, 27) == -1); /* smaller: refused */
+    CHECK(visc_dataset_pad_to(ds, 32) == 0);
+    CHECK(ds->height == 32 && ds->width == 32);
+    float x[32 * 32];
+    int32_t y;
+    visc_augment plain = {0, 0, {0, 0, 0}, {1, 1, 1}, 0};
+    CHECK(ds->get(ds, 1, &plain, 0, 0, 0, x, &y) == 0);
+    CHECK(x[0] == 0.0f && x[2 * 32 + 1] == 0.0f);
+    CHECK(x[2 * 32 + 2] == (float)images[28 * 28] / 255.0f);
+    CHECK(x[29 * 32 + 29] == (float)images[28 * 28 + 27 * 28 + 27] / 255.0f);
+    visc_dataset_free(ds);
 }
 
 TEST(augment_geometry_exact) {
@@ -454,7 +494,7 @@ TEST(augment_geometry_exact) {
     for (int i = 0; i < c * h * w; i++) img[i] = (uint8_t)(i * 37 + 11);
     float got[4 * 5 * 7], want[4 * 5 * 7];
     for (int p = 0; p <= 3; p++) {
-        visc_augment aug = {p, 1, {0.4914f, 0.4822f, 0.4465f}, {0.247f, 0.243f, 0.261f}};
+        visc_augment aug = {p, 1, {0.4914f, 0.4822f, 0.4465f}, {0.247f, 0.243f, 0.261f}, 0};
         for (int dy = 0; dy <= 2 * p; dy++)
             for (int dx = 0; dx <= 2 * p; dx++)
                 for (int flip = 0; flip <= 1; flip++) {
@@ -466,7 +506,7 @@ TEST(augment_geometry_exact) {
     }
     /* A known case by hand: p = 1, window shifted one left and one up
      * (dy = dx = 0): output (0, 0) is padding, (1, 1) is input (0, 0). */
-    visc_augment aug = {1, 0, {0.5f, 0.5f, 0.5f}, {0.5f, 0.5f, 0.5f}};
+    visc_augment aug = {1, 0, {0.5f, 0.5f, 0.5f}, {0.5f, 0.5f, 0.5f}, 0};
     visc_augment_apply_at(&aug, img, 1, h, w, 0, 0, 0, got);
     CHECK(got[0] == -1.0f); /* (0 - 0.5) / 0.5 */
     CHECK(got[1 * w + 1] == ((float)img[0] / 255.0f - 0.5f) / 0.5f);
@@ -479,7 +519,7 @@ TEST(augment_geometry_exact) {
 }
 
 TEST(augment_train_matches_draw) {
-    visc_augment aug = {4, 1, {0.1f, 0.2f, 0.3f}, {0.3f, 0.2f, 0.1f}};
+    visc_augment aug = {4, 1, {0.1f, 0.2f, 0.3f}, {0.3f, 0.2f, 0.1f}, 0};
     uint8_t img[3 * 32 * 32];
     for (int i = 0; i < 3 * 32 * 32; i++) img[i] = (uint8_t)(i * 7);
     float got[3 * 32 * 32], want[3 * 32 * 32];
@@ -494,7 +534,7 @@ TEST(augment_train_matches_draw) {
 
 TEST(augment_distribution) {
     enum { N = 40000, P = 4, K = 2 * P + 1 };
-    visc_augment aug = {P, 1, {0, 0, 0}, {1, 1, 1}};
+    visc_augment aug = {P, 1, {0, 0, 0}, {1, 1, 1}, 0};
     int64_t hy[K] = {0}, hx[K] = {0}, joint[K][K] = {{0}}, flips = 0;
     for (int64_t i = 0; i < N; i++) {
         int dy, dx, flip;
@@ -522,14 +562,14 @@ TEST(augment_distribution) {
     CHECK_CLOSE((double)flips / N, 0.5, 0.01, 0);
 
     /* Switched off: no flip, no shift. */
-    visc_augment off = {0, 0, {0, 0, 0}, {1, 1, 1}};
+    visc_augment off = {0, 0, {0, 0, 0}, {1, 1, 1}, 0};
     for (int64_t i = 0; i < 1000; i++) {
         int dy, dx, flip;
         visc_augment_draw(&off, 7, 2, i, &dy, &dx, &flip);
         CHECK(dy == 0 && dx == 0 && flip == 0);
     }
     /* Turning the flip off leaves the crops as they were. */
-    visc_augment noflip = {P, 0, {0, 0, 0}, {1, 1, 1}};
+    visc_augment noflip = {P, 0, {0, 0, 0}, {1, 1, 1}, 0};
     for (int64_t i = 0; i < 1000; i++) {
         int a, b, f, a2, b2, f2;
         visc_augment_draw(&aug, 7, 2, i, &a, &b, &f);
@@ -539,7 +579,7 @@ TEST(augment_distribution) {
 }
 
 TEST(augment_reproducible) {
-    visc_augment aug = {4, 1, {0, 0, 0}, {1, 1, 1}};
+    visc_augment aug = {4, 1, {0, 0, 0}, {1, 1, 1}, 0};
     int same_epoch = 0, diff_epoch = 0, diff_seed = 0, diff_idx = 0;
     for (int64_t i = 0; i < 2000; i++) {
         int a[3], b[3], c[3], d[3], e[3];
@@ -624,7 +664,7 @@ static visc_dataset *random_dataset(int64_t n, int c, int h, int w) {
 TEST(make_batch_threads) {
     enum { N = 300, B = 64, S = 3 * 32 * 32 };
     visc_dataset *ds = random_dataset(N, 3, 32, 32);
-    visc_augment aug = {4, 1, {0.4914f, 0.4822f, 0.4465f}, {0.247f, 0.243f, 0.261f}};
+    visc_augment aug = {4, 1, {0.4914f, 0.4822f, 0.4465f}, {0.247f, 0.243f, 0.261f}, 0};
     int64_t order[N];
     visc_epoch_order(order, N, 1, 5, 2);
     float *x1 = malloc((size_t)B * S * sizeof(float)), *x2 = malloc((size_t)B * S * sizeof(float));

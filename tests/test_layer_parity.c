@@ -19,43 +19,17 @@
 #define ATOL 1e-5
 #define RTOL 1e-4
 
-static visc_safetensors gst;
-static int gst_state; /* 0 unopened, 1 open, -1 failed */
-
-static const visc_safetensors *golden(void) {
-    if (gst_state == 0) {
-        gst_state =
-            visc_safetensors_open(&gst, visc_golden_path("layers.safetensors")) == 0 ? 1 : -1;
-        if (gst_state < 0) fprintf(stderr, "  layers.safetensors: %s\n", visc_last_error());
-    }
-    return gst_state > 0 ? &gst : NULL;
-}
-
-static size_t numel_of(const char *name) {
-    const visc_safetensors *st = golden();
-    const visc_st_tensor *t = st ? visc_safetensors_find(st, name) : NULL;
-    return t ? t->numel : 0;
-}
-
-/* A freshly allocated copy of golden tensor `name`, which must have `numel`
- * elements; zero-filled (and the test failed) when it cannot be read. */
-static float *load(const char *name, size_t numel) {
-    float *p = calloc(numel ? numel : 1, sizeof(float));
-    const visc_safetensors *st = golden();
-    if (!st || visc_safetensors_read_f32(st, name, p, numel) != 0)
-        CHECK_MSG(0, "golden tensor %s: %s", name, st ? visc_last_error() : "no file");
-    return p;
-}
+#define GOLDEN "layers.safetensors"
 
 /* Reads "<pre>config" (stored as int32) into ints; returns 0 on failure. */
 static int load_config(const char *pre, int *cfg, int n) {
     char name[64];
     snprintf(name, sizeof name, "%sconfig", pre);
-    if (numel_of(name) != (size_t)n) {
+    if (visc_golden_numel(GOLDEN, name) != (size_t)n) {
         CHECK_MSG(0, "golden tensor %s missing or not %d elements", name, n);
         return 0;
     }
-    float *f = load(name, (size_t)n);
+    float *f = visc_golden_load(GOLDEN, name, (size_t)n);
     for (int i = 0; i < n; i++) cfg[i] = (int)f[i];
     free(f);
     return 1;
@@ -64,7 +38,7 @@ static int load_config(const char *pre, int *cfg, int n) {
 static float *loadp(const char *pre, const char *what, size_t numel) {
     char name[64];
     snprintf(name, sizeof name, "%s%s", pre, what);
-    return load(name, numel);
+    return visc_golden_load(GOLDEN, name, numel);
 }
 
 static void check(const char *pre, const char *what, const float *got, const float *want,
@@ -74,7 +48,7 @@ static void check(const char *pre, const char *what, const float *got, const flo
     CHECK_ARRAYS(label, got, want, n, ATOL, RTOL);
 }
 
-TEST(golden_file_opens) { CHECK(golden() != NULL); }
+TEST(golden_file_opens) { CHECK(visc_golden_file(GOLDEN) != NULL); }
 
 TEST(conv2d_parity) {
     int cases = 0;
@@ -83,7 +57,7 @@ TEST(conv2d_parity) {
         snprintf(pre, sizeof pre, "conv%d.", ci);
         char cname[48];
         snprintf(cname, sizeof cname, "%sconfig", pre);
-        if (!numel_of(cname)) break;
+        if (!visc_golden_numel(GOLDEN, cname)) break;
         int k[11];
         if (!load_config(pre, k, 11)) break;
         int N = k[0], C = k[1], H = k[2], W = k[3], K = k[4], R = k[5], s = k[6], p = k[7],
@@ -92,7 +66,8 @@ TEST(conv2d_parity) {
         visc_conv2d_init(&c, N, C, H, W, K, R, R, s, p, d, g, b);
         size_t nx = (size_t)N * C * H * W, nw = (size_t)K * (C / g) * R * R;
         size_t ny = (size_t)N * K * c.P * c.Q;
-        CHECK_MSG(numel_of(strcat(strcpy(cname, pre), "y")) == ny, "%s output shape differs", pre);
+        CHECK_MSG(visc_golden_numel(GOLDEN, strcat(strcpy(cname, pre), "y")) == ny,
+                  "%s output shape differs", pre);
         float *x = loadp(pre, "x", nx), *w = loadp(pre, "weight", nw), *dy = loadp(pre, "dy", ny);
         float *bias = b ? loadp(pre, "bias", (size_t)K) : NULL;
         float *y = malloc(ny * sizeof(float)), *dx = malloc(nx * sizeof(float));
@@ -168,14 +143,15 @@ TEST(pool2d_parity) {
         char pre[32], cname[48];
         snprintf(pre, sizeof pre, "pool%d.", pi);
         snprintf(cname, sizeof cname, "%sconfig", pre);
-        if (!numel_of(cname)) break;
+        if (!visc_golden_numel(GOLDEN, cname)) break;
         int k[8];
         if (!load_config(pre, k, 8)) break;
         int is_max = k[0], N = k[1], C = k[2], H = k[3], W = k[4], ks = k[5], s = k[6], p = k[7];
         visc_pool2d pl;
         visc_pool2d_init(&pl, N, C, H, W, ks, s, p);
         size_t nx = (size_t)N * C * H * W, ny = (size_t)N * C * pl.P * pl.Q;
-        CHECK_MSG(numel_of(strcat(strcpy(cname, pre), "y")) == ny, "%s output shape differs", pre);
+        CHECK_MSG(visc_golden_numel(GOLDEN, strcat(strcpy(cname, pre), "y")) == ny,
+                  "%s output shape differs", pre);
         float *x = loadp(pre, "x", nx), *dy = loadp(pre, "dy", ny);
         float *want_y = loadp(pre, "y", ny), *want_dx = loadp(pre, "dx", nx);
         float *y = malloc(ny * sizeof(float)), *dx = malloc(nx * sizeof(float));
@@ -198,32 +174,41 @@ TEST(pool2d_parity) {
 
 TEST(global_avgpool_parity) {
     enum { N = 3, C = 8, HW = 25 };
-    float *x = load("gap.x", N * C * HW), *dy = load("gap.dy", N * C);
+    float *x = visc_golden_load(GOLDEN, "gap.x", N * C * HW),
+          *dy = visc_golden_load(GOLDEN, "gap.dy", N * C);
     float y[N * C], *dx = malloc(N * C * HW * sizeof(float)), *want;
     visc_global_avgpool_forward(y, x, N, C, HW);
     visc_global_avgpool_backward(dx, dy, N, C, HW);
-    check("gap.", "y", y, want = load("gap.y", N * C), N * C), free(want);
-    check("gap.", "dx", dx, want = load("gap.dx", N * C * HW), N * C * HW), free(want);
+    check("gap.", "y", y, want = visc_golden_load(GOLDEN, "gap.y", N * C), N * C), free(want);
+    check("gap.", "dx", dx, want = visc_golden_load(GOLDEN, "gap.dx", N * C * HW), N * C * HW),
+        free(want);
     free(x), free(dy), free(dx);
 }
 
 TEST(linear_parity) {
     enum { N = 4, I = 12, O = 5 };
-    float *x = load("linear.x", N * I), *w = load("linear.weight", O * I);
-    float *b = load("linear.bias", O), *dy = load("linear.dy", N * O), *want;
+    float *x = visc_golden_load(GOLDEN, "linear.x", N * I),
+          *w = visc_golden_load(GOLDEN, "linear.weight", O * I);
+    float *b = visc_golden_load(GOLDEN, "linear.bias", O),
+          *dy = visc_golden_load(GOLDEN, "linear.dy", N * O), *want;
     float y[N * O], dx[N * I], dw[O * I], db[O];
     visc_linear_forward(y, x, w, b, N, I, O);
     visc_linear_backward(dx, dw, db, dy, x, w, N, I, O);
-    check("linear.", "y", y, want = load("linear.y", N * O), N * O), free(want);
-    check("linear.", "dx", dx, want = load("linear.dx", N * I), N * I), free(want);
-    check("linear.", "dweight", dw, want = load("linear.dweight", O * I), O * I), free(want);
-    check("linear.", "dbias", db, want = load("linear.dbias", O), O), free(want);
+    check("linear.", "y", y, want = visc_golden_load(GOLDEN, "linear.y", N * O), N * O), free(want);
+    check("linear.", "dx", dx, want = visc_golden_load(GOLDEN, "linear.dx", N * I), N * I),
+        free(want);
+    check("linear.", "dweight", dw, want = visc_golden_load(GOLDEN, "linear.dweight", O * I),
+          O * I),
+        free(want);
+    check("linear.", "dbias", db, want = visc_golden_load(GOLDEN, "linear.dbias", O), O),
+        free(want);
     free(x), free(w), free(b), free(dy);
 }
 
 TEST(softmax_xent_parity) {
     enum { N = 6, K = 10 };
-    float *logits = load("xent.logits", N * K), *lf = load("xent.labels", N);
+    float *logits = visc_golden_load(GOLDEN, "xent.logits", N * K),
+          *lf = visc_golden_load(GOLDEN, "xent.labels", N);
     int32_t labels[N];
     for (int i = 0; i < N; i++) labels[i] = (int32_t)lf[i];
     const char *tags[2] = {"s0", "s01"};
@@ -234,11 +219,11 @@ TEST(softmax_xent_parity) {
         float loss = visc_softmax_xent_forward(probs, logits, labels, N, K, smoothing[t]);
         visc_softmax_xent_backward(d, probs, labels, N, K, smoothing[t]);
         snprintf(name, sizeof name, "xent.%s.loss", tags[t]);
-        float *want = load(name, 1);
+        float *want = visc_golden_load(GOLDEN, name, 1);
         CHECK_CLOSE(loss, want[0], ATOL, RTOL);
         free(want);
         snprintf(name, sizeof name, "xent.%s.dlogits", tags[t]);
-        CHECK_ARRAYS(name, d, want = load(name, N * K), N * K, ATOL, RTOL);
+        CHECK_ARRAYS(name, d, want = visc_golden_load(GOLDEN, name, N * K), N * K, ATOL, RTOL);
         free(want);
     }
     free(logits), free(lf);

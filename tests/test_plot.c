@@ -52,19 +52,6 @@ static void write_text(const char *path, const char *text) {
     fclose(f);
 }
 
-static uint8_t *read_all(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    *size = 0;
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(n > 0 ? (size_t)n : 1);
-    *size = fread(b, 1, (size_t)n, f);
-    fclose(f);
-    return b;
-}
-
 static int count_files(const char *dir, const char *needle) {
     DIR *d = opendir(dir);
     int n = 0;
@@ -208,7 +195,7 @@ TEST(png_write_is_atomic_and_matches_encode) {
     visc_canvas_line(&c, 2, 3, 60, 40, 2.0, (visc_rgb){31, 119, 180});
     CHECK(visc_png_write(path, c.rgb, c.width, c.height) == 0);
     size_t n;
-    uint8_t *file = read_all(path, &n), *mem, *back;
+    uint8_t *file = visc_test_read_file(path, &n), *mem, *back;
     size_t msize;
     CHECK(visc_png_encode(c.rgb, c.width, c.height, &mem, &msize) == 0);
     CHECK(file && n == msize && memcmp(file, mem, n) == 0);
@@ -552,7 +539,7 @@ TEST(plot_run_end_to_end) {
     double dt = visc_now() - t0;
     snprintf(png_path, sizeof png_path, "%s/curves.png", dir);
     size_t n;
-    uint8_t *png = read_all(png_path, &n), *rgb = NULL;
+    uint8_t *png = visc_test_read_file(png_path, &n), *rgb = NULL;
     CHECK(png != NULL);
     int w = 0, h = 0;
     const char *why = png ? png_decode(png, n, &w, &h, &rgb) : "no file";
@@ -577,7 +564,7 @@ TEST(plot_run_end_to_end) {
     snprintf(png_path, sizeof png_path, "%s/other.png", temp_dir());
     CHECK(visc_plot_run_opts(dir, png_path, 1) == 0);
     CHECK(visc_plot_run_opts(dir, png_path, 0) == 0);
-    png = read_all(png_path, &n);
+    png = visc_test_read_file(png_path, &n);
     CHECK(png && png_decode(png, n, &w, &h, &rgb) == NULL);
     free(rgb);
     free(png);

@@ -40,8 +40,9 @@ SAMPLES = 1024
 # ---- safetensors, written by hand (the format is 8 bytes + JSON + raw data) ----
 
 def save_safetensors(path, tensors, metadata=None):
-    """tensors: {name: np.ndarray of float32 or int32}. Sorted by name, as the Python library does."""
-    dtypes = {np.dtype(np.float32): "F32", np.dtype(np.int32): "I32"}
+    """tensors: {name: np.ndarray of float32, int32 or uint8}. Sorted by name, as the Python
+    library does. Shared by every golden generator (tools/gen_golden_*.py)."""
+    dtypes = {np.dtype(np.float32): "F32", np.dtype(np.int32): "I32", np.dtype(np.uint8): "U8"}
     header, blobs, offset = {}, [], 0
     if metadata:
         header["__metadata__"] = {k: str(v) for k, v in metadata.items()}

@@ -22,13 +22,17 @@ typedef struct {
     int pad_crop; /* random crop of the input size after zero padding by this much; 0: off */
     int hflip;    /* random horizontal flip with probability 1/2 */
     float mean[3], std[3];
+    int pad_to; /* centre the image on a zero canvas of this size first (0: none) */
 } visc_augment;
 
 typedef struct visc_dataset visc_dataset;
 struct visc_dataset {
     int64_t size;
     int channels, height, width, num_classes;
-    /* Writes sample idx as normalized CHW floats into out, its label into
+    int views; /* augmented views get() writes per sample, one after another (SSL: 2); 0 or 1: one
+                */
+    /* Writes sample idx as normalized CHW floats into out (views x C x H x W
+     * for multi-view datasets), its label into
      * *label. train = 1 applies the random augmentation drawn from
      * (seed, epoch, idx); train = 0 only normalizes. Returns 0, or -1 with
      * visc_last_error() set. Safe to call from several threads at once. */
@@ -43,6 +47,10 @@ struct visc_dataset {
 visc_dataset *visc_dataset_from_memory(uint8_t *images, int32_t *labels, int64_t n, int c, int h,
                                        int w, int num_classes);
 void visc_dataset_free(visc_dataset *ds);
+/* Makes an in-memory dataset deliver its images centred on a zero-padded
+ * size x size canvas (as torchvision's Pad before ToTensor): Fashion-MNIST's
+ * 28 px for models that want 32. size must be >= the image size. */
+int visc_dataset_pad_to(visc_dataset *ds, int size);
 
 /* ---- idx.c ---- */
 /* Loads images (idx3 ubyte) and labels (idx1 ubyte), gzip-compressed or not. */
@@ -77,7 +85,8 @@ void visc_augment_draw(const visc_augment *aug, uint64_t seed, int64_t epoch, in
                        int *dx, int *flip);
 /* The deterministic part: crop at (dy, dx) of the image zero-padded by
  * aug->pad_crop, mirror if flip, normalize. dy = dx = pad_crop, flip = 0
- * is plain normalization. */
+ * is plain normalization. With aug->pad_to > h (or w) the image is first
+ * centred on a pad_to canvas (offset (pad_to - h) / 2) and out is that size. */
 void visc_augment_apply_at(const visc_augment *aug, const uint8_t *img, int c, int h, int w, int dy,
                            int dx, int flip, float *out);
 

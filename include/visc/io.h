@@ -2,6 +2,7 @@
  *
  * safetensors.c  read (mmap, validated) and write (atomic) safetensors files
  * json.c         the strict JSON reader under it (visc/json.h)
+ * checksum.c     CRC-32 of buffers of any size (pack and scan-cache indexes)
  * atomic.c       write-temp + fsync + rename + fsync(dir): no half-written file
  * tensorboard.c  TensorBoard event files (events.out.tfevents.*) with scalars
  * config.c       INI-style config files ("key = value", [section] prefixes)
@@ -15,6 +16,11 @@
 #include <stdint.h>
 
 #include "table.h"
+
+/* ---- checksum.c ---- */
+/* zlib's CRC-32 of a buffer of any size (zlib takes uInt lengths, so a large
+ * buffer goes in pieces). */
+uint32_t visc_crc32(const uint8_t *buf, size_t size);
 
 /* ---- atomic.c ---- */
 /* Writes the concatenation of parts to path atomically. */

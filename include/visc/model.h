@@ -25,16 +25,24 @@ typedef struct {
     int small_stem;         /* 3x3 stride-1 stem conv, no max-pool (28-32 px data) */
     int zero_init_residual; /* last BN gamma of each residual branch starts at 0 */
     int width;              /* base width override (0: the architecture's own, 64 for ResNets) */
+    /* Regularization inside the model (transformers; 0 = off). Drop-path
+     * rates grow linearly with depth up to drop_path, as timm's. */
+    float drop_rate;      /* dropout before the classifier head (timm 0.9's drop_rate) */
+    float drop_path_rate; /* stochastic depth at the last block */
 } visc_model_config;
 
 typedef struct visc_model visc_model;
 struct visc_model {
     visc_model_config cfg;
-    visc_table params;      /* trainable, state_dict names */
-    visc_table buffers;     /* running_mean / running_var, state_dict names */
-    float *grads;           /* params.total floats, laid out as params */
-    int64_t bn_updates;     /* num_batches_tracked of every BatchNorm (they are all equal) */
-    float *logits;          /* [batch, num_classes], valid after forward */
+    visc_table params;  /* trainable, state_dict names */
+    visc_table buffers; /* running_mean / running_var, state_dict names */
+    float *grads;       /* params.total floats, laid out as params */
+    int64_t bn_updates; /* num_batches_tracked of every BatchNorm (they are all equal) */
+    float *logits;      /* [batch, num_classes], valid after forward */
+    /* Seed of this step's dropout / drop-path masks: the trainer sets it
+     * before every training forward (from the run seed and the step), so
+     * masks are reproducible and a resumed run draws the same ones. */
+    uint64_t noise_seed;
     double flops_per_image; /* forward FLOPs (2 x multiply-adds) of one image */
     /* BatchNorm layer names ("layer1.0.bn1"): checkpoints write each one's
      * num_batches_tracked (= bn_updates) as torchvision's state_dict has it. */
@@ -56,5 +64,15 @@ const char *const *visc_model_names(void);
 
 /* models/resnet.c */
 visc_model *visc_resnet_create(const visc_model_config *cfg, uint64_t seed);
+/* models/vit.c (vit_*, deit_*), models/cait.c (cait_*), models/swin.c
+ * (swin_*, swinv2_*): each adds its names to the registry when it lands. */
+visc_model *visc_vit_create(const visc_model_config *cfg, uint64_t seed);
+visc_model *visc_cait_create(const visc_model_config *cfg, uint64_t seed);
+visc_model *visc_swin_create(const visc_model_config *cfg, uint64_t seed);
+/* Fits a checkpoint's pos_embed (shape [1, tokens, C] of the file) to the
+ * model's grid by bicubic resampling (timm's resample_abs_pos_embed); for a
+ * loader meeting a pos_embed whose grid differs from the model's. */
+int visc_pos_embed_adapt(const visc_model *m, float *dst, const float *src, int ndim,
+                         const int64_t *shape);
 
 #endif

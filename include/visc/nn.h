@@ -128,4 +128,13 @@ void visc_softmax_xent_backward(float *dlogits, const float *probs, const int32_
 void visc_topk_correct(const float *logits, const int32_t *labels, int N, int K, int *top1,
                        int *top5);
 
+/* ---- loss_soft.c: cross-entropy with soft targets (Mixup / CutMix) ----
+ * timm's SoftTargetCrossEntropy: mean over the batch of sum_k -t_k
+ * log_softmax(x)_k, targets [N, K]. probs [N, K] is kept for backward. */
+float visc_softmax_xent_soft_forward(float *probs, const float *logits, const float *targets, int N,
+                                     int K);
+/* dlogits = (probs * sum_k t_k - t) / N (probs - t when rows sum to 1) */
+void visc_softmax_xent_soft_backward(float *dlogits, const float *probs, const float *targets,
+                                     int N, int K);
+
 #endif

@@ -15,6 +15,7 @@ enum {
     VISC_STREAM_SHUFFLE = 2, /* per-epoch permutation */
     VISC_STREAM_AUGMENT = 3, /* per-sample augmentation */
     VISC_STREAM_DROPOUT = 4, /* dropout / drop-path masks */
+    VISC_STREAM_MIXUP = 5,   /* per-step mixup / cutmix draws */
 };
 
 /* One Philox4x32-10 block: 128 random bits for (key, counter). */

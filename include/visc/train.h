@@ -12,14 +12,31 @@
 #include <stdio.h>
 
 #include "data.h"
+#include "loader.h"
 #include "model.h"
 #include "optim.h"
 
 typedef struct {
     /* data */
-    char dataset[32];   /* fashion-mnist | mnist | cifar10 */
-    char data_dir[512]; /* "" = the dataset's default location */
+    char dataset[32];   /* fashion-mnist | mnist | cifar10 (in-memory formats) */
+    char data_dir[512]; /* "" = the dataset's default location; or an image data spec
+                           (imagefolder:/p, imagenet:/p, flat:/p, pack:/p) */
+    char val_data[512]; /* image data: the validation spec ("" = the split beside --data) */
     int pad_crop, hflip;
+    /* image data: the augmentation recipe (transforms.h), timm's flag names */
+    char aug[16];              /* torchvision | timm | mocov2 | simclr (default torchvision) */
+    char interp[16];           /* bilinear | bicubic | nearest ("" = the recipe's) */
+    char scale[32], ratio[32]; /* RandomResizedCrop ranges "lo,hi" ("" = the recipe's) */
+    char aa[64];               /* RandAugment spec, e.g. rand-m9-mstd0.5-inc1 ("" = the recipe's) */
+    float color_jitter;        /* ColorJitter strength (brightness = contrast = saturation) */
+    float reprob;              /* RandomErasing probability (-1 = the recipe's) */
+    float crop_pct;            /* eval Resize(size / crop_pct) + CenterCrop(size) */
+    int fast_decode;           /* decode only the crop, DCT-downscaled */
+    int subset;                /* keep N images per class (0: all) */
+    int workers;               /* loader threads (0: cores) */
+    char on_bad_image[8];      /* skip | error */
+    /* batch-level mixing (timm's Mixup) */
+    float mixup, cutmix, mixup_prob, mixup_switch_prob;
     /* model */
     visc_model_config model;
     /* optimization */
@@ -54,12 +71,22 @@ int visc_evaluate(visc_model *m, const visc_dataset *ds, const visc_augment *aug
 /* ---- datasets.c ---- */
 /* Opens the train or test split of a named dataset; NULL with an error. */
 visc_dataset *visc_open_dataset(const char *name, const char *dir, int train, visc_augment *aug);
+/* 1 when --data names image files (imagefolder:, imagenet:, flat:, pack:,
+ * or a folder holding a pack's index.bin) rather than an in-memory format. */
+int visc_is_image_data(const char *data);
+/* Opens the train (train = 1) or validation split of image data with the
+ * recipe of the config (--aug and its overrides; eval: Resize + CenterCrop
+ * with --crop-pct) at `size` px. tc and pl are filled and must outlive the
+ * dataset. NULL with an error. */
+visc_dataset *visc_open_image_data(const visc_train_config *c, int train, int size,
+                                   visc_transform_config *tc, visc_sample_pipeline *pl);
 
 /* ---- checkpoint.c ---- */
 typedef struct {
     int64_t epoch;         /* epochs completed */
     int64_t step;          /* global optimizer steps completed */
     int64_t step_in_epoch; /* batches of `epoch` already consumed (mid-epoch resume) */
+    int64_t sample_pos;    /* the loader's cursor after them (bad samples skipped) */
     double best_top1;
 } visc_train_state;
 

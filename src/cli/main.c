@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "options.h"
+#include "pack.h"
 #include "plot.h"
 #include "visc/model.h"
 #include "visc/train.h"
@@ -12,6 +13,7 @@ static void usage(FILE *f) {
           "commands:\n"
           "  train     train (or with --evaluate, evaluate) a model\n"
           "  plot      draw a run's curves (loss, accuracy, LR) as a PNG\n"
+          "  pack      pack an image folder into shards (fast loading)\n"
           "  models    list the architectures\n"
           "  version   print the version\n\n"
           "`visc train --help` lists the training options.\n",
@@ -40,6 +42,7 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
     if (strcmp(cmd, "plot") == 0) return visc_cmd_plot(argc - 2, argv + 2);
+    if (strcmp(cmd, "pack") == 0) return visc_cmd_pack(argc - 2, argv + 2);
     if (strcmp(cmd, "models") == 0) {
         for (const char *const *n = visc_model_names(); *n; n++) puts(*n);
         return 0;

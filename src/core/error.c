@@ -2,16 +2,21 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "visc/core.h"
 
 static _Thread_local char last_error[512];
 
 int visc_set_error(const char *fmt, ...) {
+    /* Formatted apart first: callers often prefix the previous message,
+     * visc_set_error("%s: %s", path, visc_last_error()). */
+    char text[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
+    memcpy(last_error, text, sizeof text);
     return -1;
 }
 

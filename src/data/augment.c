@@ -27,7 +27,7 @@
 #include "visc/data.h"
 #include "visc/rng.h"
 
-static const visc_augment no_augment = {0, 0, {0, 0, 0}, {1, 1, 1}};
+static const visc_augment no_augment = {0, 0, {0, 0, 0}, {1, 1, 1}, 0};
 
 void visc_augment_draw(const visc_augment *aug, uint64_t seed, int64_t epoch, int64_t idx, int *dy,
                        int *dx, int *flip) {
@@ -45,35 +45,38 @@ void visc_augment_apply_at(const visc_augment *aug, const uint8_t *img, int c, i
                            int dx, int flip, float *out) {
     if (!aug) aug = &no_augment;
     int p = aug->pad_crop > 0 ? aug->pad_crop : 0;
+    /* The output canvas and where the image sits on it (pad_to). */
+    int oh = aug->pad_to > h ? aug->pad_to : h, ow = aug->pad_to > w ? aug->pad_to : w;
+    int top = (oh - h) / 2, left = (ow - w) / 2;
     /* Shift of the window relative to the unpadded image. */
-    int oy = dy - p, ox = dx - p;
+    int oy = dy - p - top, ox = dx - p - left;
     for (int ch = 0; ch < c; ch++) {
         int k = ch < 2 ? ch : 2;
         float mean = aug->mean[k], std = aug->std[k] != 0 ? aug->std[k] : 1.0f;
         float zero = (0.0f - mean) / std; /* a padded pixel */
         const uint8_t *src = img + (size_t)ch * h * w;
-        float *dst = out + (size_t)ch * h * w;
+        float *dst = out + (size_t)ch * oh * ow;
         /* Output columns x whose source column lies inside the image; with
-         * flip the source column is w - 1 - x + ox. */
-        int x0 = flip ? ox : -ox, x1 = flip ? w + ox : w - ox;
+         * flip the source column is ow - 1 - x + ox, else x + ox. */
+        int x0 = flip ? ow - w + ox : -ox, x1 = flip ? ow + ox : w - ox;
         if (x0 < 0) x0 = 0;
-        if (x1 > w) x1 = w;
-        for (int y = 0; y < h; y++) {
-            float *row = dst + (size_t)y * w;
+        if (x1 > ow) x1 = ow;
+        for (int y = 0; y < oh; y++) {
+            float *row = dst + (size_t)y * ow;
             int sy = y + oy;
             if (sy < 0 || sy >= h || x0 >= x1) {
-                for (int x = 0; x < w; x++) row[x] = zero;
+                for (int x = 0; x < ow; x++) row[x] = zero;
                 continue;
             }
             const uint8_t *srow = src + (size_t)sy * w;
             for (int x = 0; x < x0; x++) row[x] = zero;
             if (flip) {
                 for (int x = x0; x < x1; x++)
-                    row[x] = ((float)srow[w - 1 - x + ox] / 255.0f - mean) / std;
+                    row[x] = ((float)srow[ow - 1 - x + ox] / 255.0f - mean) / std;
             } else {
                 for (int x = x0; x < x1; x++) row[x] = ((float)srow[x + ox] / 255.0f - mean) / std;
             }
-            for (int x = x1; x < w; x++) row[x] = zero;
+            for (int x = x1; x < ow; x++) row[x] = zero;
         }
     }
 }

@@ -13,6 +13,8 @@ typedef struct {
     uint8_t *images;
     int32_t *labels;
     size_t sample_bytes; /* c * h * w */
+    int h, w;            /* stored image size; ds->height/width may be padded (pad_to) */
+    int pad_to;
 } memory_impl;
 
 static int memory_get(const visc_dataset *ds, int64_t idx, const visc_augment *aug, int train,
@@ -21,8 +23,14 @@ static int memory_get(const visc_dataset *ds, int64_t idx, const visc_augment *a
     if (idx < 0 || idx >= ds->size)
         return visc_set_error("sample index %lld out of range 0..%lld", (long long)idx,
                               (long long)ds->size - 1);
-    visc_augment_apply(aug, m->images + (size_t)idx * m->sample_bytes, ds->channels, ds->height,
-                       ds->width, train, seed, epoch, idx, out);
+    visc_augment padded;
+    if (m->pad_to) {
+        padded = aug ? *aug : (visc_augment){0, 0, {0, 0, 0}, {1, 1, 1}, 0};
+        padded.pad_to = m->pad_to;
+        aug = &padded;
+    }
+    visc_augment_apply(aug, m->images + (size_t)idx * m->sample_bytes, ds->channels, m->h, m->w,
+                       train, seed, epoch, idx, out);
     *label = m->labels[idx];
     return 0;
 }
@@ -41,6 +49,9 @@ visc_dataset *visc_dataset_from_memory(uint8_t *images, int32_t *labels, int64_t
     m->images = images;
     m->labels = labels;
     m->sample_bytes = (size_t)c * h * w;
+    m->h = h;
+    m->w = w;
+    m->pad_to = 0;
     visc_dataset *ds = visc_calloc(1, sizeof *ds, "dataset");
     ds->size = n;
     ds->channels = c;
@@ -51,6 +62,17 @@ visc_dataset *visc_dataset_from_memory(uint8_t *images, int32_t *labels, int64_t
     ds->destroy = memory_destroy;
     ds->impl = m;
     return ds;
+}
+
+int visc_dataset_pad_to(visc_dataset *ds, int size) {
+    if (ds->get != memory_get)
+        return visc_set_error("padding to %d px is only for in-memory datasets", size);
+    memory_impl *m = ds->impl;
+    if (size < m->h || size < m->w)
+        return visc_set_error("cannot pad %dx%d images to %d px (smaller)", m->h, m->w, size);
+    m->pad_to = size;
+    ds->height = ds->width = size;
+    return 0;
 }
 
 void visc_dataset_free(visc_dataset *ds) {

@@ -45,23 +45,55 @@ static int is_model_key(const visc_model *m, const char *name) {
     return 0;
 }
 
-static int load_table(visc_table *t, const visc_safetensors *st, const char *path) {
+/* "[2x3x4]" */
+static void shape_text(char *out, size_t n, int ndim, const int64_t *shape) {
+    out[0] = 0;
+    for (int d = 0; d < ndim; d++)
+        snprintf(out + strlen(out), n - strlen(out), "%s%lld", d ? "x" : "", (long long)shape[d]);
+}
+
+/* A learned position embedding stored for another resolution: fitted to
+ * the model's grid as timm's checkpoint_filter_fn does (the model knows its
+ * prefix tokens; visc_pos_embed_adapt). 1: done, 0: not applicable, -1: error. */
+static int load_resampled_pos_embed(const visc_model *m, const visc_tensor_entry *e,
+                                    const visc_st_tensor *s, const visc_safetensors *st,
+                                    float *dst) {
+    if (strcmp(e->name, "pos_embed") != 0 || visc_table_find(&m->params, e->name) < 0) return 0;
+    size_t numel = 1;
+    for (int d = 0; d < s->ndim; d++) numel *= (size_t)s->shape[d];
+    float *old = visc_malloc(numel * sizeof(float), "position embedding");
+    int rc = visc_safetensors_read_f32(st, e->name, old, numel) ||
+             visc_pos_embed_adapt(m, dst, old, s->ndim, s->shape);
+    free(old);
+    return rc ? -1 : 1;
+}
+
+/* Appends name to a comma-separated list shown in an error (first few). */
+static void list_add(char *list, size_t n, int *count, const char *name) {
+    if (*count < 4)
+        snprintf(list + strlen(list), n - strlen(list), "%s%s", *count ? ", " : "", name);
+    else if (*count == 4) snprintf(list + strlen(list), n - strlen(list), ", ...");
+    (*count)++;
+}
+
+static int load_table(const visc_model *m, visc_table *t, const visc_safetensors *st,
+                      const char *path, char *missing, size_t missing_size, int *num_missing) {
     for (int i = 0; i < t->count; i++) {
         const visc_tensor_entry *e = &t->entries[i];
         const visc_st_tensor *s = visc_safetensors_find(st, e->name);
-        if (!s)
-            return visc_set_error("%s: missing tensor '%s' (not a checkpoint of this model?)", path,
-                                  e->name);
+        if (!s) {
+            list_add(missing, missing_size, num_missing, e->name);
+            continue;
+        }
         int same = s->ndim == e->ndim;
         for (int d = 0; same && d < e->ndim; d++) same = s->shape[d] == e->shape[d];
         if (!same) {
-            char want[64] = "", got[64] = "";
-            for (int d = 0; d < e->ndim; d++)
-                snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? "x" : "",
-                         (long long)e->shape[d]);
-            for (int d = 0; d < s->ndim; d++)
-                snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? "x" : "",
-                         (long long)s->shape[d]);
+            int r = load_resampled_pos_embed(m, e, s, st, visc_table_get(t, i));
+            if (r < 0) return visc_set_error("%s: %s", path, visc_last_error());
+            if (r == 1) continue;
+            char want[64], got[64];
+            shape_text(want, sizeof want, e->ndim, e->shape);
+            shape_text(got, sizeof got, s->ndim, s->shape);
             return visc_set_error("%s: tensor '%s' has shape [%s], the model needs [%s]", path,
                                   e->name, got, want);
         }
@@ -70,21 +102,35 @@ static int load_table(visc_table *t, const visc_safetensors *st, const char *pat
     return 0;
 }
 
+/* Loads every model tensor; a file that lacks some, or (strict) has tensors
+ * the model does not know, is refused with the lists of both, the way
+ * torch's load_state_dict reports missing and unexpected keys. */
 static int load_model_from(visc_model *m, const visc_safetensors *st, const char *path,
                            int strict) {
-    if (load_table(&m->params, st, path) || load_table(&m->buffers, st, path)) return -1;
+    char missing[512] = "", unexpected[512] = "";
+    int num_missing = 0, num_unexpected = 0;
+    if (load_table(m, &m->params, st, path, missing, sizeof missing, &num_missing) ||
+        load_table(m, &m->buffers, st, path, missing, sizeof missing, &num_missing))
+        return -1;
+    if (strict)
+        for (int i = 0; i < st->count; i++)
+            if (!is_model_key(m, st->tensors[i].name))
+                list_add(unexpected, sizeof unexpected, &num_unexpected, st->tensors[i].name);
+    if (num_missing || num_unexpected) {
+        char detail[1100] = "";
+        if (num_missing) snprintf(detail, sizeof detail, "%d missing (%s)", num_missing, missing);
+        if (num_unexpected)
+            snprintf(detail + strlen(detail), sizeof detail - strlen(detail),
+                     "%s%d unexpected (%s)", num_missing ? ", " : "", num_unexpected, unexpected);
+        return visc_set_error("%s: not a checkpoint of model %s: %s tensors", path, m->cfg.arch,
+                              detail);
+    }
     if (m->num_bn > 0) {
         char key[VISC_MAX_NAME + 32];
         snprintf(key, sizeof key, "%s.num_batches_tracked", m->bn_names[0]);
         float count = 0;
         if (visc_safetensors_find(st, key) && visc_safetensors_read_f32(st, key, &count, 1) == 0)
             m->bn_updates = (int64_t)count;
-    }
-    if (strict) {
-        for (int i = 0; i < st->count; i++)
-            if (!is_model_key(m, st->tensors[i].name))
-                return visc_set_error("%s: unexpected tensor '%s' for model %s", path,
-                                      st->tensors[i].name, m->cfg.arch);
     }
     return 0;
 }
@@ -120,9 +166,10 @@ int visc_save_checkpoint(const visc_model *m, const visc_optimizer *o, const flo
     char state[512];
     snprintf(state, sizeof state,
              "{\"epoch\":%" PRId64 ",\"step\":%" PRId64 ",\"step_in_epoch\":%" PRId64
+             ",\"sample_pos\":%" PRId64
              ",\"best_top1\":%.17g,\"optimizer\":\"%s\",\"optimizer_steps\":%" PRId64 "}",
-             s->epoch, s->step, s->step_in_epoch, s->best_top1, visc_opt_kind_name(o->cfg.kind),
-             o->step);
+             s->epoch, s->step, s->step_in_epoch, s->sample_pos, s->best_top1,
+             visc_opt_kind_name(o->cfg.kind), o->step);
     visc_st_writer_meta(w, "visc_train_state", state);
     if (config_text) visc_st_writer_meta(w, "visc_config", config_text);
     int rc = visc_st_writer_save(w, path);
@@ -197,6 +244,9 @@ int visc_load_checkpoint(visc_model *m, visc_optimizer *o, float *ema_params, fl
     s->epoch = (int64_t)epoch;
     s->step = (int64_t)step;
     s->step_in_epoch = (int64_t)in_epoch;
+    /* The loader cursor (older checkpoints: none, i.e. no skipped samples). */
+    double pos;
+    s->sample_pos = json_number(state, "sample_pos", &pos) == 0 ? (int64_t)pos : -1;
     s->best_top1 = best;
     o->step = (int64_t)opt_steps;
     rc = 0;

@@ -1,10 +1,14 @@
 /* evaluate.c: validation loss and top-1/top-5 accuracy over a whole dataset.
- * The model is planned for one batch size; the last partial batch is padded
- * with copies of its first sample and only its real rows are counted
- * (eval-mode BatchNorm is per-sample, so padding changes nothing). */
+ * Batches come from the loader in dataset order (no shuffle, no drop_last,
+ * train = 0: no augmentation). The model is planned for one batch size; the
+ * last partial batch is padded with copies of its first sample and only its
+ * real rows are counted (eval-mode layers are per-sample, so padding changes
+ * nothing). Unusable images are skipped and counted, as in training. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "visc/loader.h"
 #include "visc/nn.h"
 #include "visc/train.h"
 
@@ -12,34 +16,35 @@ int visc_evaluate(visc_model *m, const visc_dataset *ds, const visc_augment *aug
                   visc_eval_result *out) {
     int B = m->cfg.batch, K = m->cfg.num_classes;
     size_t sample = (size_t)ds->channels * ds->height * ds->width;
-    float *x = visc_alloc_aligned((size_t)B * sample * sizeof(float), "eval batch");
+    visc_loader_config lc = {.batch_size = B, .train = 0, .on_bad = VISC_ON_BAD_SKIP};
+    if (aug) lc.aug = *aug;
+    visc_loader *l = visc_loader_new(ds, &lc);
+    if (!l) return -1;
     float *probs = visc_alloc_aligned((size_t)B * K * sizeof(float), "eval probabilities");
-    int32_t *y = visc_malloc((size_t)B * sizeof *y, "eval labels");
-    int64_t *order = visc_malloc((size_t)B * sizeof *order, "eval order");
     double loss_sum = 0;
-    int64_t top1 = 0, top5 = 0;
-    int rc = 0;
-    for (int64_t start = 0; start < ds->size; start += B) {
-        int n = ds->size - start < B ? (int)(ds->size - start) : B;
-        for (int i = 0; i < B; i++) order[i] = start + (i < n ? i : 0);
-        if (visc_make_batch(ds, order, B, aug, 0, 0, 0, x, y)) {
-            rc = -1;
-            break;
-        }
-        m->forward(m, x, 0);
-        loss_sum += (double)visc_softmax_xent_forward(probs, m->logits, y, n, K, smoothing) * n;
+    int64_t top1 = 0, top5 = 0, count = 0;
+    int rc = visc_loader_start(l, 0, 0, -1);
+    visc_batch b;
+    while (rc == 0 && (rc = visc_loader_next(l, &b)) == 1) {
+        int n = b.count;
+        for (int i = n; i < B; i++) memcpy(b.x + i * sample, b.x, sample * sizeof(float));
+        m->forward(m, b.x, 0);
+        loss_sum += (double)visc_softmax_xent_forward(probs, m->logits, b.y, n, K, smoothing) * n;
         int c1, c5;
-        visc_topk_correct(m->logits, y, n, K, &c1, &c5);
+        visc_topk_correct(m->logits, b.y, n, K, &c1, &c5);
         top1 += c1;
         top5 += c5;
+        count += n;
+        rc = 0;
     }
-    out->count = ds->size;
-    out->loss = ds->size ? loss_sum / ds->size : 0;
-    out->top1 = ds->size ? 100.0 * top1 / ds->size : 0;
-    out->top5 = ds->size ? 100.0 * top5 / ds->size : 0;
-    visc_free_aligned(x);
+    if (rc == 0 && visc_loader_bad_count(l) > 0)
+        fprintf(stderr, "visc: warning: evaluation skipped %lld unusable image(s) (first: %s)\n",
+                (long long)visc_loader_bad_count(l), visc_loader_bad_message(l, 0));
+    out->count = count;
+    out->loss = count ? loss_sum / count : 0;
+    out->top1 = count ? 100.0 * top1 / count : 0;
+    out->top5 = count ? 100.0 * top5 / count : 0;
     visc_free_aligned(probs);
-    free(y);
-    free(order);
-    return rc;
+    visc_loader_free(l);
+    return rc < 0 ? -1 : 0;
 }

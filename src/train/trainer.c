@@ -14,9 +14,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "visc/autoaug.h"
 #include "visc/io.h"
 #include "visc/nn.h"
 #include "visc/plot.h"
+#include "visc/rng.h"
 #include "visc/train.h"
 
 void visc_train_config_defaults(visc_train_config *c) {
@@ -40,6 +42,12 @@ void visc_train_config_defaults(visc_train_config *c) {
     c->lr_step_epochs = 30;
     c->seed = 0;
     c->print_freq = 50;
+    snprintf(c->aug, sizeof c->aug, "torchvision");
+    c->reprob = -1;
+    c->crop_pct = 0.875f;
+    snprintf(c->on_bad_image, sizeof c->on_bad_image, "skip");
+    c->mixup_prob = 1.0f;
+    c->mixup_switch_prob = 0.5f;
     snprintf(c->output, sizeof c->output, "runs/train");
 }
 
@@ -50,10 +58,14 @@ typedef struct {
     visc_optimizer opt;
     visc_schedule sched;
     visc_dataset *train, *val;
-    visc_augment aug;
-    int64_t *order;
-    float *x, *probs, *dlogits, *ema_params, *ema_buffers;
-    int32_t *y;
+    visc_augment aug;                /* in-memory data: crop / flip / normalization */
+    visc_transform_config recipe[2]; /* image data: train, eval */
+    visc_sample_pipeline pipeline[2];
+    visc_loader *loader; /* the training batches, prefetched */
+    visc_mixup mixup;    /* batch mixing (mixup / cutmix) when use_mixup */
+    int use_mixup;
+    float *targets; /* [B, K] soft targets of a mixed batch */
+    float *probs, *dlogits, *ema_params, *ema_buffers;
     int64_t steps_per_epoch;
     visc_train_state state;
     visc_tb_writer *tb;
@@ -61,22 +73,42 @@ typedef struct {
     char *config_text;
 } trainer;
 
-/* One optimizer step on the batch order[0..B-1]: data, forward, loss,
- * backward, clip, update, EMA. Returns the loss; counts correct top-1. */
-static float train_step(trainer *t, const int64_t *batch_order, int *top1, float *lr_out) {
+/* One optimizer step on one batch: mixing, forward, loss, backward, clip,
+ * update, EMA. Returns the loss; counts correct top-1. A short batch (the
+ * loader ran out of good samples) fills its tail with copies of the first
+ * sample and gives those rows no gradient. */
+static float train_step(trainer *t, const visc_batch *batch, int *top1, float *lr_out) {
     const visc_train_config *c = t->c;
     visc_model *m = t->model;
-    int B = c->batch_size, K = m->cfg.num_classes;
+    int B = c->batch_size, K = m->cfg.num_classes, n = batch->count;
+    size_t sample = (size_t)m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
+    float *x = batch->x;
+    for (int b = n; b < B; b++) memcpy(x + b * sample, x, sample * sizeof(float));
 
-    if (visc_make_batch(t->train, batch_order, B, &t->aug, 1, c->seed, t->state.epoch, t->x, t->y))
-        visc_die("%s", visc_last_error());
+    if (t->use_mixup) {
+        /* One draw per step from its own stream: resumable like the rest. */
+        visc_rng r = visc_rng_make(c->seed, VISC_STREAM_MIXUP, (uint64_t)t->state.step);
+        visc_mixup_apply(&t->mixup, &r, x, n & ~1, m->cfg.in_channels, m->cfg.image_size,
+                         m->cfg.image_size, batch->y, t->targets);
+    }
+    /* This step's dropout / drop-path masks: a pure function of (seed, step). */
+    uint32_t key[4];
+    visc_philox4x32(c->seed, VISC_STREAM_DROPOUT, (uint64_t)t->state.step, key);
+    m->noise_seed = (uint64_t)key[0] << 32 | key[1];
+    m->forward(m, x, 1);
 
-    m->forward(m, t->x, 1);
-    float loss = visc_softmax_xent_forward(t->probs, m->logits, t->y, B, K, c->label_smoothing);
+    float loss;
+    if (t->use_mixup) {
+        loss = visc_softmax_xent_soft_forward(t->probs, m->logits, t->targets, n & ~1, K);
+        visc_softmax_xent_soft_backward(t->dlogits, t->probs, t->targets, n & ~1, K);
+        n &= ~1; /* an odd last sample was not mixed: it gets no gradient */
+    } else {
+        loss = visc_softmax_xent_forward(t->probs, m->logits, batch->y, n, K, c->label_smoothing);
+        visc_softmax_xent_backward(t->dlogits, t->probs, batch->y, n, K, c->label_smoothing);
+    }
+    memset(t->dlogits + (size_t)n * K, 0, (size_t)(B - n) * K * sizeof(float));
     int top5;
-    visc_topk_correct(m->logits, t->y, B, K, top1, &top5);
-
-    visc_softmax_xent_backward(t->dlogits, t->probs, t->y, B, K, c->label_smoothing);
+    visc_topk_correct(m->logits, batch->y, batch->count, K, top1, &top5);
     m->backward(m, t->dlogits);
 
     if (c->clip_grad > 0) visc_clip_grad_norm(m->grads, m->params.total, c->clip_grad);
@@ -161,24 +193,64 @@ static int evaluate_ema(trainer *t, visc_eval_result *r) {
     return rc;
 }
 
+/* A JSON string literal: quotes, backslashes and control bytes escaped. */
+static void write_json_string(FILE *f, const char *text) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++) {
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+        else fputc(*p, f);
+    }
+    fputc('"', f);
+}
+
+/* Images the loader skipped this epoch: a count on the terminal, every
+ * name in the log. */
+static void report_bad_samples(trainer *t, int64_t epoch) {
+    int64_t n = visc_loader_bad_count(t->loader);
+    if (n == 0) return;
+    fprintf(stderr,
+            "visc: warning: epoch %lld skipped %lld unusable image%s (first: %s); all "
+            "names in %s/log.jsonl\n",
+            (long long)epoch + 1, (long long)n, n == 1 ? "" : "s",
+            visc_loader_bad_message(t->loader, 0), t->c->output);
+    for (int64_t i = 0; i < n && t->log; i++) {
+        fprintf(t->log, "{\"type\":\"bad_image\",\"epoch\":%lld,\"index\":%lld,\"error\":",
+                (long long)epoch + 1, (long long)visc_loader_bad_index(t->loader, i));
+        write_json_string(t->log, visc_loader_bad_message(t->loader, i));
+        fputs("}\n", t->log);
+    }
+    if (t->log) fflush(t->log);
+}
+
 static int run_epochs(trainer *t) {
     const visc_train_config *c = t->c;
     visc_model *m = t->model;
-    int B = c->batch_size;
     double flops_per_img = 3.0 * m->flops_per_image; /* forward + backward */
     while (t->state.epoch < c->epochs) {
         int64_t epoch = t->state.epoch;
-        visc_epoch_order(t->order, t->train->size, 1, c->seed, epoch);
+        /* Mid-epoch resume starts at the saved cursor (bad samples skipped
+         * before it make it differ from step_in_epoch * B). */
+        int64_t pos = t->state.step_in_epoch > 0 ? t->state.sample_pos : -1;
+        if (visc_loader_start(t->loader, epoch, t->state.step_in_epoch, pos)) return -1;
         visc_progress bar;
         char label[64];
         snprintf(label, sizeof label, "epoch %lld/%d", (long long)epoch + 1, c->epochs);
         visc_progress_begin(&bar, label, t->steps_per_epoch, !c->no_progress);
         double loss_sum = 0, t0 = visc_now(), window_t0 = t0;
-        int64_t correct = 0, seen = 0, window_imgs = 0;
+        int64_t correct = 0, seen = 0, window_imgs = 0, steps_done = 0;
         for (int64_t i = t->state.step_in_epoch; i < t->steps_per_epoch; i++) {
+            visc_batch batch;
+            int got = visc_loader_next(t->loader, &batch);
+            if (got < 0) {
+                visc_progress_end(&bar, NULL);
+                return -1;
+            }
+            if (got == 0) break; /* bad samples used up the end of the epoch */
             int top1;
             float lr;
-            float loss = train_step(t, t->order + i * B, &top1, &lr);
+            float loss = train_step(t, &batch, &top1, &lr);
+            t->state.sample_pos = batch.next_pos;
             if (!isfinite(loss)) {
                 visc_progress_end(&bar, NULL);
                 return visc_set_error("loss is %f at step %lld (epoch %lld): training diverged; "
@@ -186,27 +258,28 @@ static int run_epochs(trainer *t) {
                                       (double)loss, (long long)t->state.step, (long long)epoch + 1);
             }
             t->state.step_in_epoch = i + 1;
+            steps_done++;
             loss_sum += loss;
             correct += top1;
-            seen += B;
-            window_imgs += B;
+            seen += batch.count;
+            window_imgs += batch.count;
             int64_t done = i + 1;
             if ((c->print_freq > 0 && done % c->print_freq == 0) || done == t->steps_per_epoch) {
                 double now = visc_now(), ips = window_imgs / (now - window_t0);
                 char stats[160];
                 snprintf(stats, sizeof stats,
                          "loss %.4f acc %.2f%% lr %.4g %.0f img/s %.1f GFLOP/s",
-                         loss_sum / (seen / B), 100.0 * correct / seen, lr, ips,
+                         loss_sum / steps_done, 100.0 * correct / seen, lr, ips,
                          ips * flops_per_img * 1e-9);
                 visc_progress_update(&bar, done, stats);
                 log_json(t,
                          "{\"type\":\"train\",\"epoch\":%lld,\"step\":%lld,\"loss\":%.6f,"
                          "\"top1\":%.4f,\"lr\":%.6g,\"img_per_s\":%.1f}",
-                         (long long)epoch + 1, (long long)t->state.step, loss_sum / (seen / B),
+                         (long long)epoch + 1, (long long)t->state.step, loss_sum / steps_done,
                          100.0 * correct / seen, lr, ips);
                 if (t->tb) {
                     visc_tb_scalar(t->tb, "train/loss", t->state.step,
-                                   (float)(loss_sum / (seen / B)));
+                                   (float)(loss_sum / steps_done));
                     visc_tb_scalar(t->tb, "train/top1", t->state.step,
                                    (float)(100.0 * correct / seen));
                     visc_tb_scalar(t->tb, "train/lr", t->state.step, lr);
@@ -222,6 +295,7 @@ static int run_epochs(trainer *t) {
             }
         }
         double train_time = visc_now() - t0;
+        report_bad_samples(t, epoch);
         visc_eval_result r;
         if (visc_evaluate(m, t->val, &t->aug, c->label_smoothing, &r)) return -1;
         t->state.epoch++;
@@ -231,7 +305,7 @@ static int run_epochs(trainer *t) {
         char summary[256];
         snprintf(summary, sizeof summary,
                  "train loss %.4f acc %.2f%% | val loss %.4f top1 %.2f%% top5 %.2f%% | %.0fs",
-                 seen ? loss_sum / (seen / B) : 0.0, seen ? 100.0 * correct / seen : 0.0, r.loss,
+                 seen ? loss_sum / steps_done : 0.0, seen ? 100.0 * correct / seen : 0.0, r.loss,
                  r.top1, r.top5, train_time);
         visc_progress_end(&bar, summary);
         log_json(t,
@@ -267,11 +341,13 @@ static char *describe_config(const visc_train_config *c, const visc_model *m) {
              "{\"model\":\"%s\",\"dataset\":\"%s\",\"num_classes\":%d,\"in_channels\":%d,"
              "\"image_size\":%d,\"small_stem\":%d,\"width\":%d,\"epochs\":%d,\"batch_size\":%d,"
              "\"opt\":\"%s\",\"sched\":\"%s\",\"lr\":%g,\"momentum\":%g,\"weight_decay\":%g,"
-             "\"nesterov\":%d,\"label_smoothing\":%g,\"seed\":%llu}",
+             "\"nesterov\":%d,\"label_smoothing\":%g,\"drop_rate\":%g,\"drop_path_rate\":%g,"
+             "\"seed\":%llu}",
              m->cfg.arch, c->dataset, m->cfg.num_classes, m->cfg.in_channels, m->cfg.image_size,
              m->cfg.small_stem, m->cfg.width, c->epochs, c->batch_size, c->opt, c->sched,
              (double)c->lr, (double)c->momentum, (double)c->weight_decay, c->nesterov,
-             (double)c->label_smoothing, (unsigned long long)c->seed);
+             (double)c->label_smoothing, (double)m->cfg.drop_rate, (double)m->cfg.drop_path_rate,
+             (unsigned long long)c->seed);
     return s;
 }
 
@@ -280,11 +356,11 @@ static void trainer_free(trainer *t) {
     if (t->log) fclose(t->log);
     visc_optimizer_free(&t->opt);
     if (t->model) visc_model_destroy(t->model);
+    visc_loader_free(t->loader);
+    t->loader = NULL;
     if (t->train) visc_dataset_free(t->train);
     if (t->val) visc_dataset_free(t->val);
-    free(t->order);
-    visc_free_aligned(t->x);
-    free(t->y);
+    visc_free_aligned(t->targets);
     visc_free_aligned(t->probs);
     visc_free_aligned(t->dlogits);
     visc_free_aligned(t->ema_params);
@@ -302,13 +378,55 @@ int visc_train(const visc_train_config *c) {
         visc_set_error("--batch-size must be >= 1 and --epochs >= 0");
         goto done;
     }
-    t.train = visc_open_dataset(c->dataset, c->data_dir, 1, &t.aug);
-    if (!t.train) goto done;
-    t.val = visc_open_dataset(c->dataset, c->data_dir, 0, &t.aug);
-    if (!t.val) goto done;
-    t.aug.pad_crop = c->pad_crop;
-    t.aug.hflip = c->hflip;
-    t.steps_per_epoch = t.train->size / c->batch_size; /* drop_last */
+    const char *data_name = c->dataset;
+    if (visc_is_image_data(c->data_dir)) {
+        /* image files: decoded and augmented per sample by the recipe */
+        int size = c->model.image_size > 0 ? c->model.image_size : 224;
+        data_name = c->data_dir;
+        t.train = visc_open_image_data(c, 1, size, &t.recipe[0], &t.pipeline[0]);
+        if (!t.train) goto done;
+        t.val = visc_open_image_data(c, 0, size, &t.recipe[1], &t.pipeline[1]);
+        if (!t.val) goto done;
+    } else {
+        t.train = visc_open_dataset(c->dataset, c->data_dir, 1, &t.aug);
+        if (!t.train) goto done;
+        t.val = visc_open_dataset(c->dataset, c->data_dir, 0, &t.aug);
+        if (!t.val) goto done;
+        t.aug.pad_crop = c->pad_crop;
+        t.aug.hflip = c->hflip;
+        /* --input-size larger than the images: centre them on a zero canvas
+         * (Fashion-MNIST's 28 px for models that want 32). */
+        if (c->model.image_size > 0 && c->model.image_size != t.train->height) {
+            if (visc_dataset_pad_to(t.train, c->model.image_size) ||
+                visc_dataset_pad_to(t.val, c->model.image_size)) {
+                visc_set_error("--input-size %d: %s", c->model.image_size, visc_last_error());
+                goto done;
+            }
+        }
+    }
+    if (t.val->num_classes != t.train->num_classes) {
+        visc_set_error("the validation data has %d classes, the training data %d",
+                       t.val->num_classes, t.train->num_classes);
+        goto done;
+    }
+    visc_on_bad on_bad;
+    if (!strcmp(c->on_bad_image, "skip")) on_bad = VISC_ON_BAD_SKIP;
+    else if (!strcmp(c->on_bad_image, "error")) on_bad = VISC_ON_BAD_ERROR;
+    else {
+        visc_set_error("--on-bad-image: expected skip or error, got '%s'", c->on_bad_image);
+        goto done;
+    }
+    visc_loader_config lc = {.batch_size = c->batch_size,
+                             .workers = c->workers,
+                             .shuffle = 1,
+                             .drop_last = 1,
+                             .train = 1,
+                             .seed = c->seed,
+                             .aug = t.aug,
+                             .on_bad = on_bad};
+    t.loader = visc_loader_new(t.train, &lc);
+    if (!t.loader) goto done;
+    t.steps_per_epoch = visc_loader_batches(t.loader);
     if (t.steps_per_epoch < 1 && !c->evaluate) {
         visc_set_error("--batch-size %d is larger than the training set (%lld samples)",
                        c->batch_size, (long long)t.train->size);
@@ -343,10 +461,21 @@ int visc_train(const visc_train_config *c) {
     if (setup_schedule(&t)) goto done;
 
     int B = c->batch_size, K = mc.num_classes;
-    size_t xn = (size_t)B * mc.in_channels * mc.image_size * mc.image_size;
-    t.order = visc_malloc((size_t)t.train->size * sizeof *t.order, "epoch order");
-    t.x = visc_alloc_aligned(xn * sizeof(float), "input batch");
-    t.y = visc_malloc((size_t)B * sizeof *t.y, "labels");
+    if (c->mixup != 0 || c->cutmix != 0) {
+        t.mixup = visc_mixup_default(K);
+        t.mixup.mixup_alpha = c->mixup;
+        t.mixup.cutmix_alpha = c->cutmix;
+        t.mixup.prob = c->mixup_prob;
+        t.mixup.switch_prob = c->mixup_switch_prob;
+        t.mixup.label_smoothing = c->label_smoothing;
+        if (visc_mixup_validate(&t.mixup)) goto done;
+        if (B < 2) {
+            visc_set_error("--mixup/--cutmix need --batch-size >= 2");
+            goto done;
+        }
+        t.use_mixup = 1;
+        t.targets = visc_alloc_aligned((size_t)B * K * sizeof(float), "soft targets");
+    }
     t.probs = visc_alloc_aligned((size_t)B * K * sizeof(float), "probabilities");
     t.dlogits = visc_alloc_aligned((size_t)B * K * sizeof(float), "logit gradients");
     if (c->ema_decay > 0) {
@@ -375,7 +504,7 @@ int visc_train(const visc_train_config *c) {
         visc_eval_result r;
         if (visc_evaluate(m, t.val, &t.aug, c->label_smoothing, &r)) goto done;
         printf("evaluate %s on %s test set (%lld images): loss %.4f top1 %.2f%% top5 %.2f%%\n",
-               mc.arch, c->dataset, (long long)r.count, r.loss, r.top1, r.top5);
+               mc.arch, data_name, (long long)r.count, r.loss, r.top1, r.top5);
         rc = 0;
         goto done;
     }
@@ -393,7 +522,7 @@ int visc_train(const visc_train_config *c) {
     log_json(&t, "{\"type\":\"config\",\"config\":%s}", t.config_text);
     printf("training %s (%.2fM parameters, %.1f MFLOP/image forward) on %s: %lld train / %lld "
            "test images, %d epochs of %lld steps, batch %d, %d threads\n",
-           mc.arch, m->params.total / 1e6, m->flops_per_image / 1e6, c->dataset,
+           mc.arch, m->params.total / 1e6, m->flops_per_image / 1e6, data_name,
            (long long)t.train->size, (long long)t.val->size, c->epochs,
            (long long)t.steps_per_epoch, B, visc_num_threads());
     double t0 = visc_now();

@@ -1,0 +1,648 @@
+/* cait.c: CaiT, "Going deeper with Image Transformers" (Touvron et al.
+ * 2021), as timm 0.9.16 builds it, with timm's state_dict names.
+ *
+ * image -> Conv2d(patch 16) -> patch tokens + pos_embed (no class token
+ * yet) -> depth x LayerScaleBlock:
+ *     x += drop_path(gamma_1 * talking_heads_attn(norm1(x)))
+ *     x += drop_path(gamma_2 * mlp(norm2(x)))
+ * -> 2 x LayerScaleBlockClassAttn, where only the class token is updated:
+ *     u = [cls, x];  cls += gamma_1 * class_attn(norm1(u)) (query: cls only)
+ *                    cls += gamma_2 * mlp(norm2(cls))
+ * -> norm(cls) -> dropout(drop_rate) -> head.
+ *
+ * Talking-heads attention (Shazeer et al. 2020) mixes the heads' attention
+ * logits with proj_l before the softmax and the probabilities with proj_w
+ * after it, so the [B, H, T, T] matrices are materialized here (the fused
+ * attention of tokens.h cannot express the mixing); the class-attention
+ * blocks have a single query row and use the fused attention.
+ *
+ * Variants: cait_xxs24_224 (embed 192, 24 blocks, 4 heads) and cait_s24_224
+ * (384, 24, 8); patch 16, MLP ratio 4, LayerScale init 1e-5, LayerNorm eps
+ * 1e-6. cfg.image_size (0: 224) may be any multiple of 16. As in timm, every
+ * one of the 24 blocks uses the same drop-path rate (not a linear ramp) and
+ * the class-attention blocks none.
+ *
+ * Memory: per block the arena keeps norm outputs, qkv, the pre-softmax
+ * logits S and the probabilities P ([B, H, T, T] each), the attention and
+ * MLP outputs before LayerScale (LayerScale's gamma gradient needs them),
+ * fc1's output and the residual stream. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transformer_common.h"
+#include "visc/model.h"
+#include "visc/rng.h"
+#include "visc/tokens.h"
+
+typedef struct {
+    const char *name;
+    int embed, depth, heads;
+} cait_spec;
+
+static const cait_spec specs[] = {
+    {"cait_xxs24_224", 192, 24, 4},
+    {"cait_s24_224", 384, 24, 8},
+};
+
+enum { PATCH = 16, DEPTH_TOKEN_ONLY = 2 };
+
+typedef struct {
+    int gamma_1, gamma_2;
+    visc_tf_norm norm1, norm2;
+    visc_tf_linear qkv, proj, proj_l, proj_w;
+    visc_tf_mlp mlp;
+    const float *x;
+    float *ln1, *mean1, *rstd1, *qkv_out, *S, *Pr, *att, *a_out;
+    float *x_mid, *ln2, *mean2, *rstd2, *h, *m_out, *x_out, *keep1, *keep2;
+} cait_block;
+
+typedef struct {
+    int gamma_1, gamma_2;
+    visc_tf_norm norm1, norm2;
+    visc_tf_linear q, k, v, proj;
+    visc_tf_mlp mlp;
+    visc_attention attn;
+    const float *cls; /* class token in: [B, C] */
+    float *u, *ln1, *mean1, *rstd1, *q_in, *q_out, *k_out, *v_out, *att, *lse, *a_out;
+    float *cls_mid, *ln2, *mean2, *rstd2, *h, *m_out, *cls_out;
+} class_block;
+
+typedef struct {
+    int embed, depth, heads, tokens, hidden;
+    float scale;
+    visc_tf_patch_embed pe;
+    int cls_token, pos_embed;
+    cait_block *blocks;
+    class_block cblocks[DEPTH_TOKEN_ONLY];
+    visc_tf_norm norm;
+    visc_tf_linear head;
+    float *image, *conv_out, *x0, *cls0, *cls_mean, *cls_rstd, *feat, *feat_drop;
+    uint8_t *drop_mask;
+    int head_dropped;
+    /* scratch shared by all blocks */
+    float *branch, *hid, *dhid, *mix, *dmix, *dmix2;
+    float *dx, *dtmp, *dln, *datt, *dqkv, *dfeat, *dcls, *dcls_tmp, *du, *dk, *dv, *dq;
+    visc_arena arena;
+} cait;
+
+#define P(idx) visc_table_get(&m->params, (idx))
+#define G(idx) (m->grads + m->params.entries[(idx)].offset)
+
+/* ---- talking-heads attention on qkv rows [B, T, 3, H, D] ----
+ * S = scale q k^T            [B, H, T, T]   (kept)
+ * P = softmax(proj_l(S))     mixing over heads at every (i, j)  (kept)
+ * A = proj_w(P)              (scratch, recomputed in backward)
+ * out = A v                  [B, T, H, D] */
+
+typedef struct {
+    int B, H, T, D, C;
+    float scale;
+} th_dims;
+
+/* out[b, f, :] = bias[f] + sum_g W[f, g] in[b, g, :] over TT contiguous
+ * floats; transpose uses W[g, f] (the backward of the mix), bias NULL = 0. */
+static void th_mix(float *out, const float *in, const float *W, const float *bias, int B, int H,
+                   size_t TT, int transpose) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int f = 0; f < H; f++) {
+            float *o = out + ((size_t)b * H + f) * TT;
+            const float b0 = bias ? bias[f] : 0.0f;
+            for (size_t t = 0; t < TT; t++) o[t] = b0;
+            for (int g = 0; g < H; g++) {
+                const float w = transpose ? W[g * H + f] : W[f * H + g];
+                const float *x = in + ((size_t)b * H + g) * TT;
+                for (size_t t = 0; t < TT; t++) o[t] += w * x[t];
+            }
+        }
+}
+
+/* dW[f, g] = sum_b <dY[b, f], X[b, g]>, db[f] = sum_b sum dY[b, f] (double sums). */
+static void th_mix_grad(float *dW, float *db, const float *dY, const float *X, int B, int H,
+                        size_t TT) {
+#pragma omp parallel for schedule(static)
+    for (int fg = 0; fg < H * H + H; fg++) {
+        const int f = fg < H * H ? fg / H : fg - H * H, g = fg < H * H ? fg % H : -1;
+        double s = 0.0;
+        for (int b = 0; b < B; b++) {
+            const float *y = dY + ((size_t)b * H + f) * TT;
+            if (g >= 0) {
+                const float *x = X + ((size_t)b * H + g) * TT;
+#pragma omp simd reduction(+ : s)
+                for (size_t t = 0; t < TT; t++) s += (double)y[t] * x[t];
+            } else {
+#pragma omp simd reduction(+ : s)
+                for (size_t t = 0; t < TT; t++) s += y[t];
+            }
+        }
+        if (g >= 0) dW[f * H + g] = (float)s;
+        else db[f] = (float)s;
+    }
+}
+
+static const float *q_row(const float *qkv, const th_dims *d, int b, int i, int h) {
+    return qkv + ((size_t)b * d->T + i) * 3 * d->C + (size_t)h * d->D;
+}
+
+static void th_forward(visc_model *m, const cait_block *blk, float *scratch, const th_dims *d) {
+    const int B = d->B, H = d->H, T = d->T, D = d->D, C = d->C;
+    const size_t TT = (size_t)T * T;
+    const float *qkv = blk->qkv_out;
+    float *S = blk->S, *Pr = blk->Pr, *A = scratch;
+#pragma omp parallel for collapse(3) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < T; i++) {
+                const float *q = q_row(qkv, d, b, i, h);
+                float *row = S + (((size_t)b * H + h) * T + i) * T;
+                for (int j = 0; j < T; j++) {
+                    const float *k = q_row(qkv, d, b, j, h) + C;
+                    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+                    for (int e = 0; e < D; e++) s += q[e] * k[e];
+                    row[j] = d->scale * s;
+                }
+            }
+    th_mix(Pr, S, P(blk->proj_l.weight), P(blk->proj_l.bias), B, H, TT, 0);
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < (size_t)B * H * T; r++) {
+        float *row = Pr + r * T, mx = row[0], sum = 0.0f;
+        for (int j = 1; j < T; j++) mx = row[j] > mx ? row[j] : mx;
+        for (int j = 0; j < T; j++) sum += row[j] = expf(row[j] - mx);
+        const float inv = 1.0f / sum;
+        for (int j = 0; j < T; j++) row[j] *= inv;
+    }
+    th_mix(A, Pr, P(blk->proj_w.weight), P(blk->proj_w.bias), B, H, TT, 0);
+#pragma omp parallel for collapse(3) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int f = 0; f < H; f++)
+            for (int i = 0; i < T; i++) {
+                float *o = blk->att + ((size_t)b * T + i) * C + (size_t)f * D;
+                const float *a = A + (((size_t)b * H + f) * T + i) * T;
+                for (int e = 0; e < D; e++) o[e] = 0.0f;
+                for (int j = 0; j < T; j++) {
+                    const float *v = q_row(qkv, d, b, j, f) + 2 * C, w = a[j];
+                    for (int e = 0; e < D; e++) o[e] += w * v[e];
+                }
+            }
+}
+
+/* datt [B, T, C] -> dqkv [B, T, 3C]; scratch A, dA, dS: [B, H, T, T] each. */
+static void th_backward(visc_model *m, const cait_block *blk, float *dqkv, const float *datt,
+                        float *A, float *dA, float *dS, const th_dims *d) {
+    const int B = d->B, H = d->H, T = d->T, D = d->D, C = d->C;
+    const size_t TT = (size_t)T * T;
+    const float *qkv = blk->qkv_out, *S = blk->S, *Pr = blk->Pr;
+    th_mix(A, Pr, P(blk->proj_w.weight), P(blk->proj_w.bias), B, H, TT, 0);
+    /* dA = dout v^T, dv = A^T dout */
+#pragma omp parallel for collapse(3) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int f = 0; f < H; f++)
+            for (int i = 0; i < T; i++) {
+                const float *g = datt + ((size_t)b * T + i) * C + (size_t)f * D;
+                float *row = dA + (((size_t)b * H + f) * T + i) * T;
+                for (int j = 0; j < T; j++) {
+                    const float *v = q_row(qkv, d, b, j, f) + 2 * C;
+                    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+                    for (int e = 0; e < D; e++) s += g[e] * v[e];
+                    row[j] = s;
+                }
+            }
+#pragma omp parallel for collapse(3) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int f = 0; f < H; f++)
+            for (int j = 0; j < T; j++) {
+                float *o = dqkv + ((size_t)b * T + j) * 3 * C + 2 * C + (size_t)f * D;
+                const float *a = A + ((size_t)b * H + f) * TT + j;
+                for (int e = 0; e < D; e++) o[e] = 0.0f;
+                for (int i = 0; i < T; i++) {
+                    const float *g = datt + ((size_t)b * T + i) * C + (size_t)f * D;
+                    const float w = a[(size_t)i * T];
+                    for (int e = 0; e < D; e++) o[e] += w * g[e];
+                }
+            }
+    th_mix_grad(G(blk->proj_w.weight), G(blk->proj_w.bias), dA, Pr, B, H, TT);
+    /* through proj_w (dP) and the softmax: dS1 = P (dP - <P, dP>) */
+    th_mix(dS, dA, P(blk->proj_w.weight), NULL, B, H, TT, 1);
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < (size_t)B * H * T; r++) {
+        float *g = dS + r * T;
+        const float *p = Pr + r * T;
+        float dot = 0.0f;
+        for (int j = 0; j < T; j++) dot += p[j] * g[j];
+        for (int j = 0; j < T; j++) g[j] = p[j] * (g[j] - dot);
+    }
+    th_mix_grad(G(blk->proj_l.weight), G(blk->proj_l.bias), dS, S, B, H, TT);
+    th_mix(dA, dS, P(blk->proj_l.weight), NULL, B, H, TT, 1); /* dA now holds dS0 */
+    /* dq = scale dS0 k, dk = scale dS0^T q */
+#pragma omp parallel for collapse(3) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < T; i++) {
+                float *oq = dqkv + ((size_t)b * T + i) * 3 * C + (size_t)h * D;
+                float *ok = oq + C;
+                const float *row = dA + (((size_t)b * H + h) * T + i) * T;
+                const float *col = dA + ((size_t)b * H + h) * TT + i;
+                for (int e = 0; e < D; e++) oq[e] = ok[e] = 0.0f;
+                for (int j = 0; j < T; j++) {
+                    const float *k = q_row(qkv, d, b, j, h) + C, *q = q_row(qkv, d, b, j, h);
+                    const float wq = d->scale * row[j], wk = d->scale * col[(size_t)j * T];
+                    for (int e = 0; e < D; e++) {
+                        oq[e] += wq * k[e];
+                        ok[e] += wk * q[e];
+                    }
+                }
+            }
+}
+
+static double th_flops(const th_dims *d) {
+    /* QK^T and AV, plus the two head mixes */
+    double TT = (double)d->T * d->T;
+    return 2.0 * d->B * d->H * TT * (2.0 * d->D + 2.0 * d->H);
+}
+
+/* ---- building ---- */
+
+static int add_gamma(visc_model *m, const char *prefix, const char *name, int C) {
+    int64_t s[1] = {C};
+    return visc_tf_add_param(m, prefix, name, 1, s, VISC_TENSOR_NO_DECAY);
+}
+
+static void add_block(visc_model *m, cait *c, cait_block *b, int i) {
+    char name[64], sub[96];
+    const int C = c->embed, H = c->heads;
+    snprintf(name, sizeof name, "blocks.%d", i);
+#define SUB(s) (snprintf(sub, sizeof sub, "%s.%s", name, s), sub)
+    b->gamma_1 = add_gamma(m, name, "gamma_1", C);
+    b->gamma_2 = add_gamma(m, name, "gamma_2", C);
+    visc_tf_add_norm(m, &b->norm1, SUB("norm1"), C, 1e-6f);
+    visc_tf_add_linear(m, &b->qkv, SUB("attn.qkv"), C, 3 * C, 1);
+    visc_tf_add_linear(m, &b->proj, SUB("attn.proj"), C, C, 1);
+    visc_tf_add_linear(m, &b->proj_l, SUB("attn.proj_l"), H, H, 1);
+    visc_tf_add_linear(m, &b->proj_w, SUB("attn.proj_w"), H, H, 1);
+    visc_tf_add_norm(m, &b->norm2, SUB("norm2"), C, 1e-6f);
+    visc_tf_add_mlp(m, &b->mlp, SUB("mlp"), C, c->hidden);
+#undef SUB
+}
+
+static void add_class_block(visc_model *m, cait *c, class_block *b, int i) {
+    char name[64], sub[96];
+    const int C = c->embed, B = m->cfg.batch, H = c->heads, D = C / H, N = c->tokens + 1;
+    snprintf(name, sizeof name, "blocks_token_only.%d", i);
+#define SUB(s) (snprintf(sub, sizeof sub, "%s.%s", name, s), sub)
+    b->gamma_1 = add_gamma(m, name, "gamma_1", C);
+    b->gamma_2 = add_gamma(m, name, "gamma_2", C);
+    visc_tf_add_norm(m, &b->norm1, SUB("norm1"), C, 1e-6f);
+    visc_tf_add_linear(m, &b->q, SUB("attn.q"), C, C, 1);
+    visc_tf_add_linear(m, &b->k, SUB("attn.k"), C, C, 1);
+    visc_tf_add_linear(m, &b->v, SUB("attn.v"), C, C, 1);
+    visc_tf_add_linear(m, &b->proj, SUB("attn.proj"), C, C, 1);
+    visc_tf_add_norm(m, &b->norm2, SUB("norm2"), C, 1e-6f);
+    visc_tf_add_mlp(m, &b->mlp, SUB("mlp"), C, c->hidden);
+#undef SUB
+    b->attn = (visc_attention){.B = B,
+                               .H = H,
+                               .Nq = 1,
+                               .Nk = N,
+                               .D = D,
+                               .scale = 1.0f / sqrtf((float)D),
+                               .q_sb = C,
+                               .q_sh = D,
+                               .q_sn = C,
+                               .k_sb = (int64_t)N * C,
+                               .k_sh = D,
+                               .k_sn = C,
+                               .v_sb = (int64_t)N * C,
+                               .v_sh = D,
+                               .v_sn = C,
+                               .o_sb = C,
+                               .o_sh = D,
+                               .o_sn = C};
+}
+
+static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
+    const int B = m->cfg.batch, C = c->embed, S = m->cfg.image_size, T = c->tokens;
+    const size_t R = (size_t)B * T, RC = R * C, RH = R * c->hidden;
+    const size_t BHTT = (size_t)B * c->heads * T * T, BC = (size_t)B * C;
+    const size_t U = (size_t)B * (T + 1);
+    c->image = visc_arena_floats(a, (size_t)B * m->cfg.in_channels * S * S);
+    c->conv_out = visc_arena_floats(a, RC);
+    c->x0 = visc_arena_floats(a, RC);
+    const float *x = c->x0;
+    for (int i = 0; i < c->depth; i++) {
+        cait_block *b = &c->blocks[i];
+        b->x = x;
+        b->ln1 = visc_arena_floats(a, RC);
+        b->mean1 = visc_arena_floats(a, R);
+        b->rstd1 = visc_arena_floats(a, R);
+        b->qkv_out = visc_arena_floats(a, 3 * RC);
+        b->S = visc_arena_floats(a, BHTT);
+        b->Pr = visc_arena_floats(a, BHTT);
+        b->att = visc_arena_floats(a, RC);
+        b->a_out = visc_arena_floats(a, RC);
+        b->x_mid = visc_arena_floats(a, RC);
+        b->ln2 = visc_arena_floats(a, RC);
+        b->mean2 = visc_arena_floats(a, R);
+        b->rstd2 = visc_arena_floats(a, R);
+        b->h = visc_arena_floats(a, RH);
+        b->m_out = visc_arena_floats(a, RC);
+        b->x_out = visc_arena_floats(a, RC);
+        b->keep1 = visc_arena_floats(a, (size_t)B);
+        b->keep2 = visc_arena_floats(a, (size_t)B);
+        x = b->x_out;
+    }
+    c->cls0 = visc_arena_floats(a, BC);
+    const float *cls = c->cls0;
+    for (int i = 0; i < DEPTH_TOKEN_ONLY; i++) {
+        class_block *b = &c->cblocks[i];
+        b->cls = cls;
+        b->u = visc_arena_floats(a, U * C);
+        b->ln1 = visc_arena_floats(a, U * C);
+        b->mean1 = visc_arena_floats(a, U);
+        b->rstd1 = visc_arena_floats(a, U);
+        b->q_in = visc_arena_floats(a, BC);
+        b->q_out = visc_arena_floats(a, BC);
+        b->k_out = visc_arena_floats(a, U * C);
+        b->v_out = visc_arena_floats(a, U * C);
+        b->att = visc_arena_floats(a, BC);
+        b->lse = visc_arena_floats(a, (size_t)B * c->heads);
+        b->a_out = visc_arena_floats(a, BC);
+        b->cls_mid = visc_arena_floats(a, BC);
+        b->ln2 = visc_arena_floats(a, BC);
+        b->mean2 = visc_arena_floats(a, (size_t)B);
+        b->rstd2 = visc_arena_floats(a, (size_t)B);
+        b->h = visc_arena_floats(a, (size_t)B * c->hidden);
+        b->m_out = visc_arena_floats(a, BC);
+        b->cls_out = visc_arena_floats(a, BC);
+        cls = b->cls_out;
+    }
+    c->cls_mean = visc_arena_floats(a, (size_t)B);
+    c->cls_rstd = visc_arena_floats(a, (size_t)B);
+    c->feat = visc_arena_floats(a, BC);
+    c->feat_drop = visc_arena_floats(a, BC);
+    c->drop_mask = visc_arena_take(a, BC);
+    m->logits = visc_arena_floats(a, (size_t)B * m->cfg.num_classes);
+    c->branch = visc_arena_floats(a, RC);
+    c->hid = visc_arena_floats(a, RH);
+    c->dhid = visc_arena_floats(a, RH);
+    c->mix = visc_arena_floats(a, BHTT);
+    c->dmix = visc_arena_floats(a, BHTT);
+    c->dmix2 = visc_arena_floats(a, BHTT);
+    c->dx = visc_arena_floats(a, RC);
+    c->dtmp = visc_arena_floats(a, U * C);
+    c->dln = visc_arena_floats(a, U * C);
+    c->datt = visc_arena_floats(a, RC);
+    c->dqkv = visc_arena_floats(a, 3 * RC);
+    c->dfeat = visc_arena_floats(a, BC);
+    c->dcls = visc_arena_floats(a, BC);
+    c->dcls_tmp = visc_arena_floats(a, BC);
+    c->du = visc_arena_floats(a, U * C);
+    c->dk = visc_arena_floats(a, U * C);
+    c->dv = visc_arena_floats(a, U * C);
+    c->dq = visc_arena_floats(a, BC);
+}
+
+/* ---- forward ---- */
+
+enum { SITE_HEAD = 1, SITE_BLOCKS = 2 };
+
+static th_dims dims(const visc_model *m, const cait *c) {
+    return (th_dims){m->cfg.batch, c->heads, c->tokens, c->embed / c->heads, c->embed, c->scale};
+}
+
+static void block_forward(visc_model *m, cait *c, cait_block *b, int i, int train) {
+    const int B = m->cfg.batch, C = c->embed;
+    const int64_t R = (int64_t)B * c->tokens;
+    const size_t per_sample = (size_t)c->tokens * C, RC = (size_t)R * C;
+    const float p = m->cfg.drop_path_rate;
+    const th_dims d = dims(m, c);
+    visc_tf_norm_forward(m, &b->norm1, b->ln1, b->mean1, b->rstd1, b->x, R);
+    visc_tf_linear_forward(m, &b->qkv, b->qkv_out, b->ln1, R);
+    th_forward(m, b, c->mix, &d);
+    visc_tf_linear_forward(m, &b->proj, b->a_out, b->att, R);
+    visc_layerscale_forward(c->branch, b->a_out, P(b->gamma_1), R, C);
+    memcpy(b->x_mid, b->x, RC * sizeof(float));
+    visc_droppath_add_forward(b->x_mid, c->branch, b->keep1, B, per_sample, p, train, m->noise_seed,
+                              visc_tf_noise_offset(SITE_BLOCKS + 2 * i));
+    visc_tf_norm_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->x_mid, R);
+    visc_tf_mlp_forward(m, &b->mlp, b->m_out, b->h, c->hid, b->ln2, R);
+    visc_layerscale_forward(c->branch, b->m_out, P(b->gamma_2), R, C);
+    memcpy(b->x_out, b->x_mid, RC * sizeof(float));
+    visc_droppath_add_forward(b->x_out, c->branch, b->keep2, B, per_sample, p, train, m->noise_seed,
+                              visc_tf_noise_offset(SITE_BLOCKS + 2 * i + 1));
+}
+
+static void class_block_forward(visc_model *m, cait *c, class_block *b, const float *x) {
+    const int B = m->cfg.batch, C = c->embed, T = c->tokens, N = T + 1;
+    const int64_t U = (int64_t)B * N;
+    const size_t BC = (size_t)B * C;
+    for (int s = 0; s < B; s++) {
+        float *u = b->u + (size_t)s * N * C;
+        memcpy(u, b->cls + (size_t)s * C, (size_t)C * sizeof(float));
+        memcpy(u + C, x + (size_t)s * T * C, (size_t)T * C * sizeof(float));
+    }
+    visc_tf_norm_forward(m, &b->norm1, b->ln1, b->mean1, b->rstd1, b->u, U);
+    visc_tf_gather_token(b->q_in, b->ln1, B, N, 0, C);
+    visc_tf_linear_forward(m, &b->q, b->q_out, b->q_in, B);
+    visc_tf_linear_forward(m, &b->k, b->k_out, b->ln1, U);
+    visc_tf_linear_forward(m, &b->v, b->v_out, b->ln1, U);
+    visc_attention_forward(&b->attn, b->att, b->lse, b->q_out, b->k_out, b->v_out);
+    visc_tf_linear_forward(m, &b->proj, b->a_out, b->att, B);
+    visc_layerscale_forward(b->cls_mid, b->a_out, P(b->gamma_1), B, C);
+    visc_add_inplace(b->cls_mid, b->cls, BC);
+    visc_tf_norm_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->cls_mid, B);
+    visc_tf_mlp_forward(m, &b->mlp, b->m_out, b->h, c->hid, b->ln2, B);
+    visc_layerscale_forward(b->cls_out, b->m_out, P(b->gamma_2), B, C);
+    visc_add_inplace(b->cls_out, b->cls_mid, BC);
+}
+
+static void cait_forward(visc_model *m, const float *x, int train) {
+    cait *c = m->impl;
+    const int B = m->cfg.batch, C = c->embed, T = c->tokens, S = m->cfg.image_size;
+    memcpy(c->image, x, (size_t)B * m->cfg.in_channels * S * S * sizeof(float));
+    visc_tf_patch_embed_forward(m, &c->pe, c->x0, c->conv_out, c->image);
+    visc_add_broadcast_forward(c->x0, P(c->pos_embed), B, (int64_t)T * C);
+    for (int i = 0; i < c->depth; i++) block_forward(m, c, &c->blocks[i], i, train);
+    for (int s = 0; s < B; s++)
+        memcpy(c->cls0 + (size_t)s * C, P(c->cls_token), (size_t)C * sizeof(float));
+    const float *xs = c->blocks[c->depth - 1].x_out;
+    for (int i = 0; i < DEPTH_TOKEN_ONLY; i++) class_block_forward(m, c, &c->cblocks[i], xs);
+    /* timm normalizes [cls, x] and keeps row 0: the same as normalizing cls */
+    const float *cls = c->cblocks[DEPTH_TOKEN_ONLY - 1].cls_out;
+    visc_tf_norm_forward(m, &c->norm, c->feat, c->cls_mean, c->cls_rstd, cls, B);
+    const float *feat = c->feat;
+    c->head_dropped = train && m->cfg.drop_rate > 0.0f;
+    if (c->head_dropped) {
+        visc_dropout_forward(c->feat_drop, c->drop_mask, c->feat, (size_t)B * C, m->cfg.drop_rate,
+                             m->noise_seed, visc_tf_noise_offset(SITE_HEAD));
+        feat = c->feat_drop;
+    }
+    visc_tf_linear_forward(m, &c->head, m->logits, feat, B);
+}
+
+/* ---- backward ---- */
+
+/* c->dcls: gradient w.r.t. the block's class-token output on entry, w.r.t.
+ * its input on exit; the patch tokens' gradient is added to c->dx. */
+static void class_block_backward(visc_model *m, cait *c, class_block *b) {
+    const int B = m->cfg.batch, C = c->embed, T = c->tokens, N = T + 1;
+    const int64_t U = (int64_t)B * N;
+    const size_t BC = (size_t)B * C, UC = (size_t)U * C;
+    float *dcls = c->dcls, *dt = c->dcls_tmp;
+    visc_layerscale_backward(dt, G(b->gamma_2), dcls, b->m_out, P(b->gamma_2), B, C);
+    visc_tf_mlp_backward(m, &b->mlp, c->dq, dt, b->ln2, b->h, c->hid, c->dhid, B);
+    visc_tf_norm_backward(m, &b->norm2, dt, c->dq, b->cls_mid, b->mean2, b->rstd2, B);
+    visc_add_inplace(dcls, dt, BC); /* gradient w.r.t. cls_mid */
+    visc_layerscale_backward(dt, G(b->gamma_1), dcls, b->a_out, P(b->gamma_1), B, C);
+    visc_tf_linear_backward(m, &b->proj, c->dq, dt, b->att, B);
+    memcpy(dt, c->dq, BC * sizeof(float)); /* d(att) */
+    visc_attention_backward(&b->attn, c->dq, c->dk, c->dv, NULL, NULL, dt, b->q_out, b->k_out,
+                            b->v_out, b->att, b->lse);
+    visc_tf_linear_backward(m, &b->k, c->dln, c->dk, b->ln1, U);
+    visc_tf_linear_backward(m, &b->v, c->dtmp, c->dv, b->ln1, U);
+    visc_add_inplace(c->dln, c->dtmp, UC);
+    visc_tf_linear_backward(m, &b->q, dt, c->dq, b->q_in, B);
+    for (int s = 0; s < B; s++) visc_add_inplace(c->dln + (size_t)s * N * C, dt + (size_t)s * C, C);
+    visc_tf_norm_backward(m, &b->norm1, c->du, c->dln, b->u, b->mean1, b->rstd1, U);
+    for (int s = 0; s < B; s++) {
+        const float *du = c->du + (size_t)s * N * C;
+        visc_add_inplace(dcls + (size_t)s * C, du, C);
+        visc_add_inplace(c->dx + (size_t)s * T * C, du + C, (size_t)T * C);
+    }
+}
+
+static void block_backward(visc_model *m, cait *c, cait_block *b) {
+    const int B = m->cfg.batch, C = c->embed;
+    const int64_t R = (int64_t)B * c->tokens;
+    const size_t per_sample = (size_t)c->tokens * C, RC = (size_t)R * C;
+    const th_dims d = dims(m, c);
+    visc_droppath_add_backward(c->branch, c->dx, b->keep2, B, per_sample);
+    visc_layerscale_backward(c->datt, G(b->gamma_2), c->branch, b->m_out, P(b->gamma_2), R, C);
+    visc_tf_mlp_backward(m, &b->mlp, c->dln, c->datt, b->ln2, b->h, c->hid, c->dhid, R);
+    visc_tf_norm_backward(m, &b->norm2, c->dtmp, c->dln, b->x_mid, b->mean2, b->rstd2, R);
+    visc_add_inplace(c->dx, c->dtmp, RC);
+    visc_droppath_add_backward(c->branch, c->dx, b->keep1, B, per_sample);
+    visc_layerscale_backward(c->dln, G(b->gamma_1), c->branch, b->a_out, P(b->gamma_1), R, C);
+    visc_tf_linear_backward(m, &b->proj, c->datt, c->dln, b->att, R);
+    th_backward(m, b, c->dqkv, c->datt, c->mix, c->dmix, c->dmix2, &d);
+    visc_tf_linear_backward(m, &b->qkv, c->dln, c->dqkv, b->ln1, R);
+    visc_tf_norm_backward(m, &b->norm1, c->dtmp, c->dln, b->x, b->mean1, b->rstd1, R);
+    visc_add_inplace(c->dx, c->dtmp, RC);
+}
+
+static void cait_backward(visc_model *m, const float *dlogits) {
+    cait *c = m->impl;
+    const int B = m->cfg.batch, C = c->embed, T = c->tokens;
+    const float *cls = c->cblocks[DEPTH_TOKEN_ONLY - 1].cls_out;
+    visc_tf_linear_backward(m, &c->head, c->dfeat, dlogits,
+                            c->head_dropped ? c->feat_drop : c->feat, B);
+    if (c->head_dropped)
+        visc_dropout_backward(c->dfeat, c->dfeat, c->drop_mask, (size_t)B * C, m->cfg.drop_rate);
+    visc_tf_norm_backward(m, &c->norm, c->dcls, c->dfeat, cls, c->cls_mean, c->cls_rstd, B);
+    memset(c->dx, 0, (size_t)B * T * C * sizeof(float));
+    for (int i = DEPTH_TOKEN_ONLY - 1; i >= 0; i--) class_block_backward(m, c, &c->cblocks[i]);
+    float *dtok = G(c->cls_token);
+    memset(dtok, 0, (size_t)C * sizeof(float));
+    for (int s = 0; s < B; s++) visc_add_inplace(dtok, c->dcls + (size_t)s * C, (size_t)C);
+    for (int i = c->depth - 1; i >= 0; i--) block_backward(m, c, &c->blocks[i]);
+    visc_add_broadcast_backward(G(c->pos_embed), c->dx, B, (int64_t)T * C);
+    visc_tf_patch_embed_backward(m, &c->pe, c->conv_out, c->dx, c->image);
+}
+
+static void cait_destroy(visc_model *m) {
+    cait *c = m->impl;
+    visc_tf_patch_embed_destroy(&c->pe);
+    free(c->blocks);
+    visc_arena_free(&c->arena);
+    visc_table_free(&m->params);
+    visc_table_free(&m->buffers);
+    visc_free_aligned(m->grads);
+    free(c);
+    free(m);
+}
+
+static double model_flops(const visc_model *m, const cait *c) {
+    const int B = m->cfg.batch, C = c->embed;
+    const double R = (double)B * c->tokens, U = (double)B * (c->tokens + 1);
+    const th_dims d = dims(m, c);
+    double f = visc_conv2d_flops(&c->pe.conv);
+    for (int i = 0; i < c->depth; i++)
+        f +=
+            2.0 * R * 4.0 * C * C + th_flops(&d) + visc_tf_mlp_flops(&c->blocks[i].mlp, (int64_t)R);
+    for (int i = 0; i < DEPTH_TOKEN_ONLY; i++)
+        f += 2.0 * (2.0 * U + 2.0 * B) * C * C + visc_attention_flops(&c->cblocks[i].attn) +
+             visc_tf_mlp_flops(&c->cblocks[i].mlp, B);
+    f += 2.0 * B * (double)C * m->cfg.num_classes;
+    return f / B;
+}
+
+visc_model *visc_cait_create(const visc_model_config *cfg, uint64_t seed) {
+    const cait_spec *spec = NULL;
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+        if (strcmp(specs[i].name, cfg->arch) == 0) spec = &specs[i];
+    if (!spec) {
+        visc_set_error("unknown CaiT architecture '%s'", cfg->arch);
+        return NULL;
+    }
+    const int S = cfg->image_size > 0 ? cfg->image_size : 224;
+    if (cfg->batch < 1 || cfg->num_classes < 1 || cfg->in_channels < 1) {
+        visc_set_error("%s needs batch >= 1, classes >= 1 and channels >= 1 (got %d, %d, %d)",
+                       cfg->arch, cfg->batch, cfg->num_classes, cfg->in_channels);
+        return NULL;
+    }
+    if (S < PATCH || S % PATCH != 0) {
+        visc_set_error("%s: image size %d px is not a positive multiple of its patch size %d",
+                       cfg->arch, S, PATCH);
+        return NULL;
+    }
+    if (!(cfg->drop_rate >= 0.0f && cfg->drop_rate < 1.0f) ||
+        !(cfg->drop_path_rate >= 0.0f && cfg->drop_path_rate < 1.0f)) {
+        visc_set_error("%s: drop_rate and drop_path_rate must lie in [0, 1) (got %g, %g)",
+                       cfg->arch, cfg->drop_rate, cfg->drop_path_rate);
+        return NULL;
+    }
+    visc_model *m = visc_calloc(1, sizeof *m, "model");
+    cait *c = visc_calloc(1, sizeof *c, "cait");
+    m->cfg = *cfg;
+    m->cfg.image_size = S;
+    m->impl = c;
+    visc_table_init(&m->params);
+    visc_table_init(&m->buffers);
+    const int C = spec->embed, grid = S / PATCH;
+    c->embed = C;
+    c->depth = spec->depth;
+    c->heads = spec->heads;
+    c->hidden = 4 * C;
+    c->tokens = grid * grid;
+    c->scale = 1.0f / sqrtf((float)(C / spec->heads));
+
+    int64_t tok[3] = {1, 1, C}, pos[3] = {1, c->tokens, C};
+    c->cls_token = visc_table_add(&m->params, "cls_token", 3, tok, VISC_TENSOR_NO_DECAY);
+    c->pos_embed = visc_table_add(&m->params, "pos_embed", 3, pos, VISC_TENSOR_NO_DECAY);
+    visc_tf_add_patch_embed(m, &c->pe, "patch_embed", cfg->batch, cfg->in_channels, S, PATCH, C,
+                            c->tokens, 0);
+    c->blocks = visc_calloc((size_t)c->depth, sizeof *c->blocks, "cait blocks");
+    for (int i = 0; i < c->depth; i++) add_block(m, c, &c->blocks[i], i);
+    for (int i = 0; i < DEPTH_TOKEN_ONLY; i++) add_class_block(m, c, &c->cblocks[i], i);
+    visc_tf_add_norm(m, &c->norm, "norm", C, 1e-6f);
+    visc_tf_add_linear(m, &c->head, "head", C, cfg->num_classes, 1);
+    visc_table_alloc(&m->params);
+    visc_table_alloc(&m->buffers);
+    m->grads = visc_alloc_aligned(m->params.total * sizeof(float), "gradients");
+
+    visc_arena plan;
+    visc_arena_init(&plan, 0);
+    plan_activations(m, c, &plan);
+    visc_arena_init(&c->arena, plan.used);
+    plan_activations(m, c, &c->arena);
+
+    visc_tf_init_params(m, seed, 0.02f, 1e-5f);
+    m->flops_per_image = model_flops(m, c);
+    m->forward = cait_forward;
+    m->backward = cait_backward;
+    m->destroy = cait_destroy;
+    return m;
+}

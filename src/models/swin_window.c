@@ -1,0 +1,109 @@
+/* swin_window.c: window partition / reverse with the cyclic shift, the
+ * shifted-window attention mask and the relative-position tables of Swin.
+ *
+ * The roll and the partition are one index map (no intermediate rolled
+ * copy): windowed row ((b * nH + i) * nW + j) * N + p * ww + q holds the
+ * token at grid position ((i * wh + p + sh) mod H, (j * ww + q + sw) mod W),
+ * which is torch.roll(x, -shift) followed by window_partition. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "swin_window.h"
+#include "visc/core.h"
+
+int visc_swin_grid_make(visc_swin_grid *g, int H, int W, int window, int shifted) {
+    if (H < 1 || W < 1 || window < 1)
+        return visc_set_error("swin: bad grid %dx%d with window %d", H, W, window);
+    g->H = H;
+    g->W = W;
+    g->wh = H <= window ? H : window;
+    g->ww = W <= window ? W : window;
+    g->sh = (shifted && H > window) ? window / 2 : 0;
+    g->sw = (shifted && W > window) ? window / 2 : 0;
+    if (H % g->wh || W % g->ww)
+        return visc_set_error("swin: a %dx%d token grid does not split into %dx%d windows", H, W,
+                              g->wh, g->ww);
+    g->nw = (H / g->wh) * (W / g->ww);
+    g->N = g->wh * g->ww;
+    return 0;
+}
+
+/* Token-order row of windowed row r (within one image). */
+static inline int64_t token_of(const visc_swin_grid *g, int64_t r) {
+    int64_t win = r / g->N, t = r % g->N;
+    int nwc = g->W / g->ww;
+    int i = (int)(win / nwc), j = (int)(win % nwc);
+    int p = (int)(t / g->ww), q = (int)(t % g->ww);
+    int y = (i * g->wh + p + g->sh) % g->H, x = (j * g->ww + q + g->sw) % g->W;
+    return (int64_t)y * g->W + x;
+}
+
+void visc_swin_partition(float *out, const float *in, const visc_swin_grid *g, int B, int C) {
+    int64_t HW = (int64_t)g->H * g->W;
+#pragma omp parallel for schedule(static) if (B * HW * C > 32768)
+    for (int64_t r = 0; r < B * HW; r++) {
+        int64_t b = r / HW, src = b * HW + token_of(g, r % HW);
+        memcpy(out + r * C, in + src * C, sizeof(float) * (size_t)C);
+    }
+}
+
+void visc_swin_reverse(float *out, const float *in, const visc_swin_grid *g, int B, int C) {
+    int64_t HW = (int64_t)g->H * g->W;
+#pragma omp parallel for schedule(static) if (B * HW * C > 32768)
+    for (int64_t r = 0; r < B * HW; r++) {
+        int64_t b = r / HW, dst = b * HW + token_of(g, r % HW);
+        memcpy(out + dst * C, in + r * C, sizeof(float) * (size_t)C);
+    }
+}
+
+/* Region of a coordinate of the unrolled grid along one axis: timm labels
+ * [0, n - w), [n - w, n - s), [n - s, n) as 0, 1, 2. With s = 0 its third
+ * slice, x[-0:], is the whole axis and overwrites the others: one region. */
+static int region(int v, int n, int w, int s) {
+    if (s == 0) return 0;
+    return v < n - w ? 0 : v < n - s ? 1 : 2;
+}
+
+void visc_swin_attn_mask(float *mask, const visc_swin_grid *g) {
+    int N = g->N, nwc = g->W / g->ww;
+    int *label = visc_malloc(sizeof(int) * (size_t)N, "swin mask labels");
+    for (int win = 0; win < g->nw; win++) {
+        int i = win / nwc, j = win % nwc;
+        for (int t = 0; t < N; t++) {
+            /* timm labels the grid as the windows see it (after the roll), so
+             * the region is that of the window position itself. */
+            int y = i * g->wh + t / g->ww, x = j * g->ww + t % g->ww;
+            label[t] = 3 * region(y, g->H, g->wh, g->sh) + region(x, g->W, g->ww, g->sw);
+        }
+        float *m = mask + (size_t)win * N * N;
+        for (int a = 0; a < N; a++)
+            for (int b = 0; b < N; b++) m[a * N + b] = label[a] == label[b] ? 0.0f : -100.0f;
+    }
+    free(label);
+}
+
+void visc_swin_rel_index(int32_t *index, int wh, int ww) {
+    int N = wh * ww;
+    for (int a = 0; a < N; a++)
+        for (int b = 0; b < N; b++) {
+            int dy = a / ww - b / ww + wh - 1, dx = a % ww - b % ww + ww - 1;
+            index[a * N + b] = dy * (2 * ww - 1) + dx;
+        }
+}
+
+/* One coordinate as torch computes it in float32. */
+static float log_coord(int d, int w) {
+    float v = (float)d / (float)(w - 1) * 8.0f;
+    float s = v > 0 ? 1.0f : v < 0 ? -1.0f : 0.0f;
+    return s * log2f(fabsf(v) + 1.0f) / 3.0f;
+}
+
+void visc_swin_v2_coords(float *table, int wh, int ww) {
+    int cols = 2 * ww - 1;
+    for (int i = 0; i < 2 * wh - 1; i++)
+        for (int j = 0; j < cols; j++) {
+            table[(i * cols + j) * 2 + 0] = log_coord(i - (wh - 1), wh);
+            table[(i * cols + j) * 2 + 1] = log_coord(j - (ww - 1), ww);
+        }
+}

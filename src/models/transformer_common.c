@@ -1,0 +1,244 @@
+/* transformer_common.c: linear, LayerNorm, MLP and patch-embedding glue for
+ * the token models, plus timm's initialization. See transformer_common.h. */
+#include "transformer_common.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "visc/rng.h"
+#include "visc/tokens.h"
+
+#define P(idx) visc_table_get(&m->params, (idx))
+#define G(idx) (m->grads + m->params.entries[(idx)].offset)
+
+int visc_tf_add_param(visc_model *m, const char *prefix, const char *suffix, int ndim,
+                      const int64_t *shape, unsigned flags) {
+    char key[2 * VISC_MAX_NAME];
+    if (prefix && *prefix) snprintf(key, sizeof key, "%s.%s", prefix, suffix);
+    else snprintf(key, sizeof key, "%s", suffix);
+    return visc_table_add(&m->params, key, ndim, shape, flags);
+}
+
+/* ---- linear ---- */
+
+void visc_tf_add_linear(visc_model *m, visc_tf_linear *l, const char *name, int in, int out,
+                        int has_bias) {
+    int64_t ws[2] = {out, in}, bs[1] = {out};
+    l->in = in;
+    l->out = out;
+    l->weight = visc_tf_add_param(m, name, "weight", 2, ws, 0);
+    l->bias = has_bias ? visc_tf_add_param(m, name, "bias", 1, bs,
+                                           VISC_TENSOR_NO_DECAY | VISC_TENSOR_BIAS)
+                       : -1;
+}
+
+void visc_tf_linear_forward(visc_model *m, const visc_tf_linear *l, float *out, const float *in,
+                            int64_t rows) {
+    visc_linear_forward(out, in, P(l->weight), l->bias >= 0 ? P(l->bias) : NULL, (int)rows, l->in,
+                        l->out);
+}
+
+void visc_tf_linear_backward(visc_model *m, const visc_tf_linear *l, float *din, const float *dout,
+                             const float *in, int64_t rows) {
+    visc_linear_backward(din, G(l->weight), l->bias >= 0 ? G(l->bias) : NULL, dout, in,
+                         P(l->weight), (int)rows, l->in, l->out);
+}
+
+/* ---- LayerNorm ---- */
+
+void visc_tf_add_norm(visc_model *m, visc_tf_norm *n, const char *name, int C, float eps) {
+    int64_t s[1] = {C};
+    n->C = C;
+    n->eps = eps;
+    n->weight = visc_tf_add_param(m, name, "weight", 1, s, VISC_TENSOR_NO_DECAY | VISC_TENSOR_NORM);
+    n->bias = visc_tf_add_param(m, name, "bias", 1, s, VISC_TENSOR_NO_DECAY | VISC_TENSOR_NORM);
+}
+
+void visc_tf_norm_forward(visc_model *m, const visc_tf_norm *n, float *out, float *mean,
+                          float *rstd, const float *in, int64_t rows) {
+    visc_layernorm_forward(out, mean, rstd, in, P(n->weight), P(n->bias), rows, n->C, n->eps);
+}
+
+void visc_tf_norm_backward(visc_model *m, const visc_tf_norm *n, float *din, const float *dout,
+                           const float *in, const float *mean, const float *rstd, int64_t rows) {
+    visc_layernorm_backward(din, G(n->weight), G(n->bias), dout, in, P(n->weight), mean, rstd, rows,
+                            n->C);
+}
+
+/* ---- MLP ---- */
+
+void visc_tf_add_mlp(visc_model *m, visc_tf_mlp *p, const char *name, int C, int hidden) {
+    char key[VISC_MAX_NAME + 8];
+    p->hidden = hidden;
+    snprintf(key, sizeof key, "%s.fc1", name);
+    visc_tf_add_linear(m, &p->fc1, key, C, hidden, 1);
+    snprintf(key, sizeof key, "%s.fc2", name);
+    visc_tf_add_linear(m, &p->fc2, key, hidden, C, 1);
+}
+
+void visc_tf_mlp_forward(visc_model *m, const visc_tf_mlp *p, float *out, float *h, float *scratch,
+                         const float *in, int64_t rows) {
+    visc_tf_linear_forward(m, &p->fc1, h, in, rows);
+    visc_gelu_forward(scratch, h, (size_t)rows * p->hidden);
+    visc_tf_linear_forward(m, &p->fc2, out, scratch, rows);
+}
+
+void visc_tf_mlp_backward(visc_model *m, const visc_tf_mlp *p, float *din, const float *dout,
+                          const float *in, const float *h, float *scratch, float *dscratch,
+                          int64_t rows) {
+    size_t n = (size_t)rows * p->hidden;
+    visc_gelu_forward(scratch, h, n); /* recomputed: fc2's input */
+    visc_tf_linear_backward(m, &p->fc2, dscratch, dout, scratch, rows);
+    visc_gelu_backward(dscratch, dscratch, h, n);
+    visc_tf_linear_backward(m, &p->fc1, din, dscratch, in, rows);
+}
+
+double visc_tf_mlp_flops(const visc_tf_mlp *p, int64_t rows) {
+    return 2.0 * (double)rows * (2.0 * p->fc1.in * p->hidden);
+}
+
+/* ---- patch embedding ---- */
+
+void visc_tf_add_patch_embed(visc_model *m, visc_tf_patch_embed *p, const char *name, int batch,
+                             int in_channels, int image, int patch, int C, int tokens, int first) {
+    char key[VISC_MAX_NAME + 8];
+    int64_t ws[4] = {C, in_channels, patch, patch}, bs[1] = {C};
+    snprintf(key, sizeof key, "%s.proj", name);
+    p->weight = visc_tf_add_param(m, key, "weight", 4, ws, 0);
+    p->bias = visc_tf_add_param(m, key, "bias", 1, bs, VISC_TENSOR_NO_DECAY | VISC_TENSOR_BIAS);
+    p->grid = image / patch;
+    p->tokens = tokens;
+    p->first = first;
+    visc_conv2d_init(&p->conv, batch, in_channels, image, image, C, patch, patch, patch, 0, 1, 1,
+                     1);
+}
+
+void visc_tf_patch_embed_forward(visc_model *m, visc_tf_patch_embed *p, float *tokens,
+                                 float *conv_out, const float *image) {
+    visc_conv2d_forward(&p->conv, conv_out, image, P(p->weight), P(p->bias));
+    /* [B, C, L] -> rows b * tokens + first + l */
+    const int B = p->conv.N, C = p->conv.K, L = p->grid * p->grid;
+#pragma omp parallel for collapse(2) if ((size_t)B * L * C > 65536)
+    for (int b = 0; b < B; b++)
+        for (int l = 0; l < L; l++) {
+            float *dst = tokens + ((size_t)b * p->tokens + p->first + l) * C;
+            const float *src = conv_out + (size_t)b * C * L + l;
+            for (int c = 0; c < C; c++) dst[c] = src[(size_t)c * L];
+        }
+}
+
+void visc_tf_patch_embed_backward(visc_model *m, visc_tf_patch_embed *p, float *dconv,
+                                  const float *dtokens, const float *image) {
+    const int B = p->conv.N, C = p->conv.K, L = p->grid * p->grid;
+#pragma omp parallel for collapse(2) if ((size_t)B * L * C > 65536)
+    for (int b = 0; b < B; b++)
+        for (int c = 0; c < C; c++) {
+            float *dst = dconv + ((size_t)b * C + c) * L;
+            const float *src = dtokens + ((size_t)b * p->tokens + p->first) * C + c;
+            for (int l = 0; l < L; l++) dst[l] = src[(size_t)l * C];
+        }
+    visc_conv2d_backward(&p->conv, NULL, G(p->weight), G(p->bias), dconv, image, P(p->weight));
+}
+
+void visc_tf_patch_embed_destroy(visc_tf_patch_embed *p) { visc_conv2d_destroy(&p->conv); }
+
+/* ---- token rows ---- */
+
+void visc_tf_gather_token(float *out, const float *x, int B, int tokens, int index, int C) {
+    for (int b = 0; b < B; b++)
+        memcpy(out + (size_t)b * C, x + ((size_t)b * tokens + index) * C,
+               (size_t)C * sizeof(float));
+}
+
+void visc_tf_scatter_token(float *dx, const float *dtok, int B, int tokens, int index, int C) {
+    memset(dx, 0, (size_t)B * tokens * C * sizeof(float));
+    for (int b = 0; b < B; b++)
+        memcpy(dx + ((size_t)b * tokens + index) * C, dtok + (size_t)b * C,
+               (size_t)C * sizeof(float));
+}
+
+/* ---- initialization ---- */
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* std * N(0, 1) for every element, counter-based: elements 4b .. 4b+3 come
+ * from Philox block b of (seed, VISC_STREAM_INIT, tensor), two Box-Muller
+ * pairs (cos and sin) in float on 24-bit uniforms. A pure function of (seed,
+ * tensor, element), so the loop runs in parallel: ViT-Base's 86 M weights
+ * start in about a second instead of the ~15 s of one visc_rng_normal (two
+ * doubles, a Philox block, log and cos in double) per element. */
+static void normal(float *w, size_t n, float std, const visc_rng *r) {
+    const size_t blocks = (n + 3) / 4;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t b = 0; b < blocks; b++) {
+        uint32_t u[4];
+        float z[4];
+        visc_philox4x32(r->key, r->stream, b, u);
+        for (int k = 0; k < 2; k++) {
+            const float u1 = (float)((u[2 * k] >> 8) + 1) * (1.0f / 16777216.0f); /* (0, 1] */
+            const float u2 = (float)(u[2 * k + 1] >> 8) * (1.0f / 16777216.0f);
+            const float rad = std * sqrtf(-2.0f * logf(u1)), ang = 6.2831853f * u2;
+            z[2 * k] = rad * cosf(ang);
+            z[2 * k + 1] = rad * sinf(ang);
+        }
+        const size_t base = 4 * b, left = n - base < 4 ? n - base : 4;
+        for (size_t k = 0; k < left; k++) w[base + k] = z[k];
+    }
+}
+
+/* timm's trunc_normal_(std, a=-2, b=2): the bounds are absolute, so at
+ * std .02 they lie 100 sigma away (a float Box-Muller reaches 5.8 sigma);
+ * the clamp documents them and never acts. */
+static void trunc_normal(float *w, size_t n, float std, const visc_rng *r) {
+    normal(w, n, std, r);
+    for (size_t j = 0; j < n; j++) w[j] = w[j] < -2.0f ? -2.0f : w[j] > 2.0f ? 2.0f : w[j];
+}
+
+static void uniform(float *w, size_t n, float bound, visc_rng *r) {
+    for (size_t j = 0; j < n; j++) w[j] = bound * (2.0f * visc_rng_uniform(r) - 1.0f);
+}
+
+static void fill(float *w, size_t n, float v) {
+    for (size_t j = 0; j < n; j++) w[j] = v;
+}
+
+void visc_tf_init_params(visc_model *m, uint64_t seed, float cls_std, float init_values) {
+    const visc_table *t = &m->params;
+    for (int i = 0; i < t->count; i++) {
+        const visc_tensor_entry *e = &t->entries[i];
+        float *w = visc_table_get(t, i);
+        visc_rng r = visc_rng_make(seed, VISC_STREAM_INIT, (uint64_t)i);
+        if (e->flags & VISC_TENSOR_NORM) {
+            fill(w, e->numel, ends_with(e->name, ".weight") ? 1.0f : 0.0f);
+        } else if (e->ndim == 4) {
+            /* Conv2d default: kaiming_uniform_(a = sqrt 5) = U(+-1/sqrt(fan_in)) */
+            double fan_in = (double)e->shape[1] * e->shape[2] * e->shape[3];
+            uniform(w, e->numel, (float)(1.0 / sqrt(fan_in)), &r);
+        } else if (ends_with(e->name, ".bias") && i > 0 && t->entries[i - 1].ndim == 4) {
+            /* the conv's bias (added right after its weight): same bound */
+            const int64_t *s = t->entries[i - 1].shape;
+            uniform(w, e->numel, (float)(1.0 / sqrt((double)s[1] * s[2] * s[3])), &r);
+        } else if (e->flags & VISC_TENSOR_BIAS) {
+            fill(w, e->numel, 0.0f);
+        } else if (e->ndim == 2 && ends_with(e->name, ".weight")) {
+            trunc_normal(w, e->numel, 0.02f, &r);
+        } else if (strcmp(e->name, "pos_embed") == 0 ||
+                   ends_with(e->name, "relative_position_bias_table")) {
+            trunc_normal(w, e->numel, 0.02f, &r);
+        } else if (strcmp(e->name, "cls_token") == 0) {
+            normal(w, e->numel, cls_std, &r);
+        } else if (ends_with(e->name, ".gamma_1") || ends_with(e->name, ".gamma_2")) {
+            fill(w, e->numel, init_values);
+        } else {
+            visc_die("transformer init: no rule for parameter '%s'", e->name);
+        }
+    }
+}
+
+float visc_tf_drop_path_rate(float rate, int i, int depth) {
+    return depth > 1 ? rate * (float)i / (float)(depth - 1) : 0.0f;
+}

@@ -1,0 +1,115 @@
+/* transformer_common.h: pieces shared by the token-sequence models.
+ *
+ * ViT/DeiT (vit.c) and CaiT (cait.c) use them; Swin (swin.c) may too. They
+ * are thin: a layer here is a set of parameter indices into the model's
+ * table plus a call into nn.h / tokens.h, so each model's forward and
+ * backward still read top to bottom in its own file.
+ *
+ * Conventions: tokens are [rows, C] row-major (rows = batch x tokens);
+ * every *_backward OVERWRITES its outputs, as nn.h's layers do. */
+#ifndef VISC_MODELS_TRANSFORMER_COMMON_H
+#define VISC_MODELS_TRANSFORMER_COMMON_H
+
+#include <stdint.h>
+
+#include "visc/model.h"
+#include "visc/nn.h"
+
+/* Adds "<prefix>.<suffix>" to m->params; returns its index. */
+int visc_tf_add_param(visc_model *m, const char *prefix, const char *suffix, int ndim,
+                      const int64_t *shape, unsigned flags);
+
+/* ---- nn.Linear on tokens ---- */
+typedef struct {
+    int weight, bias; /* param indices; bias -1 without one */
+    int in, out;
+} visc_tf_linear;
+
+void visc_tf_add_linear(visc_model *m, visc_tf_linear *l, const char *name, int in, int out,
+                        int has_bias);
+void visc_tf_linear_forward(visc_model *m, const visc_tf_linear *l, float *out, const float *in,
+                            int64_t rows);
+/* Parameter gradients go to m->grads; din may be NULL. */
+void visc_tf_linear_backward(visc_model *m, const visc_tf_linear *l, float *din, const float *dout,
+                             const float *in, int64_t rows);
+
+/* ---- nn.LayerNorm over the channels ---- */
+typedef struct {
+    int weight, bias, C;
+    float eps; /* timm's ViT/CaiT use 1e-6; nn.LayerNorm's default is 1e-5 */
+} visc_tf_norm;
+
+void visc_tf_add_norm(visc_model *m, visc_tf_norm *n, const char *name, int C, float eps);
+/* mean, rstd: [rows] each, kept for backward. */
+void visc_tf_norm_forward(visc_model *m, const visc_tf_norm *n, float *out, float *mean,
+                          float *rstd, const float *in, int64_t rows);
+void visc_tf_norm_backward(visc_model *m, const visc_tf_norm *n, float *din, const float *dout,
+                           const float *in, const float *mean, const float *rstd, int64_t rows);
+
+/* ---- timm's Mlp: fc1 -> GELU -> fc2 (no dropout inside: timm's proj_drop = 0) ----
+ * Forward keeps only fc1's output `h` [rows, hidden]; GELU(h) lives in a
+ * scratch buffer and is recomputed in backward, which saves a quarter of a
+ * ViT block's activation memory for one elementwise pass. */
+typedef struct {
+    visc_tf_linear fc1, fc2;
+    int hidden;
+} visc_tf_mlp;
+
+void visc_tf_add_mlp(visc_model *m, visc_tf_mlp *p, const char *name, int C, int hidden);
+/* h: [rows, hidden] kept; scratch: [rows, hidden]. */
+void visc_tf_mlp_forward(visc_model *m, const visc_tf_mlp *p, float *out, float *h, float *scratch,
+                         const float *in, int64_t rows);
+/* scratch, dscratch: [rows, hidden] each; din [rows, C] overwritten. */
+void visc_tf_mlp_backward(visc_model *m, const visc_tf_mlp *p, float *din, const float *dout,
+                          const float *in, const float *h, float *scratch, float *dscratch,
+                          int64_t rows);
+double visc_tf_mlp_flops(const visc_tf_mlp *p, int64_t rows);
+
+/* ---- patch embedding: Conv2d(kernel = stride = patch), flattened to tokens ----
+ * Token p of image b lands in row b * tokens + first + p of the output, so a
+ * class token can take row 0 of each sequence (first = 1). */
+typedef struct {
+    visc_conv2d conv;
+    int weight, bias;
+    int grid; /* patches per side */
+    int tokens, first;
+} visc_tf_patch_embed;
+
+void visc_tf_add_patch_embed(visc_model *m, visc_tf_patch_embed *p, const char *name, int batch,
+                             int in_channels, int image, int patch, int C, int tokens, int first);
+/* conv_out: [B, C, grid, grid] scratch kept for backward's layout only. */
+void visc_tf_patch_embed_forward(visc_model *m, visc_tf_patch_embed *p, float *tokens,
+                                 float *conv_out, const float *image);
+/* dtokens: gradient of the token rows; dconv: [B, C, grid, grid] scratch. */
+void visc_tf_patch_embed_backward(visc_model *m, visc_tf_patch_embed *p, float *dconv,
+                                  const float *dtokens, const float *image);
+void visc_tf_patch_embed_destroy(visc_tf_patch_embed *p);
+
+/* ---- rows of a sequence batch ---- */
+/* out [B, C] = rows b * tokens + index of x [B * tokens, C]. */
+void visc_tf_gather_token(float *out, const float *x, int B, int tokens, int index, int C);
+/* dx [B * tokens, C] = 0 except rows b * tokens + index = dtok [B, C]. */
+void visc_tf_scatter_token(float *dx, const float *dtok, int B, int tokens, int index, int C);
+
+/* ---- timm-style initialization ('' mode), drawn from (seed, VISC_STREAM_INIT, tensor) ----
+ *   2-D weights (nn.Linear): trunc_normal(std .02), biases 0
+ *   LayerNorm (VISC_TENSOR_NORM): weight 1, bias 0
+ *   4-D weights and their biases (the patch-embedding Conv2d, which timm's
+ *   init leaves at PyTorch's default): U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+ *   pos_embed: trunc_normal(std .02); cls_token: normal(std cls_std)
+ *   gamma_1 / gamma_2 (LayerScale): init_values
+ *   relative_position_bias_table: trunc_normal(std .02)
+ * Anything else aborts (a model bug: a tensor nobody decided how to start). */
+void visc_tf_init_params(visc_model *m, uint64_t seed, float cls_std, float init_values);
+
+/* ---- noise: one offset range per drop site ----
+ * Site s (1, 2, ...) owns the offsets [s << 32, (s + 1) << 32) of the
+ * dropout stream: per-sample drop-path draws use s << 32 + b, element
+ * dropout uses counters from s << 32. Site 0 is never used (it would share
+ * counters with an element dropout at offset 0). */
+static inline uint64_t visc_tf_noise_offset(int site) { return (uint64_t)site << 32; }
+
+/* Drop-path rate of block i of depth blocks: timm's linspace(0, rate, depth). */
+float visc_tf_drop_path_rate(float rate, int i, int depth);
+
+#endif
