@@ -23,7 +23,7 @@ check() { # check NAME DIR
 check vit_femto_patch4_28 "$tmp/vit"
 
 "$V" train --model swin_micro_patch2_window4_32 --input-size 32 "${common[@]}" --lr 0.003 \
-    --warmup-epochs 0.2 --epochs 3 --output "$tmp/swin" | tail -2
+    --warmup-epochs 0.2 --epochs 4 --output "$tmp/swin" | tail -2
 check swin_micro_patch2_window4_32 "$tmp/swin"
 
 # The saved model evaluates to the accuracy of its last epoch.
