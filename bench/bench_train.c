@@ -15,9 +15,11 @@
  * usage: bench_train [--model resnet18] [--batch 128] [--image-size 32]
  *                    [--classes 10] [--in-channels 3] [--small-stem]
  *                    [--warmup 3] [--steps 10] [--seconds 0] [--threads 0]
- *                    [--no-peak] [--quiet]
+ *                    [--no-peak] [--quiet] [--precision fp32|bf16]
  * --seconds S: run timed steps until S seconds have passed (at least
- * --steps of them). The last line is one machine-readable "RESULT ..." line.
+ * --steps of them). --precision bf16: the linear layers' matmuls take bf16
+ * operands (fp32 accumulation; nn.h), fp32 where the CPU lacks avx512_bf16.
+ * The last line is one machine-readable "RESULT ..." line.
  *
  * Besides wall-clock images/s it reports "CPU images/s": images per
  * CPU-second of this process times the thread count, i.e. the speed the run
@@ -41,12 +43,13 @@ typedef struct {
     visc_model_config model;
     int warmup, steps, threads, peak, quiet;
     double seconds;
+    visc_precision precision;
 } options;
 
 static void usage(void) {
     fprintf(stderr, "usage: bench_train [--model NAME] [--batch N] [--image-size PX] "
                     "[--classes K] [--in-channels C] [--small-stem] [--warmup N] [--steps N] "
-                    "[--seconds S] [--threads N] [--no-peak] [--quiet]\n");
+                    "[--seconds S] [--threads N] [--no-peak] [--quiet] [--precision fp32|bf16]\n");
     exit(2);
 }
 
@@ -80,7 +83,9 @@ static options parse(int argc, char **argv) {
         else if (!strcmp(a, "--seconds") && i + 1 < argc) o.seconds = atof(argv[++i]);
         else if (!strcmp(a, "--no-peak")) o.peak = 0;
         else if (!strcmp(a, "--quiet")) o.quiet = 1;
-        else usage();
+        else if (!strcmp(a, "--precision") && i + 1 < argc) {
+            if (visc_parse_precision(argv[++i], &o.precision)) visc_die("%s", visc_last_error());
+        } else usage();
     }
     if (o.model.batch < 1 || o.model.image_size < 1 || o.model.num_classes < 1 ||
         o.model.in_channels < 1 || o.steps < 1)
@@ -122,6 +127,7 @@ static const char *const phase_names[PH_COUNT] = {"forward", "loss", "backward",
 int main(int argc, char **argv) {
     options o = parse(argc, argv);
     if (o.threads > 0) visc_set_num_threads(o.threads);
+    o.precision = visc_set_matmul_precision(o.precision);
     const visc_model_config *mc = &o.model;
     int B = mc->batch, K = mc->num_classes;
 
@@ -149,10 +155,11 @@ int main(int argc, char **argv) {
     const float lr = 0.01f;
 
     if (!o.quiet)
-        printf("visc %s batch %d %dpx %d classes%s, %d threads, %.2fM params, "
+        printf("visc %s batch %d %dpx %d classes%s, %d threads, %s matmuls, %.2fM params, "
                "%.3f GFLOP/image forward (model created in %.2f s)\n",
                mc->arch, B, mc->image_size, K, mc->small_stem ? " small stem" : "",
-               visc_num_threads(), m->params.total * 1e-6, m->flops_per_image * 1e-9, t_create);
+               visc_num_threads(), visc_precision_name(o.precision), m->params.total * 1e-6,
+               m->flops_per_image * 1e-9, t_create);
 
     double phase[PH_COUNT] = {0};
     float loss = 0;
@@ -199,10 +206,11 @@ int main(int argc, char **argv) {
                3.0 * m->flops_per_image * cpu_ips * 1e-9);
     }
     printf("RESULT engine=visc model=%s batch=%d res=%d img_s=%.2f ms_step=%.2f gflops=%.1f "
-           "peak=%.1f cpu_img_s=%.2f threads=%d fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f steps=%d\n",
+           "peak=%.1f cpu_img_s=%.2f threads=%d fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f steps=%d "
+           "precision=%s\n",
            mc->arch, B, mc->image_size, ips, t_timed / timed * 1e3, gflops, peak, cpu_ips,
            visc_num_threads(), phase[PH_FWD] / timed * 1e3, phase[PH_BWD] / timed * 1e3,
-           phase[PH_OPT] / timed * 1e3, timed);
+           phase[PH_OPT] / timed * 1e3, timed, visc_precision_name(o.precision));
 
     visc_optimizer_free(&opt);
     visc_free_aligned(x);

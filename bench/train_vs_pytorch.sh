@@ -17,13 +17,18 @@
 # its first run per setting, picks NCHW or channels_last, whichever is
 # faster; later runs reuse that choice.
 #
+# --precision bf16 runs visc's linear-layer matmuls with bf16 operands and
+# fp32 accumulation (bench_train --precision; fp32 on CPUs without
+# avx512_bf16); PyTorch stays fp32. The table names visc's precision.
+#
 # usage: bench/train_vs_pytorch.sh [--repeats 3] [--threads 2] [--only r18|r50|vit32|swin|vit224]
 #            [--steps18 10] [--steps50 3] [--wait-policy passive|active|default] [--quick]
+#            [--precision fp32|bf16]
 # Takes ~3-6 minutes on the 2-core machine at the default settings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-repeats=3 threads=2 only="" steps18=10 steps50=3 wait_policy=passive
+repeats=3 threads=2 only="" steps18=10 steps50=3 wait_policy=passive precision=fp32
 while [ $# -gt 0 ]; do
     case "$1" in
     --repeats) repeats=$2; shift ;;
@@ -33,7 +38,8 @@ while [ $# -gt 0 ]; do
     --steps50) steps50=$2; shift ;;
     --wait-policy) wait_policy=$2; shift ;;
     --quick) repeats=1 steps18=4 steps50=2 ;;
-    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    --precision) precision=$2; shift ;;
+    -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -65,7 +71,8 @@ median() { sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+
 load() { cut -d' ' -f1 /proc/loadavg; }
 
 echo "visc vs PyTorch training speed: $(nproc) cores, OMP_NUM_THREADS=$threads," \
-     "OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-default}, $repeats interleaved repeats, medians"
+     "OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-default}, $repeats interleaved repeats, medians," \
+     "visc $precision / torch fp32"
 echo "cpu: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)"
 load_start=$(load)
 rows=()
@@ -77,7 +84,7 @@ for s in "${settings[@]}"; do
     vi=() ti=() ratios=() cratios=() gf=() pk=() loads=()
     for ((r = 1; r <= repeats; r++)); do
         loads+=("$(load)")
-        v=$("$BENCH" "${common[@]}" | grep '^RESULT')
+        v=$("$BENCH" "${common[@]}" --precision "$precision" | grep '^RESULT')
         t=$("$PY" bench/torch_train.py "${common[@]}" --channels-last "$fmt" | grep '^RESULT')
         fmt_used=$(field format "$t")
         [ "$fmt" = auto ] && { [ "$fmt_used" = channels_last ] && fmt=on || fmt=off; }
@@ -94,13 +101,14 @@ for s in "${settings[@]}"; do
     mr=$(printf '%s\n' "${ratios[@]}" | median) mg=$(printf '%s\n' "${gf[@]}" | median)
     mc=$(printf '%s\n' "${cratios[@]}" | median)
     mp=$(printf '%s\n' "${pk[@]}" | median) ml=$(printf '%s\n' "${loads[@]}" | median)
-    rows+=("$(printf '| %-30s | %5s | %4s | %10.1f | %11.1f | %5.2fx | %12.1f | %10.1f | %5.0f%% | %8.2fx | %-13s | %4s |' \
-        "$model" "$batch" "$res" "$mv" "$mt" "$mr" "$mg" "$mp" \
+    vp=$(field precision "$v")
+    rows+=("$(printf '| %-30s | %5s | %4s | %-4s | %10.1f | %11.1f | %5.2fx | %12.1f | %10.1f | %5.0f%% | %8.2fx | %-13s | %4s |' \
+        "$model" "$batch" "$res" "$vp" "$mv" "$mt" "$mr" "$mg" "$mp" \
         "$(awk -v g="$mg" -v p="$mp" 'BEGIN {print 100 * g / p}')" "$mc" "$fmt_used" "$ml")")
 done
 
 echo
-echo "| model                          | batch |  res | visc img/s | torch img/s | ratio  | visc GFLOP/s | sgemm peak | % peak | CPU ratio | torch format  | load |"
-echo "| ------------------------------ | ----- | ---- | ---------- | ----------- | ------ | ------------ | ---------- | ------ | --------- | ------------- | ---- |"
+echo "| model                          | batch |  res | prec | visc img/s | torch img/s | ratio  | visc GFLOP/s | sgemm peak | % peak | CPU ratio | torch format  | load |"
+echo "| ------------------------------ | ----- | ---- | ---- | ---------- | ----------- | ------ | ------------ | ---------- | ------ | --------- | ------------- | ---- |"
 printf '%s\n' "${rows[@]}"
 echo "load average (1 min): $load_start at start, $(load) at end; targets: ratio >= 1.5 (ResNets, ViTs), >= 2 (Swin-T)"

@@ -93,7 +93,20 @@ void visc_pool2d_destroy(visc_pool2d *p);
 void visc_global_avgpool_forward(float *out, const float *in, int N, int C, int HW);
 void visc_global_avgpool_backward(float *din, const float *dout, int N, int C, int HW);
 
-/* ---- linear.c: y = x W^T + b on [N, in] rows (tokens: N = batch * tokens) ---- */
+/* ---- linear.c: y = x W^T + b on [N, in] rows (tokens: N = batch * tokens) ----
+ * Precision of the three matrix products (process-wide, fp32 by default):
+ * with BF16, inputs, weights and output gradients are rounded to bfloat16
+ * (round to nearest even) for the product only; accumulation, outputs,
+ * gradients, the bias and the master weights stay fp32. */
+typedef enum { VISC_PRECISION_FP32 = 0, VISC_PRECISION_BF16 = 1 } visc_precision;
+/* Returns the precision now in effect: a BF16 request on a CPU without
+ * native bf16 dot products (avx512_bf16) falls back to FP32 with a note on
+ * stderr. Not to be called while a linear layer runs on another thread. */
+visc_precision visc_set_matmul_precision(visc_precision p);
+visc_precision visc_matmul_precision(void);
+/* Parses "fp32" | "bf16"; 0, or -1 with visc_last_error() set. */
+int visc_parse_precision(const char *name, visc_precision *out);
+const char *visc_precision_name(visc_precision p);
 void visc_linear_forward(float *out, const float *in, const float *weight, const float *bias, int N,
                          int in_features, int out_features);
 /* din may be NULL; bias gradient skipped when dbias is NULL. */

@@ -49,6 +49,7 @@ typedef struct {
     /* run */
     uint64_t seed;
     int threads, print_freq, evaluate, max_steps, no_progress;
+    char precision[8]; /* linear-layer matmuls: fp32 | bf16 (nn.h; falls back to fp32) */
     char output[512], resume[512], weights[512];
 } visc_train_config;
 

@@ -76,6 +76,8 @@ static const option options[] = {
      "stochastic depth rate at the last block (linear in depth)"},
     {"seed", NULL, U64, O(seed), "random seed (fixes the whole run)"},
     {"threads", NULL, INT, O(threads), "compute threads (default: all cores)"},
+    {"precision", NULL, STR, O(precision),
+     "linear-layer matmuls: fp32 | bf16 (bf16 operands, fp32 accumulation)"},
     {"workers", "j", INT, O(workers), "data loading threads (default: all cores)"},
     {"print-freq", "p", INT, O(print_freq), "log every N steps"},
     {"output", "o", STR, O(output), "folder for checkpoints and logs"},

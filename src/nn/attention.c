@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "visc/core.h"
+#include "fast_exp.h"
 #include "visc/tokens.h"
 
 #define MAX_THREADS 1024
@@ -71,30 +72,6 @@ static float head_scale_of(const visc_attention *a, int h) {
 
 /* ---- row kernels (vectorized; exp dominates once the GEMMs are fast) ---- */
 
-/* exp(x) for the softmax: Cody-Waite range reduction x = n ln2 + r and a
- * degree-6 polynomial for exp(r) on |r| <= ln2 / 2 (Cephes' expf
- * coefficients), then 2^n through the exponent bits. Relative error ~2 ulp,
- * the same as libm's on this range, but plain arithmetic the compiler
- * vectorizes. Below -87 (where 2^n would be subnormal) it returns 0: the
- * softmax sum is >= 1, so such terms are far below its rounding. */
-static inline float exp_approx(float x) {
-    const float xc = x < -87.0f ? -87.0f : x > 88.0f ? 88.0f : x;
-    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    const float n = (xc * 1.44269504088896341f + magic) - magic;
-    const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float e = p * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float two_n;
-    memcpy(&two_n, &bits, sizeof two_n);
-    return x < -87.0f ? 0.0f : e * two_n;
-}
-
 /* Softmax of one row in place; returns its log-sum-exp. */
 __attribute__((target_clones("avx512f", "avx2", "default"))) static float softmax_row(float *row,
                                                                                       int n) {
@@ -114,7 +91,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static float softma
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
     for (int j = 0; j < n; j++) {
-        row[j] = exp_approx(row[j] - mx);
+        row[j] = visc_fast_exp(row[j] - mx);
         sum += row[j];
     }
     const float inv = 1.0f / sum;
@@ -128,7 +105,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static float softma
 __attribute__((target_clones("avx512f", "avx2", "default"))) static void
 exp_shifted_row(float *row, int n, float lse) {
 #pragma omp simd
-    for (int j = 0; j < n; j++) row[j] = exp_approx(row[j] - lse);
+    for (int j = 0; j < n; j++) row[j] = visc_fast_exp(row[j] - lse);
 }
 
 /* dS = P * (dP - di) in place over dP; returns sum(dS * R) (for the head scale). */

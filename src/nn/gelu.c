@@ -10,33 +10,14 @@
  *   erfc(z) = t P(t) exp(-z^2),  t = 1 / (1 + 0.3275911 z),  z = |x| / sqrt 2
  *   Phi(x)  = 1 - erfc(z) / 2 for x >= 0,  erfc(z) / 2 for x < 0
  * Taking the negative side from erfc directly avoids the cancellation of
- * 1 + erf(x) for large negative x. exp is the polynomial of exp_poly below. */
+ * 1 + erf(x) for large negative x. exp is visc_fast_exp (fast_exp.h). */
 #include <string.h>
 
+#include "fast_exp.h"
 #include "visc/tokens.h"
 
 #define INV_SQRT2 0.70710678118654752f
 #define INV_SQRT_2PI 0.39894228040143268f
-
-/* exp(x) for x <= 0 (Cody-Waite reduction, Cephes' degree-6 polynomial,
- * ~2 ulp; 0 below -87); as exp_approx in attention.c. */
-static inline float exp_poly(float x) {
-    const float xc = x < -87.0f ? -87.0f : x;
-    const float magic = 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
-    const float n = (xc * 1.44269504088896341f + magic) - magic;
-    const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    const float e = p * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 127) << 23;
-    float two_n;
-    memcpy(&two_n, &bits, sizeof two_n);
-    return x < -87.0f ? 0.0f : e * two_n;
-}
 
 /* Phi(x), given e = exp(-x^2 / 2). */
 static inline float gauss_cdf(float x, float e) {
@@ -54,7 +35,7 @@ gelu_forward_range(float *out, const float *in, size_t n) {
 #pragma omp simd
     for (size_t i = 0; i < n; i++) {
         const float x = in[i];
-        out[i] = x * gauss_cdf(x, exp_poly(-0.5f * x * x));
+        out[i] = x * gauss_cdf(x, visc_fast_exp(-0.5f * x * x));
     }
 }
 
@@ -62,7 +43,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static void
 gelu_backward_range(float *din, const float *dout, const float *in, size_t n) {
 #pragma omp simd
     for (size_t i = 0; i < n; i++) {
-        const float x = in[i], e = exp_poly(-0.5f * x * x);
+        const float x = in[i], e = visc_fast_exp(-0.5f * x * x);
         din[i] = dout[i] * (gauss_cdf(x, e) + x * INV_SQRT_2PI * e);
     }
 }

@@ -5,10 +5,14 @@
  *   forward      out[N, out]  = in[N, in] * W[out, in]^T  (+ b, preloaded into out)
  *   backward     din[N, in]   = dout[N, out] * W[out, in]
  *                dW[out, in]  = dout[N, out]^T * in[N, in]
- *                db[out]      = column sums of dout */
+ *                db[out]      = column sums of dout
+ * With visc_set_matmul_precision(VISC_PRECISION_BF16) the three products go
+ * through linear_bf16.c instead (bf16 operands, fp32 accumulation); the bias
+ * gradient stays an fp32 column sum either way. */
 #include <oneapi/dnnl/dnnl.h>
 #include <string.h>
 
+#include "linear_bf16.h"
 #include "visc/nn.h"
 
 static void sgemm(char ta, char tb, int M, int Ncols, int K, const float *A, int lda,
@@ -64,6 +68,9 @@ static void column_sums(float *dbias, const float *dout, int N, int cols) {
 void visc_linear_forward(float *out, const float *in, const float *weight, const float *bias, int N,
                          int in_features, int out_features) {
     VISC_ASSERT(N > 0 && in_features > 0 && out_features > 0);
+    if (visc_matmul_precision() == VISC_PRECISION_BF16 &&
+        visc_linear_bf16_forward(out, in, weight, bias, N, in_features, out_features) == 0)
+        return;
     /* Preloading the bias and accumulating with beta = 1 saves a second pass over out. */
     if (bias) {
 #pragma omp parallel for if ((size_t)N * out_features > 65536)
@@ -78,10 +85,14 @@ void visc_linear_backward(float *din, float *dweight, float *dbias, const float 
                           const float *in, const float *weight, int N, int in_features,
                           int out_features) {
     VISC_ASSERT(N > 0 && in_features > 0 && out_features > 0);
+    if (dbias) column_sums(dbias, dout, N, out_features);
+    if (visc_matmul_precision() == VISC_PRECISION_BF16 &&
+        visc_linear_bf16_backward(din, dweight, dout, in, weight, N, in_features, out_features) ==
+            0)
+        return;
     if (din)
         sgemm('N', 'N', N, in_features, out_features, dout, out_features, weight, in_features, 0.0f,
               din, in_features);
     sgemm('T', 'N', out_features, in_features, N, dout, out_features, in, in_features, 0.0f,
           dweight, in_features);
-    if (dbias) column_sums(dbias, dout, N, out_features);
 }

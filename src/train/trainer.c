@@ -49,6 +49,7 @@ void visc_train_config_defaults(visc_train_config *c) {
     c->mixup_prob = 1.0f;
     c->mixup_switch_prob = 0.5f;
     snprintf(c->output, sizeof c->output, "runs/train");
+    snprintf(c->precision, sizeof c->precision, "fp32");
 }
 
 /* Everything a step touches, allocated once before the first step. */
@@ -342,12 +343,12 @@ static char *describe_config(const visc_train_config *c, const visc_model *m) {
              "\"image_size\":%d,\"small_stem\":%d,\"width\":%d,\"epochs\":%d,\"batch_size\":%d,"
              "\"opt\":\"%s\",\"sched\":\"%s\",\"lr\":%g,\"momentum\":%g,\"weight_decay\":%g,"
              "\"nesterov\":%d,\"label_smoothing\":%g,\"drop_rate\":%g,\"drop_path_rate\":%g,"
-             "\"seed\":%llu}",
+             "\"seed\":%llu,\"precision\":\"%s\"}",
              m->cfg.arch, c->dataset, m->cfg.num_classes, m->cfg.in_channels, m->cfg.image_size,
              m->cfg.small_stem, m->cfg.width, c->epochs, c->batch_size, c->opt, c->sched,
              (double)c->lr, (double)c->momentum, (double)c->weight_decay, c->nesterov,
              (double)c->label_smoothing, (double)m->cfg.drop_rate, (double)m->cfg.drop_path_rate,
-             (unsigned long long)c->seed);
+             (unsigned long long)c->seed, visc_precision_name(visc_matmul_precision()));
     return s;
 }
 
@@ -378,6 +379,10 @@ int visc_train(const visc_train_config *c) {
         visc_set_error("--batch-size must be >= 1 and --epochs >= 0");
         goto done;
     }
+    /* Process-wide and set on every run, so a fp32 run after a bf16 one is fp32. */
+    visc_precision precision;
+    if (visc_parse_precision(c->precision, &precision)) goto done;
+    precision = visc_set_matmul_precision(precision);
     const char *data_name = c->dataset;
     if (visc_is_image_data(c->data_dir)) {
         /* image files: decoded and augmented per sample by the recipe */
@@ -521,10 +526,11 @@ int visc_train(const visc_train_config *c) {
     if (!t.tb) goto done;
     log_json(&t, "{\"type\":\"config\",\"config\":%s}", t.config_text);
     printf("training %s (%.2fM parameters, %.1f MFLOP/image forward) on %s: %lld train / %lld "
-           "test images, %d epochs of %lld steps, batch %d, %d threads\n",
+           "test images, %d epochs of %lld steps, batch %d, %d threads%s\n",
            mc.arch, m->params.total / 1e6, m->flops_per_image / 1e6, data_name,
            (long long)t.train->size, (long long)t.val->size, c->epochs,
-           (long long)t.steps_per_epoch, B, visc_num_threads());
+           (long long)t.steps_per_epoch, B, visc_num_threads(),
+           precision == VISC_PRECISION_BF16 ? ", bf16 matmuls" : "");
     double t0 = visc_now();
     int r = run_epochs(&t);
     if (r < 0) goto done;
