@@ -11,10 +11,10 @@ ifeq ($(WERROR),1)
 WARN    += -Werror
 endif
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Iinclude -fopenmp $(OPT) $(WARN) $(SANFLAGS) -MMD -MP
-LDLIBS  += -ldnnl -ljpeg -lpng -lz -lm -lpthread
+LDLIBS  += -ldnnl -ljpeg -lpng -lz -lm -lpthread -ldl
 LDFLAGS += -fopenmp $(SANFLAGS)
 
-LIB_SRC   := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
+LIB_SRC   := $(shell find src -name '*.c' ! -path 'src/cli/*' ! -path 'src/dist/mpi/*' | sort)
 CLI_SRC   := $(sort $(wildcard src/cli/*.c))
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
 BENCH_SRC := $(sort $(wildcard bench/*.c))
@@ -26,11 +26,24 @@ BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
 .PHONY: all test asan bench clean tests deps demo
 .SECONDARY:
-all: $(BUILD)/visc
+all: $(BUILD)/visc $(MPI_PLUGIN)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+# The MPI backend (src/dist/mpi/), a plugin loaded only by runs that mpirun
+# started, so visc itself never links libmpi. Built when Open MPI's
+# compiler wrapper is installed (libopenmpi-dev); without it visc runs
+# alone and says how to get it when launched by mpirun.
+MPICC := $(shell command -v mpicc 2>/dev/null)
+ifneq ($(MPICC),)
+MPI_PLUGIN := $(BUILD)/libvisc_mpi.so
+$(MPI_PLUGIN): src/dist/mpi/mpi_backend.c src/dist/backend.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -fPIC -shared $(OPT) $(WARN) $(shell mpicc --showme:compile) \
+	    $< -o $@ $(shell mpicc --showme:link)
+endif
 
 $(BUILD)/libvisc.a: $(LIB_OBJ)
 	@rm -f $@
@@ -45,7 +58,7 @@ $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/harness.o $(BUILD)/libvisc.a
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libvisc.a
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-tests: $(TEST_BIN) $(BUILD)/visc
+tests: $(TEST_BIN) $(BUILD)/visc $(MPI_PLUGIN)
 
 # Missing Debian packages are installed first (tools/install_deps.sh).
 deps:

@@ -3,7 +3,8 @@
 # `make demo`, `make test` and CI. Extra package names may be passed as
 # arguments (CI adds the quality-gate tools).
 set -euo pipefail
-packages=(build-essential libdnnl-dev libjpeg62-turbo-dev libpng-dev zlib1g-dev dataset-fashion-mnist bc "$@")
+packages=(build-essential libdnnl-dev libjpeg62-turbo-dev libpng-dev zlib1g-dev libopenmpi-dev openmpi-bin
+          dataset-fashion-mnist bc "$@")
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -12,6 +12,7 @@
 #ifndef VISC_MODEL_H
 #define VISC_MODEL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "table.h"
@@ -49,11 +50,46 @@ struct visc_model {
     const char **bn_names;
     int num_bn;
 
+    /* Optional, set by a data-parallel trainer: backward calls it as each
+     * parameter's gradient becomes final (grad..grad+count covers whole
+     * tensors), so their all-reduce starts while backward goes on. */
+    void (*grad_ready)(void *ctx, const float *grad, size_t count);
+    void *grad_ready_ctx;
+
+    /* The backbone's output: the pooled features the classifier reads,
+     * [batch, feature_dim], valid after forward (self-supervised heads and
+     * kNN evaluation work on these). */
+    float *features;
+    int feature_dim;
+    /* The classifier's state_dict prefix ("fc." for torchvision ResNets,
+     * "head." / "head.fc." for timm): what a backbone checkpoint may lack
+     * and what a new task replaces. */
+    const char *head_prefix;
+    /* Backward from the features: dfeatures [batch, feature_dim] is the
+     * gradient reaching the backbone's output. The classifier's own
+     * gradients come from dlogits (NULL: zero) and do not flow into the
+     * backbone: a classifier on detached features (SSL's online
+     * classifier, a linear probe). */
+    void (*backward_features)(visc_model *m, const float *dfeatures, const float *dlogits);
+    /* Models with BatchNorm: synchronizes every BN layer's statistics over
+     * the processes through fn (nn.h, visc_bn_sync_fn); NULL otherwise. */
+    void (*set_bn_sync)(visc_model *m, void (*fn)(void *ctx, double *buf, int n), void *ctx);
+
     void (*forward)(visc_model *m, const float *x, int train);
     void (*backward)(visc_model *m, const float *dlogits);
     void (*destroy)(visc_model *m);
     void *impl;
 };
+
+static inline void visc_model_grad_ready(const visc_model *m, const float *grad, size_t count) {
+    if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, grad, count);
+}
+
+/* Zeroes the gradient of parameter tensor `index`. */
+static inline void visc_model_zero_grad(visc_model *m, int index) {
+    const visc_tensor_entry *e = &m->params.entries[index];
+    for (size_t i = 0; i < e->numel; i++) m->grads[e->offset + i] = 0.0f;
+}
 
 /* Creates and initializes (torchvision's init, drawn from `seed`) a model;
  * NULL with visc_last_error() set for an unknown architecture or bad config. */

@@ -49,12 +49,19 @@ double visc_conv2d_flops(const visc_conv2d *c); /* forward multiply-adds x 2 */
  * with the UNBIASED batch variance, as torch.nn.BatchNorm2d does.
  * With relu = 1 the layer computes relu(bn(x)) in one pass; backward then
  * needs `out` to mask the gradient (ignored when relu = 0). */
+/* Synchronized BatchNorm (several processes, one batch): the per-channel
+ * sums are reduced over the processes by a callback that adds n doubles
+ * element-wise across them, in place. */
+typedef void (*visc_bn_sync_fn)(void *ctx, double *buf, int n);
+
 typedef struct {
     int N, C, HW;
     float eps, momentum;
     int relu;
     visc_device device;
     void *impl;
+    visc_bn_sync_fn sync; /* NULL: statistics of this process's batch */
+    void *sync_ctx;
 } visc_batchnorm2d;
 
 void visc_batchnorm2d_init(visc_batchnorm2d *b, int N, int C, int HW, float eps, float momentum,
@@ -70,6 +77,11 @@ void visc_batchnorm2d_forward_eval(visc_batchnorm2d *b, float *out, const float 
 void visc_batchnorm2d_backward(visc_batchnorm2d *b, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *out,
                                const float *gamma, const float *save_mean, const float *save_rstd);
+/* Turns on synchronized statistics (as torch.nn.SyncBatchNorm): mean and
+ * variance over the batches of all processes, and in backward the sums of
+ * dy and dy * (x - mean) over them too; dgamma and dbeta stay this
+ * process's share (the gradient all-reduce adds them up). fn NULL: off. */
+void visc_batchnorm2d_set_sync(visc_batchnorm2d *b, visc_bn_sync_fn fn, void *ctx);
 void visc_batchnorm2d_destroy(visc_batchnorm2d *b);
 
 /* ---- pool2d.c: max and average pooling (square kernel), PyTorch semantics ----

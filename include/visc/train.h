@@ -12,6 +12,7 @@
 #include <stdio.h>
 
 #include "data.h"
+#include "dist.h"
 #include "loader.h"
 #include "model.h"
 #include "optim.h"
@@ -51,6 +52,12 @@ typedef struct {
     int threads, print_freq, evaluate, max_steps, no_progress;
     char precision[8]; /* linear-layer matmuls: fp32 | bf16 (nn.h; falls back to fp32) */
     char output[512], resume[512], weights[512];
+    /* data-parallel processes (dist.h): under mpirun the batch is split
+     * over the ranks, each reads its shard, gradients are averaged */
+    char dist_backend[8]; /* auto | none | mpi */
+    float dist_timeout;   /* seconds one collective may take */
+    float bucket_cap_mb;  /* gradient buckets (DDP's bucket_cap_mb, default 25) */
+    int sync_bn;          /* BatchNorm statistics over all ranks */
 } visc_train_config;
 
 void visc_train_config_defaults(visc_train_config *c);
@@ -68,6 +75,11 @@ typedef struct {
 /* Runs the model in eval mode over the whole dataset (the last batch padded). */
 int visc_evaluate(visc_model *m, const visc_dataset *ds, const visc_augment *aug, float smoothing,
                   visc_eval_result *out);
+/* The same over several processes: rank r of the group d (dist.h; NULL:
+ * alone) evaluates every world-th sample from r on, and the sums are
+ * all-reduced, so every rank returns the whole dataset's result. */
+int visc_evaluate_shard(visc_model *m, const visc_dataset *ds, const visc_augment *aug,
+                        float smoothing, visc_dist *d, visc_eval_result *out);
 
 /* ---- datasets.c ---- */
 /* Opens the train or test split of a named dataset; NULL with an error. */
@@ -83,12 +95,18 @@ visc_dataset *visc_open_image_data(const visc_train_config *c, int train, int si
                                    visc_transform_config *tc, visc_sample_pipeline *pl);
 
 /* ---- checkpoint.c ---- */
+#define VISC_MAX_SAVED_RANKS 64
 typedef struct {
     int64_t epoch;         /* epochs completed */
     int64_t step;          /* global optimizer steps completed */
     int64_t step_in_epoch; /* batches of `epoch` already consumed (mid-epoch resume) */
     int64_t sample_pos;    /* the loader's cursor after them (bad samples skipped) */
     double best_top1;
+    /* Several processes: each rank's cursor (rank_pos[r]), kept when world
+     * <= VISC_MAX_SAVED_RANKS; a resume with the same world continues each
+     * rank exactly, any other world restarts at step x per-rank batch. */
+    int world;
+    int64_t rank_pos[VISC_MAX_SAVED_RANKS];
 } visc_train_state;
 
 /* Model-only file with torchvision/timm state_dict keys (PyTorch loads it
@@ -106,7 +124,7 @@ int visc_load_checkpoint(visc_model *m, visc_optimizer *o, float *ema_params, fl
 
 /* ---- progress.c ---- */
 typedef struct {
-    FILE *out;
+    FILE *out; /* NULL after begin: silent */
     int tty;
     double start, last_draw;
     int64_t total;

@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "diff.h"
 #include "options.h"
 #include "pack.h"
 #include "plot.h"
@@ -14,6 +15,7 @@ static void usage(FILE *f) {
           "  train     train (or with --evaluate, evaluate) a model\n"
           "  plot      draw a run's curves (loss, accuracy, LR) as a PNG\n"
           "  pack      pack an image folder into shards (fast loading)\n"
+          "  diff      compare the tensors of two safetensors files\n"
           "  models    list the architectures\n"
           "  version   print the version\n\n"
           "`visc train --help` lists the training options.\n",
@@ -43,6 +45,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "train") == 0) return cmd_train(argc - 2, argv + 2);
     if (strcmp(cmd, "plot") == 0) return visc_cmd_plot(argc - 2, argv + 2);
     if (strcmp(cmd, "pack") == 0) return visc_cmd_pack(argc - 2, argv + 2);
+    if (strcmp(cmd, "diff") == 0) return visc_cmd_diff(argc - 2, argv + 2);
     if (strcmp(cmd, "models") == 0) {
         for (const char *const *n = visc_model_names(); *n; n++) puts(*n);
         return 0;

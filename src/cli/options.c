@@ -43,7 +43,8 @@ static const option options[] = {
     {"mixup-switch-prob", NULL, FLOAT, O(mixup_switch_prob),
      "probability of cutmix when both are on"},
     {"epochs", NULL, INT, O(epochs), "number of epochs"},
-    {"batch-size", "b", INT, O(batch_size), "batch size"},
+    {"batch-size", "b", INT, O(batch_size),
+     "batch size (total over all processes under mpirun, split evenly)"},
     {"opt", NULL, STR, O(opt), "sgd | adamw | lamb | lars"},
     {"lr", NULL, FLOAT, O(lr), "peak learning rate"},
     {"min-lr", NULL, FLOAT, O(min_lr), "final learning rate (cosine, onecycle)"},
@@ -86,6 +87,13 @@ static const option options[] = {
     {"evaluate", "e", FLAG, O(evaluate), "only evaluate (with --resume or --weights)"},
     {"max-steps", NULL, INT, O(max_steps), "stop after N steps with a checkpoint (testing resume)"},
     {"no-progress", NULL, FLAG, O(no_progress), "plain log lines even on a terminal"},
+    {"dist-backend", NULL, STR, O(dist_backend),
+     "processes: auto (mpirun's, if launched) | none | mpi"},
+    {"dist-timeout", NULL, FLOAT, O(dist_timeout),
+     "processes: seconds a collective may take before the run fails (default 300)"},
+    {"sync-bn", NULL, FLAG, O(sync_bn), "processes: BatchNorm statistics over all ranks"},
+    {"bucket-cap-mb", NULL, FLOAT, O(bucket_cap_mb),
+     "processes: gradient all-reduce bucket size (0: one all-reduce after backward)"},
 };
 #define NUM_OPTIONS (int)(sizeof options / sizeof options[0])
 

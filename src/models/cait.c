@@ -533,14 +533,10 @@ static void block_backward(visc_model *m, cait *c, cait_block *b) {
     visc_add_inplace(c->dx, c->dtmp, RC);
 }
 
-static void cait_backward(visc_model *m, const float *dlogits) {
-    cait *c = m->impl;
+/* From c->dfeat (the gradient at the features) to the input. */
+static void trunk_backward(visc_model *m, cait *c) {
     const int B = m->cfg.batch, C = c->embed, T = c->tokens;
     const float *cls = c->cblocks[DEPTH_TOKEN_ONLY - 1].cls_out;
-    visc_tf_linear_backward(m, &c->head, c->dfeat, dlogits,
-                            c->head_dropped ? c->feat_drop : c->feat, B);
-    if (c->head_dropped)
-        visc_dropout_backward(c->dfeat, c->dfeat, c->drop_mask, (size_t)B * C, m->cfg.drop_rate);
     visc_tf_norm_backward(m, &c->norm, c->dcls, c->dfeat, cls, c->cls_mean, c->cls_rstd, B);
     memset(c->dx, 0, (size_t)B * T * C * sizeof(float));
     for (int i = DEPTH_TOKEN_ONLY - 1; i >= 0; i--) class_block_backward(m, c, &c->cblocks[i]);
@@ -550,6 +546,24 @@ static void cait_backward(visc_model *m, const float *dlogits) {
     for (int i = c->depth - 1; i >= 0; i--) block_backward(m, c, &c->blocks[i]);
     visc_add_broadcast_backward(G(c->pos_embed), c->dx, B, (int64_t)T * C);
     visc_tf_patch_embed_backward(m, &c->pe, c->conv_out, c->dx, c->image);
+}
+
+static void cait_backward(visc_model *m, const float *dlogits) {
+    cait *c = m->impl;
+    const int B = m->cfg.batch, C = c->embed;
+    visc_tf_linear_backward(m, &c->head, c->dfeat, dlogits,
+                            c->head_dropped ? c->feat_drop : c->feat, B);
+    if (c->head_dropped)
+        visc_dropout_backward(c->dfeat, c->dfeat, c->drop_mask, (size_t)B * C, m->cfg.drop_rate);
+    trunk_backward(m, c);
+}
+
+static void cait_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
+    cait *c = m->impl;
+    const int B = m->cfg.batch, C = c->embed;
+    visc_tf_head_backward(m, &c->head, dlogits, c->head_dropped ? c->feat_drop : c->feat, B);
+    memcpy(c->dfeat, dfeatures, (size_t)B * C * sizeof(float));
+    trunk_backward(m, c);
 }
 
 static void cait_destroy(visc_model *m) {
@@ -643,6 +657,10 @@ visc_model *visc_cait_create(const visc_model_config *cfg, uint64_t seed) {
     m->flops_per_image = model_flops(m, c);
     m->forward = cait_forward;
     m->backward = cait_backward;
+    m->backward_features = cait_backward_features;
+    m->features = c->feat;
+    m->feature_dim = c->embed;
+    m->head_prefix = "head.";
     m->destroy = cait_destroy;
     return m;
 }

@@ -301,12 +301,15 @@ static void resnet_forward(visc_model *m, const float *x, int train) {
 
 static void conv_bwd(visc_model *m, conv_layer *c, float *din, const float *dout, const float *in) {
     visc_conv2d_backward(&c->op, din, G(c->weight), NULL, dout, in, P(c->weight));
+    visc_model_grad_ready(m, G(c->weight), m->params.entries[c->weight].numel);
 }
 
 static void bn_bwd(visc_model *m, bn_layer *b, float *din, const float *dout, const float *in,
                    const float *out) {
     visc_batchnorm2d_backward(&b->op, din, G(b->gamma), G(b->beta), dout, in, out, P(b->gamma),
                               b->save_mean, b->save_rstd);
+    visc_model_grad_ready(m, G(b->gamma), m->params.entries[b->gamma].numel);
+    visc_model_grad_ready(m, G(b->beta), m->params.entries[b->beta].numel);
 }
 
 /* dout: gradient w.r.t. the block output (modified in place); writes the
@@ -340,11 +343,23 @@ static void block_backward(visc_model *m, resnet *r, block *b, float *din, float
     }
 }
 
-static void resnet_backward(visc_model *m, const float *dlogits) {
-    resnet *r = m->impl;
+/* The classifier's gradients from dlogits (NULL: zero); dfeatures (may be
+ * NULL) receives the gradient it sends back into the backbone. */
+static void fc_backward(visc_model *m, resnet *r, float *dfeatures, const float *dlogits) {
+    if (dlogits) {
+        visc_linear_backward(dfeatures, G(r->fc_weight), G(r->fc_bias), dlogits, r->features,
+                             P(r->fc_weight), m->cfg.batch, r->feature_dim, m->cfg.num_classes);
+    } else {
+        visc_model_zero_grad(m, r->fc_weight);
+        visc_model_zero_grad(m, r->fc_bias);
+    }
+    visc_model_grad_ready(m, G(r->fc_weight), m->params.entries[r->fc_weight].numel);
+    visc_model_grad_ready(m, G(r->fc_bias), m->params.entries[r->fc_bias].numel);
+}
+
+/* From r->dfeatures (the gradient at the pooled features) to the input. */
+static void trunk_backward(visc_model *m, resnet *r) {
     int N = m->cfg.batch;
-    visc_linear_backward(r->dfeatures, G(r->fc_weight), G(r->fc_bias), dlogits, r->features,
-                         P(r->fc_weight), N, r->feature_dim, m->cfg.num_classes);
     float *dout = r->g0, *din = r->g1;
     visc_global_avgpool_backward(dout, r->dfeatures, N, r->feature_dim, r->final_hw);
     for (int i = r->num_blocks - 1; i >= 0; i--) {
@@ -360,6 +375,24 @@ static void resnet_backward(visc_model *m, const float *dlogits) {
     }
     bn_bwd(m, &r->stem_bn, dout, dout, r->stem_c, r->stem_b);
     conv_bwd(m, &r->stem_conv, NULL, dout, r->x);
+}
+
+static void resnet_backward(visc_model *m, const float *dlogits) {
+    resnet *r = m->impl;
+    fc_backward(m, r, r->dfeatures, dlogits);
+    trunk_backward(m, r);
+}
+
+static void resnet_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
+    resnet *r = m->impl;
+    fc_backward(m, r, NULL, dlogits);
+    memcpy(r->dfeatures, dfeatures, (size_t)m->cfg.batch * r->feature_dim * sizeof(float));
+    trunk_backward(m, r);
+}
+
+static void resnet_set_bn_sync(visc_model *m, visc_bn_sync_fn fn, void *ctx) {
+    resnet *r = m->impl;
+    for (int i = 0; i < r->num_bns; i++) visc_batchnorm2d_set_sync(&r->bns[i]->op, fn, ctx);
 }
 
 /* ---- lifetime ---- */
@@ -484,6 +517,11 @@ visc_model *visc_resnet_create(const visc_model_config *cfg, uint64_t seed) {
     m->flops_per_image = model_flops(r, N, cfg->num_classes);
     m->forward = resnet_forward;
     m->backward = resnet_backward;
+    m->backward_features = resnet_backward_features;
+    m->features = r->features;
+    m->feature_dim = r->feature_dim;
+    m->head_prefix = "fc.";
+    m->set_bn_sync = resnet_set_bn_sync;
     m->destroy = resnet_destroy;
     return m;
 }

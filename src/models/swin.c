@@ -73,6 +73,7 @@ typedef struct {
     float *in, *xw, *qkv, *qk, *qnorm, *knorm, *ao, *lse, *a, *x1, *h, *gl, *mo, *out;
     float *mean1, *rstd1, *mean2, *rstd2, *keep1, *keep2;
     float *bias, *head_scale, *cpb_h, *cpb_t;
+    int param_lo, param_hi; /* its tensors: params entries [lo, hi) */
 } swin_block;
 
 typedef struct {
@@ -127,6 +128,7 @@ static int add_param(visc_model *m, const char *prefix, const char *name, int nd
 /* Registers one block's parameters in timm's state_dict order. */
 static void add_block_params(visc_model *m, swin_block *b, const char *pre) {
     int C = b->C, H = b->heads;
+    b->param_lo = m->params.count;
     b->table = b->logit_scale = b->q_bias = b->v_bias = b->cpb0w = b->cpb0b = b->cpb2w = -1;
     b->qkvb = -1;
     if (!b->v2) {
@@ -164,6 +166,7 @@ static void add_block_params(visc_model *m, swin_block *b, const char *pre) {
         b->n2w = add_param(m, pre, "norm2.weight", 1, C, 0, 0, NORM_FLAGS);
         b->n2b = add_param(m, pre, "norm2.bias", 1, C, 0, 0, NORM_FLAGS);
     }
+    b->param_hi = m->params.count;
 }
 
 static void add_merge_params(visc_model *m, swin_merge *mg, const char *pre, int v2) {
@@ -626,32 +629,60 @@ static void merge_backward(visc_model *m, swin *s, swin_merge *mg) {
     merge_copy(s->gx, s->sb, B, mg->H, mg->W, C, 1);
 }
 
-static void swin_backward(visc_model *m, const float *dlogits) {
-    swin *s = m->impl;
+/* From dpooled (the gradient at the pooled features) to the input. */
+static void trunk_backward(visc_model *m, swin *s, const float *dpooled) {
     int B = m->cfg.batch, F = s->features, E = s->embed, HW = s->grid * s->grid;
-    const float *feat = s->pooled;
-    int dropped = s->last_train && m->cfg.drop_rate > 0.0f;
-    if (dropped) feat = s->feat;
-    visc_linear_backward(s->dfeat, G(s->fc_w), G(s->fc_b), dlogits, feat, P(s->fc_w), B, F,
-                         m->cfg.num_classes);
-    const float *dpooled = s->dfeat;
-    if (dropped) {
-        visc_dropout_backward(s->dpooled, s->dfeat, s->drop_mask, (size_t)B * F, m->cfg.drop_rate);
-        dpooled = s->dpooled;
-    }
     int64_t rows = (int64_t)B * s->last_tokens;
     visc_token_mean_backward(s->sa, dpooled, B, s->last_tokens, F);
     visc_layernorm_backward(s->gx, G(s->norm_w), G(s->norm_b), s->sa, last_output(s), P(s->norm_w),
                             s->f_mean, s->f_rstd, rows, F);
     for (int i = s->stages - 1; i >= 0; i--) {
         swin_stage *st = &s->st[i];
-        for (int j = st->depth - 1; j >= 0; j--) block_backward(m, s, &st->blocks[j]);
+        for (int j = st->depth - 1; j >= 0; j--) {
+            swin_block *b = &st->blocks[j];
+            block_backward(m, s, b);
+            const visc_tensor_entry *last = &m->params.entries[b->param_hi - 1];
+            visc_model_grad_ready(m, G(b->param_lo),
+                                  last->offset + last->numel -
+                                      m->params.entries[b->param_lo].offset);
+        }
         if (st->has_merge) merge_backward(m, s, &st->merge);
     }
     visc_layernorm_backward(s->sa, G(s->pe_nw), G(s->pe_nb), s->gx, s->pe_t, P(s->pe_nw),
                             s->pe_mean, s->pe_rstd, (int64_t)B * HW, E);
     tokens_to_nchw(s->sb, s->sa, B, E, HW);
     visc_conv2d_backward(&s->patch, NULL, G(s->pe_w), G(s->pe_b), s->sb, s->x, P(s->pe_w));
+}
+
+/* The classifier's input: the pooled features, or their dropout. */
+static const float *head_input(const visc_model *m, const swin *s) {
+    return s->last_train && m->cfg.drop_rate > 0.0f ? s->feat : s->pooled;
+}
+
+static void swin_backward(visc_model *m, const float *dlogits) {
+    swin *s = m->impl;
+    int B = m->cfg.batch, F = s->features;
+    int dropped = s->last_train && m->cfg.drop_rate > 0.0f;
+    visc_linear_backward(s->dfeat, G(s->fc_w), G(s->fc_b), dlogits, head_input(m, s), P(s->fc_w),
+                         B, F, m->cfg.num_classes);
+    const float *dpooled = s->dfeat;
+    if (dropped) {
+        visc_dropout_backward(s->dpooled, s->dfeat, s->drop_mask, (size_t)B * F, m->cfg.drop_rate);
+        dpooled = s->dpooled;
+    }
+    trunk_backward(m, s, dpooled);
+}
+
+static void swin_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
+    swin *s = m->impl;
+    if (dlogits) {
+        visc_linear_backward(NULL, G(s->fc_w), G(s->fc_b), dlogits, head_input(m, s), P(s->fc_w),
+                             m->cfg.batch, s->features, m->cfg.num_classes);
+    } else {
+        visc_model_zero_grad(m, s->fc_w);
+        visc_model_zero_grad(m, s->fc_b);
+    }
+    trunk_backward(m, s, dfeatures);
 }
 
 /* ---- lifetime ---- */
@@ -866,5 +897,9 @@ visc_model *visc_swin_create(const visc_model_config *cfg, uint64_t seed) {
     m->flops_per_image = model_flops(m, s);
     m->forward = swin_forward;
     m->backward = swin_backward;
+    m->backward_features = swin_backward_features;
+    m->features = s->pooled;
+    m->feature_dim = s->features;
+    m->head_prefix = "head.fc.";
     return m;
 }

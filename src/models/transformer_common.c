@@ -43,6 +43,8 @@ void visc_tf_linear_backward(visc_model *m, const visc_tf_linear *l, float *din,
                              const float *in, int64_t rows) {
     visc_linear_backward(din, G(l->weight), l->bias >= 0 ? G(l->bias) : NULL, dout, in,
                          P(l->weight), (int)rows, l->in, l->out);
+    visc_model_grad_ready(m, G(l->weight), (size_t)l->in * l->out);
+    if (l->bias >= 0) visc_model_grad_ready(m, G(l->bias), (size_t)l->out);
 }
 
 /* ---- LayerNorm ---- */
@@ -60,10 +62,24 @@ void visc_tf_norm_forward(visc_model *m, const visc_tf_norm *n, float *out, floa
     visc_layernorm_forward(out, mean, rstd, in, P(n->weight), P(n->bias), rows, n->C, n->eps);
 }
 
+void visc_tf_head_backward(visc_model *m, const visc_tf_linear *l, const float *dout,
+                           const float *in, int64_t rows) {
+    if (dout) {
+        visc_tf_linear_backward(m, l, NULL, dout, in, rows);
+        return;
+    }
+    visc_model_zero_grad(m, l->weight);
+    if (l->bias >= 0) visc_model_zero_grad(m, l->bias);
+    visc_model_grad_ready(m, G(l->weight), (size_t)l->in * l->out);
+    if (l->bias >= 0) visc_model_grad_ready(m, G(l->bias), (size_t)l->out);
+}
+
 void visc_tf_norm_backward(visc_model *m, const visc_tf_norm *n, float *din, const float *dout,
                            const float *in, const float *mean, const float *rstd, int64_t rows) {
     visc_layernorm_backward(din, G(n->weight), G(n->bias), dout, in, P(n->weight), mean, rstd, rows,
                             n->C);
+    visc_model_grad_ready(m, G(n->weight), (size_t)n->C);
+    visc_model_grad_ready(m, G(n->bias), (size_t)n->C);
 }
 
 /* ---- MLP ---- */

@@ -32,6 +32,10 @@ void visc_tf_linear_forward(visc_model *m, const visc_tf_linear *l, float *out, 
 /* Parameter gradients go to m->grads; din may be NULL. */
 void visc_tf_linear_backward(visc_model *m, const visc_tf_linear *l, float *din, const float *dout,
                              const float *in, int64_t rows);
+/* A classifier head on detached features: its parameter gradients from
+ * dout (NULL: zero), nothing sent back. */
+void visc_tf_head_backward(visc_model *m, const visc_tf_linear *l, const float *dout,
+                           const float *in, int64_t rows);
 
 /* ---- nn.LayerNorm over the channels ---- */
 typedef struct {

@@ -237,13 +237,9 @@ static void block_backward(visc_model *m, vit *v, vit_block *b) {
     visc_add_inplace(v->dx, v->dtmp, RC);
 }
 
-static void vit_backward(visc_model *m, const float *dlogits) {
-    vit *v = m->impl;
+/* From v->dfeat (the gradient at the features) to the input. */
+static void trunk_backward(visc_model *m, vit *v) {
     const int B = m->cfg.batch, C = v->embed, T = v->tokens;
-    const int dropped = v->head_dropped;
-    visc_tf_linear_backward(m, &v->head, v->dfeat, dlogits, dropped ? v->feat_drop : v->feat, B);
-    if (dropped)
-        visc_dropout_backward(v->dfeat, v->dfeat, v->drop_mask, (size_t)B * C, m->cfg.drop_rate);
     visc_tf_norm_backward(m, &v->norm, v->dcls, v->dfeat, v->cls, v->cls_mean, v->cls_rstd, B);
     visc_tf_scatter_token(v->dx, v->dcls, B, T, 0, C);
     for (int i = v->depth - 1; i >= 0; i--) block_backward(m, v, &v->blocks[i]);
@@ -252,6 +248,24 @@ static void vit_backward(visc_model *m, const float *dlogits) {
     memset(dcls, 0, (size_t)C * sizeof(float));
     for (int b = 0; b < B; b++) visc_add_inplace(dcls, v->dx + (size_t)b * T * C, (size_t)C);
     visc_tf_patch_embed_backward(m, &v->pe, v->conv_out, v->dx, v->image);
+}
+
+static void vit_backward(visc_model *m, const float *dlogits) {
+    vit *v = m->impl;
+    const int B = m->cfg.batch, C = v->embed;
+    const int dropped = v->head_dropped;
+    visc_tf_linear_backward(m, &v->head, v->dfeat, dlogits, dropped ? v->feat_drop : v->feat, B);
+    if (dropped)
+        visc_dropout_backward(v->dfeat, v->dfeat, v->drop_mask, (size_t)B * C, m->cfg.drop_rate);
+    trunk_backward(m, v);
+}
+
+static void vit_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
+    vit *v = m->impl;
+    const int B = m->cfg.batch, C = v->embed;
+    visc_tf_head_backward(m, &v->head, dlogits, v->head_dropped ? v->feat_drop : v->feat, B);
+    memcpy(v->dfeat, dfeatures, (size_t)B * C * sizeof(float));
+    trunk_backward(m, v);
 }
 
 static void vit_destroy(visc_model *m) {
@@ -342,6 +356,10 @@ visc_model *visc_vit_create(const visc_model_config *cfg, uint64_t seed) {
     m->flops_per_image = model_flops(m, v);
     m->forward = vit_forward;
     m->backward = vit_backward;
+    m->backward_features = vit_backward_features;
+    m->features = v->feat;
+    m->feature_dim = v->embed;
+    m->head_prefix = "head.";
     m->destroy = vit_destroy;
     return m;
 }

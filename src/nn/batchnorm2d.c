@@ -218,7 +218,59 @@ void visc_batchnorm2d_init(visc_batchnorm2d *b, int N, int C, int HW, float eps,
     b->N = N, b->C = C, b->HW = HW;
     b->eps = eps, b->momentum = momentum, b->relu = relu;
     b->device = VISC_DEVICE_CPU;
-    b->impl = NULL; /* stateless: nothing cached */
+    b->impl = NULL; /* scratch of the synchronized path only */
+    b->sync = NULL;
+    b->sync_ctx = NULL;
+}
+
+void visc_batchnorm2d_set_sync(visc_batchnorm2d *b, visc_bn_sync_fn fn, void *ctx) {
+    b->sync = fn;
+    b->sync_ctx = ctx;
+    if (fn && !b->impl) b->impl = visc_calloc(2 * (size_t)b->C + 1, sizeof(double), "SyncBN sums");
+}
+
+/* Synchronized statistics: the row path with the per-channel sums reduced
+ * over the processes between the passes (sums, then squared deviations
+ * around the global mean: the same two-pass accuracy as one process). */
+static void sync_forward_train(visc_batchnorm2d *b, float *out, float *save_mean, float *save_rstd,
+                               const float *in, const float *gamma, const float *beta,
+                               float *running_mean, float *running_var) {
+    const int N = b->N, C = b->C, HW = b->HW;
+    const size_t plane = (size_t)C * HW;
+    double *acc = b->impl;
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        double s = 0;
+        for (int n = 0; n < N; n++) s += row_sum(in + (size_t)c * HW + n * plane, HW);
+        acc[c] = s;
+    }
+    acc[C] = (double)N * HW;
+    b->sync(b->sync_ctx, acc, C + 1);
+    const double M = acc[C];
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        float mean = (float)(acc[c] / M);
+        double ss = 0;
+        for (int n = 0; n < N; n++) ss += row_sqdev(in + (size_t)c * HW + n * plane, HW, mean);
+        save_mean[c] = mean;
+        acc[C + 1 + c] = ss;
+    }
+    b->sync(b->sync_ctx, acc + C + 1, C);
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        double mean = acc[c] / M, dm = mean - (double)save_mean[c];
+        double var = acc[C + 1 + c] / M - dm * dm;
+        if (var < 0) var = 0;
+        double rstd = 1.0 / sqrt(var + b->eps);
+        save_rstd[c] = (float)rstd;
+        double unbiased = M > 1 ? var * M / (M - 1) : var;
+        running_mean[c] = (float)((1.0 - b->momentum) * running_mean[c] + b->momentum * mean);
+        running_var[c] = (float)((1.0 - b->momentum) * running_var[c] + b->momentum * unbiased);
+        float scale = (float)(gamma[c] * rstd);
+        for (int n = 0; n < N; n++)
+            row_affine(out + (size_t)c * HW + n * plane, in + (size_t)c * HW + n * plane, HW,
+                       save_mean[c], scale, beta[c], b->relu);
+    }
 }
 
 void visc_batchnorm2d_forward_train(visc_batchnorm2d *b, float *out, float *save_mean,
@@ -227,6 +279,11 @@ void visc_batchnorm2d_forward_train(visc_batchnorm2d *b, float *out, float *save
     const int N = b->N, C = b->C, HW = b->HW;
     const size_t plane = (size_t)C * HW;
     const double M = (double)N * HW;
+    if (b->sync) {
+        sync_forward_train(b, out, save_mean, save_rstd, in, gamma, beta, running_mean,
+                           running_var);
+        return;
+    }
     if (HW <= SMALL_HW) {
 #pragma omp parallel for schedule(static)
         for (int c0 = 0; c0 < C; c0 += CHUNK)
@@ -310,12 +367,55 @@ row_grad_input(float *din, const float *dout, const float *out, const float *x, 
     }
 }
 
+/* The row path with sum dy and sum dy * (x - mean) reduced over the
+ * processes; M is the global count. */
+static void sync_backward(visc_batchnorm2d *b, float *din, float *dgamma, float *dbeta,
+                          const float *dout, const float *in, const float *out, const float *gamma,
+                          const float *save_mean, const float *save_rstd) {
+    const int N = b->N, C = b->C, HW = b->HW, relu = b->relu;
+    const size_t plane = (size_t)C * HW;
+    double *acc = b->impl;
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        double sum_dy = 0, sum_dy_xc = 0;
+        for (int n = 0; n < N; n++) {
+            size_t off = (size_t)c * HW + n * plane;
+            row_grad_sums(dout + off, relu ? out + off : NULL, in + off, HW, save_mean[c], relu,
+                          &sum_dy, &sum_dy_xc);
+        }
+        dbeta[c] = (float)sum_dy;
+        dgamma[c] = (float)(sum_dy_xc * save_rstd[c]);
+        acc[c] = sum_dy;
+        acc[C + c] = sum_dy_xc;
+    }
+    acc[2 * C] = (double)N * HW;
+    b->sync(b->sync_ctx, acc, 2 * C + 1);
+    if (!din) return;
+    const double M = acc[2 * C];
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) {
+        double rstd = save_rstd[c];
+        float k = (float)(gamma[c] * rstd);
+        float mean_dy = (float)(acc[c] / M);
+        float c2 = (float)(acc[C + c] / M * rstd * rstd);
+        for (int n = 0; n < N; n++) {
+            size_t off = (size_t)c * HW + n * plane;
+            row_grad_input(din + off, dout + off, relu ? out + off : NULL, in + off, HW,
+                           save_mean[c], k, mean_dy, c2, relu);
+        }
+    }
+}
+
 void visc_batchnorm2d_backward(visc_batchnorm2d *b, float *din, float *dgamma, float *dbeta,
                                const float *dout, const float *in, const float *out,
                                const float *gamma, const float *save_mean, const float *save_rstd) {
     const int N = b->N, C = b->C, HW = b->HW, relu = b->relu;
     const size_t plane = (size_t)C * HW;
     const double M = (double)N * HW;
+    if (b->sync) {
+        sync_backward(b, din, dgamma, dbeta, dout, in, out, gamma, save_mean, save_rstd);
+        return;
+    }
     if (HW <= SMALL_HW) {
 #pragma omp parallel for schedule(static)
         for (int c0 = 0; c0 < C; c0 += CHUNK)
@@ -350,4 +450,7 @@ void visc_batchnorm2d_backward(visc_batchnorm2d *b, float *din, float *dgamma, f
     }
 }
 
-void visc_batchnorm2d_destroy(visc_batchnorm2d *b) { b->impl = NULL; }
+void visc_batchnorm2d_destroy(visc_batchnorm2d *b) {
+    free(b->impl);
+    b->impl = NULL;
+}

@@ -163,13 +163,21 @@ int visc_save_checkpoint(const visc_model *m, const visc_optimizer *o, const flo
         if (m->buffers.total)
             visc_st_writer_add(w, "ema.buffers", VISC_DTYPE_F32, 1, bs, ema_buffers);
     }
-    char state[512];
+    char state[2048], ranks[1200] = "";
+    int world = s->world > 0 ? s->world : 1;
+    if (world > 1 && world <= VISC_MAX_SAVED_RANKS) {
+        size_t used = 0;
+        for (int r = 0; r < world; r++)
+            used += (size_t)snprintf(ranks + used, sizeof ranks - used, "%s%" PRId64, r ? "," : "",
+                                     s->rank_pos[r]);
+    }
     snprintf(state, sizeof state,
              "{\"epoch\":%" PRId64 ",\"step\":%" PRId64 ",\"step_in_epoch\":%" PRId64
              ",\"sample_pos\":%" PRId64
-             ",\"best_top1\":%.17g,\"optimizer\":\"%s\",\"optimizer_steps\":%" PRId64 "}",
+             ",\"best_top1\":%.17g,\"optimizer\":\"%s\",\"optimizer_steps\":%" PRId64
+             ",\"world\":%d,\"rank_sample_pos\":\"%s\"}",
              s->epoch, s->step, s->step_in_epoch, s->sample_pos, s->best_top1,
-             visc_opt_kind_name(o->cfg.kind), o->step);
+             visc_opt_kind_name(o->cfg.kind), o->step, world, ranks);
     visc_st_writer_meta(w, "visc_train_state", state);
     if (config_text) visc_st_writer_meta(w, "visc_config", config_text);
     int rc = visc_st_writer_save(w, path);
@@ -248,6 +256,21 @@ int visc_load_checkpoint(visc_model *m, visc_optimizer *o, float *ema_params, fl
     double pos;
     s->sample_pos = json_number(state, "sample_pos", &pos) == 0 ? (int64_t)pos : -1;
     s->best_top1 = best;
+    /* the ranks' cursors of a multi-process run ("" or absent: one process) */
+    double world;
+    s->world = json_number(state, "world", &world) == 0 ? (int)world : 1;
+    char ranks[1200];
+    int saved = 0;
+    if (s->world > 1 && s->world <= VISC_MAX_SAVED_RANKS &&
+        json_string(state, "rank_sample_pos", ranks, sizeof ranks) == 0) {
+        for (const char *p = ranks; *p && saved < s->world; saved++) {
+            char *end;
+            s->rank_pos[saved] = strtoll(p, &end, 10);
+            if (end == p) break;
+            p = *end == ',' ? end + 1 : end;
+        }
+    }
+    if (s->world > 1 && saved != s->world) s->world = 0; /* cursors unknown: from the step */
     o->step = (int64_t)opt_steps;
     rc = 0;
 out:

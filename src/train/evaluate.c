@@ -14,9 +14,18 @@
 
 int visc_evaluate(visc_model *m, const visc_dataset *ds, const visc_augment *aug, float smoothing,
                   visc_eval_result *out) {
+    return visc_evaluate_shard(m, ds, aug, smoothing, NULL, out);
+}
+
+int visc_evaluate_shard(visc_model *m, const visc_dataset *ds, const visc_augment *aug,
+                        float smoothing, visc_dist *d, visc_eval_result *out) {
     int B = m->cfg.batch, K = m->cfg.num_classes;
     size_t sample = (size_t)ds->channels * ds->height * ds->width;
-    visc_loader_config lc = {.batch_size = B, .train = 0, .on_bad = VISC_ON_BAD_SKIP};
+    visc_loader_config lc = {.batch_size = B,
+                             .train = 0,
+                             .on_bad = VISC_ON_BAD_SKIP,
+                             .rank = visc_dist_rank(d),
+                             .world = visc_dist_world(d)};
     if (aug) lc.aug = *aug;
     visc_loader *l = visc_loader_new(ds, &lc);
     if (!l) return -1;
@@ -37,6 +46,13 @@ int visc_evaluate(visc_model *m, const visc_dataset *ds, const visc_augment *aug
         count += n;
         rc = 0;
     }
+    /* every rank's sums, added up (a group of one: unchanged) */
+    double sums[4] = {loss_sum, (double)top1, (double)top5, (double)count};
+    if (rc == 0 && d && visc_dist_allreduce(d, sums, 4, VISC_DT_F64, VISC_OP_SUM)) rc = -1;
+    loss_sum = sums[0];
+    top1 = (int64_t)sums[1];
+    top5 = (int64_t)sums[2];
+    count = (int64_t)sums[3];
     if (rc == 0 && visc_loader_bad_count(l) > 0)
         fprintf(stderr, "visc: warning: evaluation skipped %lld unusable image(s) (first: %s)\n",
                 (long long)visc_loader_bad_count(l), visc_loader_bad_message(l, 0));

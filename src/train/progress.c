@@ -22,6 +22,7 @@ static void format_duration(char *buf, size_t n, double s) {
 }
 
 void visc_progress_update(visc_progress *p, int64_t done, const char *stats) {
+    if (!p->out) return; /* silenced (another rank speaks) */
     double now = visc_now(), elapsed = now - p->start;
     char eta[32];
     format_duration(eta, sizeof eta, done > 0 ? elapsed * (double)(p->total - done) / done : 0);
@@ -42,6 +43,7 @@ void visc_progress_update(visc_progress *p, int64_t done, const char *stats) {
 }
 
 void visc_progress_end(visc_progress *p, const char *summary) {
+    if (!p->out) return;
     if (p->tty) fputs("\r\033[K", p->out);
     if (summary) fprintf(p->out, "%s: %s\n", p->label, summary);
     fflush(p->out);

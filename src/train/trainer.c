@@ -72,16 +72,22 @@ typedef struct {
     visc_tb_writer *tb;
     FILE *log;
     char *config_text;
+    /* data-parallel processes: rank 0 alone prints, logs and saves */
+    visc_dist *dist;
+    int rank, world;
+    visc_grad_sync *gsync; /* world > 1: gradient averaging during backward */
 } trainer;
 
 /* One optimizer step on one batch: mixing, forward, loss, backward, clip,
- * update, EMA. Returns the loss; counts correct top-1. A short batch (the
+ * update, EMA. Writes the loss, counts correct top-1; -1 when the
+ * gradient all-reduce failed. A short batch (the
  * loader ran out of good samples) fills its tail with copies of the first
  * sample and gives those rows no gradient. */
-static float train_step(trainer *t, const visc_batch *batch, int *top1, float *lr_out) {
+static int train_step(trainer *t, const visc_batch *batch, float *loss_out, int *top1,
+                      float *lr_out) {
     const visc_train_config *c = t->c;
     visc_model *m = t->model;
-    int B = c->batch_size, K = m->cfg.num_classes, n = batch->count;
+    int B = m->cfg.batch, K = m->cfg.num_classes, n = batch->count;
     size_t sample = (size_t)m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
     float *x = batch->x;
     for (int b = n; b < B; b++) memcpy(x + b * sample, x, sample * sizeof(float));
@@ -110,7 +116,12 @@ static float train_step(trainer *t, const visc_batch *batch, int *top1, float *l
     memset(t->dlogits + (size_t)n * K, 0, (size_t)(B - n) * K * sizeof(float));
     int top5;
     visc_topk_correct(m->logits, batch->y, batch->count, K, top1, &top5);
+    /* Several processes: each rank's gradient is the mean over its share
+     * of the batch; buckets are averaged over the ranks as backward
+     * finishes them, the rest after it. */
+    if (t->gsync) visc_grad_sync_begin(t->gsync);
     m->backward(m, t->dlogits);
+    if (t->gsync && visc_grad_sync_finish(t->gsync)) return -1;
 
     if (c->clip_grad > 0) visc_clip_grad_norm(m->grads, m->params.total, c->clip_grad);
     float lr = visc_schedule_lr(&t->sched, t->state.step);
@@ -121,7 +132,8 @@ static float train_step(trainer *t, const visc_batch *batch, int *top1, float *l
     }
     t->state.step++;
     *lr_out = lr;
-    return loss;
+    *loss_out = loss;
+    return 0;
 }
 
 static int64_t *parse_milestones(const char *text, int *count) {
@@ -167,7 +179,7 @@ static void log_json(trainer *t, const char *fmt, ...) {
     fflush(t->log);
 }
 
-static int save_all(trainer *t, int is_best) {
+static int save_files(trainer *t, int is_best) {
     char path[1024];
     snprintf(path, sizeof path, "%s/checkpoint_last.safetensors", t->c->output);
     if (visc_save_checkpoint(t->model, &t->opt, t->ema_params, t->ema_buffers, &t->state,
@@ -182,13 +194,39 @@ static int save_all(trainer *t, int is_best) {
     return 0;
 }
 
+/* Checkpoints and model files: rank 0 writes them (atomically), after
+ * collecting every rank's loader cursor; every rank learns whether the
+ * write worked (so a failed write stops all of them, not just rank 0). */
+static int save_all(trainer *t, int is_best) {
+    t->state.world = t->world;
+    if (t->world > 1 && t->world <= VISC_MAX_SAVED_RANKS &&
+        visc_dist_allgather(t->dist, &t->state.sample_pos, t->state.rank_pos, sizeof(int64_t)))
+        return -1;
+    int64_t failed = t->rank == 0 && save_files(t, is_best) ? 1 : 0;
+    if (t->world == 1) return failed ? -1 : 0;
+    char why[512];
+    snprintf(why, sizeof why, "%s", failed ? visc_last_error() : "");
+    if (visc_dist_allreduce(t->dist, &failed, 1, VISC_DT_I64, VISC_OP_MAX)) return -1;
+    if (failed)
+        return visc_set_error("%s", t->rank == 0 ? why : "rank 0 could not save the checkpoint");
+    return 0;
+}
+
+/* BatchNorm running statistics are per rank (each saw its own batches):
+ * rank 0's are the model's, as with DDP's broadcast_buffers. */
+static int share_buffers(trainer *t, float *buffers) {
+    if (t->world == 1 || t->model->buffers.total == 0) return 0;
+    return visc_dist_broadcast(t->dist, buffers, t->model->buffers.total * sizeof(float), 0);
+}
+
 /* Evaluates with the EMA weights swapped in, then swaps back. */
 static int evaluate_ema(trainer *t, visc_eval_result *r) {
     visc_model *m = t->model;
     float *p = m->params.data, *b = m->buffers.data;
+    if (share_buffers(t, t->ema_buffers)) return -1;
     m->params.data = t->ema_params;
     m->buffers.data = t->ema_buffers;
-    int rc = visc_evaluate(m, t->val, &t->aug, t->c->label_smoothing, r);
+    int rc = visc_evaluate_shard(m, t->val, &t->aug, t->c->label_smoothing, t->dist, r);
     m->params.data = p;
     m->buffers.data = b;
     return rc;
@@ -238,8 +276,10 @@ static int run_epochs(trainer *t) {
         char label[64];
         snprintf(label, sizeof label, "epoch %lld/%d", (long long)epoch + 1, c->epochs);
         visc_progress_begin(&bar, label, t->steps_per_epoch, !c->no_progress);
+        if (t->rank != 0) bar.out = NULL; /* rank 0 speaks for the job */
         double loss_sum = 0, t0 = visc_now(), window_t0 = t0;
         int64_t correct = 0, seen = 0, window_imgs = 0, steps_done = 0;
+        double job_loss = 0, job_acc = 0; /* the whole job's, at the last report */
         for (int64_t i = t->state.step_in_epoch; i < t->steps_per_epoch; i++) {
             visc_batch batch;
             int got = visc_loader_next(t->loader, &batch);
@@ -249,8 +289,11 @@ static int run_epochs(trainer *t) {
             }
             if (got == 0) break; /* bad samples used up the end of the epoch */
             int top1;
-            float lr;
-            float loss = train_step(t, &batch, &top1, &lr);
+            float lr, loss;
+            if (train_step(t, &batch, &loss, &top1, &lr)) {
+                visc_progress_end(&bar, NULL);
+                return -1;
+            }
             t->state.sample_pos = batch.next_pos;
             if (!isfinite(loss)) {
                 visc_progress_end(&bar, NULL);
@@ -266,23 +309,27 @@ static int run_epochs(trainer *t) {
             window_imgs += batch.count;
             int64_t done = i + 1;
             if ((c->print_freq > 0 && done % c->print_freq == 0) || done == t->steps_per_epoch) {
-                double now = visc_now(), ips = window_imgs / (now - window_t0);
+                /* the whole job's numbers: every rank's share added up */
+                double sums[4] = {loss_sum / t->world, (double)correct, (double)seen,
+                                  (double)window_imgs};
+                if (t->world > 1 && visc_dist_allreduce(t->dist, sums, 4, VISC_DT_F64, VISC_OP_SUM))
+                    return -1;
+                job_loss = sums[0] / steps_done;
+                job_acc = 100.0 * sums[1] / sums[2];
+                double now = visc_now(), ips = sums[3] / (now - window_t0);
                 char stats[160];
                 snprintf(stats, sizeof stats,
-                         "loss %.4f acc %.2f%% lr %.4g %.0f img/s %.1f GFLOP/s",
-                         loss_sum / steps_done, 100.0 * correct / seen, lr, ips,
-                         ips * flops_per_img * 1e-9);
+                         "loss %.4f acc %.2f%% lr %.4g %.0f img/s %.1f GFLOP/s", job_loss, job_acc,
+                         lr, ips, ips * flops_per_img * 1e-9);
                 visc_progress_update(&bar, done, stats);
                 log_json(t,
                          "{\"type\":\"train\",\"epoch\":%lld,\"step\":%lld,\"loss\":%.6f,"
                          "\"top1\":%.4f,\"lr\":%.6g,\"img_per_s\":%.1f}",
-                         (long long)epoch + 1, (long long)t->state.step, loss_sum / steps_done,
-                         100.0 * correct / seen, lr, ips);
+                         (long long)epoch + 1, (long long)t->state.step, job_loss, job_acc, lr,
+                         ips);
                 if (t->tb) {
-                    visc_tb_scalar(t->tb, "train/loss", t->state.step,
-                                   (float)(loss_sum / steps_done));
-                    visc_tb_scalar(t->tb, "train/top1", t->state.step,
-                                   (float)(100.0 * correct / seen));
+                    visc_tb_scalar(t->tb, "train/loss", t->state.step, (float)job_loss);
+                    visc_tb_scalar(t->tb, "train/top1", t->state.step, (float)job_acc);
                     visc_tb_scalar(t->tb, "train/lr", t->state.step, lr);
                     visc_tb_scalar(t->tb, "train/img_per_s", t->state.step, (float)ips);
                 }
@@ -298,7 +345,9 @@ static int run_epochs(trainer *t) {
         double train_time = visc_now() - t0;
         report_bad_samples(t, epoch);
         visc_eval_result r;
-        if (visc_evaluate(m, t->val, &t->aug, c->label_smoothing, &r)) return -1;
+        if (share_buffers(t, m->buffers.data) ||
+            visc_evaluate_shard(m, t->val, &t->aug, c->label_smoothing, t->dist, &r))
+            return -1;
         t->state.epoch++;
         t->state.step_in_epoch = 0;
         int is_best = r.top1 > t->state.best_top1;
@@ -306,8 +355,8 @@ static int run_epochs(trainer *t) {
         char summary[256];
         snprintf(summary, sizeof summary,
                  "train loss %.4f acc %.2f%% | val loss %.4f top1 %.2f%% top5 %.2f%% | %.0fs",
-                 seen ? loss_sum / steps_done : 0.0, seen ? 100.0 * correct / seen : 0.0, r.loss,
-                 r.top1, r.top5, train_time);
+                 steps_done ? job_loss : 0.0, steps_done ? job_acc : 0.0, r.loss, r.top1, r.top5,
+                 train_time);
         visc_progress_end(&bar, summary);
         log_json(t,
                  "{\"type\":\"val\",\"epoch\":%lld,\"step\":%lld,\"loss\":%.6f,\"top1\":%.4f,"
@@ -322,7 +371,8 @@ static int run_epochs(trainer *t) {
         if (t->ema_params) {
             visc_eval_result e;
             if (evaluate_ema(t, &e)) return -1;
-            printf("  EMA weights: val top1 %.2f%% top5 %.2f%%\n", e.top1, e.top5);
+            if (t->rank == 0)
+                printf("  EMA weights: val top1 %.2f%% top5 %.2f%%\n", e.top1, e.top5);
             log_json(t, "{\"type\":\"val_ema\",\"epoch\":%lld,\"top1\":%.4f,\"top5\":%.4f}",
                      (long long)t->state.epoch, e.top1, e.top5);
             if (t->tb) visc_tb_scalar(t->tb, "val/ema_top1", t->state.epoch, (float)e.top1);
@@ -330,7 +380,7 @@ static int run_epochs(trainer *t) {
         if (t->tb) visc_tb_flush(t->tb);
         if (save_all(t, is_best)) return -1;
         /* curves.png beside the logs; a plot that fails never stops training */
-        if (visc_plot_run(c->output, NULL))
+        if (t->rank == 0 && visc_plot_run(c->output, NULL))
             fprintf(stderr, "visc: warning: %s\n", visc_last_error());
     }
     return 0;
@@ -352,7 +402,29 @@ static char *describe_config(const visc_train_config *c, const visc_model *m) {
     return s;
 }
 
+/* SyncBN's reduction of per-channel sums over the ranks. A failed
+ * collective leaves the group broken, which the step's gradient sync
+ * reports. */
+static void bn_sync_allreduce(void *ctx, double *buf, int n) {
+    visc_dist_allreduce(ctx, buf, (size_t)n, VISC_DT_F64, VISC_OP_SUM);
+}
+
+/* Identical starting point on every rank: rank 0's weights and buffers
+ * (equal anyway when all are initialized from the same seed or files). */
+static int share_weights(trainer *t) {
+    visc_model *m = t->model;
+    if (t->world == 1) return 0;
+    if (visc_dist_broadcast(t->dist, m->params.data, m->params.total * sizeof(float), 0) ||
+        share_buffers(t, m->buffers.data))
+        return -1;
+    if (t->ema_params &&
+        visc_dist_broadcast(t->dist, t->ema_params, m->params.total * sizeof(float), 0))
+        return -1;
+    return 0;
+}
+
 static void trainer_free(trainer *t) {
+    visc_grad_sync_free(t->gsync);
     if (t->tb) visc_tb_close(t->tb);
     if (t->log) fclose(t->log);
     visc_optimizer_free(&t->opt);
@@ -374,11 +446,33 @@ int visc_train(const visc_train_config *c) {
     memset(&t, 0, sizeof t);
     t.c = c;
     int rc = -1;
+    /* Under mpirun: this process is one rank of the job. Alone: a group of
+     * one, and nothing below talks to anybody. */
+    t.dist = visc_dist_open(c->dist_backend, c->dist_timeout > 0 ? c->dist_timeout : 300);
+    if (!t.dist) return -1;
+    t.rank = visc_dist_rank(t.dist);
+    t.world = visc_dist_world(t.dist);
+    int workers = c->workers;
     if (c->threads > 0) visc_set_num_threads(c->threads);
+    if (visc_dist_local_world(t.dist) > 1) {
+        /* the machine's cores shared between its ranks */
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        int share = (int)(cores / visc_dist_local_world(t.dist));
+        if (share < 1) share = 1;
+        if (c->threads <= 0) visc_set_num_threads(share);
+        if (workers <= 0) workers = share;
+    }
     if (c->batch_size < 1 || c->epochs < 0) {
         visc_set_error("--batch-size must be >= 1 and --epochs >= 0");
         goto done;
     }
+    if (c->batch_size % t.world) {
+        visc_set_error("--batch-size %d (the whole job's) does not split evenly over %d processes",
+                       c->batch_size, t.world);
+        goto done;
+    }
+    /* this rank's share of every batch */
+    const int B = c->batch_size / t.world;
     /* Process-wide and set on every run, so a fp32 run after a bf16 one is fp32. */
     visc_precision precision;
     if (visc_parse_precision(c->precision, &precision)) goto done;
@@ -421,11 +515,13 @@ int visc_train(const visc_train_config *c) {
         visc_set_error("--on-bad-image: expected skip or error, got '%s'", c->on_bad_image);
         goto done;
     }
-    visc_loader_config lc = {.batch_size = c->batch_size,
-                             .workers = c->workers,
+    visc_loader_config lc = {.batch_size = B,
+                             .workers = workers,
                              .shuffle = 1,
                              .drop_last = 1,
                              .train = 1,
+                             .rank = t.rank,
+                             .world = t.world,
                              .seed = c->seed,
                              .aug = t.aug,
                              .on_bad = on_bad};
@@ -442,7 +538,7 @@ int visc_train(const visc_train_config *c) {
     mc.num_classes = mc.num_classes > 0 ? mc.num_classes : t.train->num_classes;
     mc.in_channels = t.train->channels;
     mc.image_size = t.train->height;
-    mc.batch = c->batch_size;
+    mc.batch = B;
     if (mc.num_classes < t.train->num_classes) {
         visc_set_error("--num-classes %d is smaller than the dataset's %d classes", mc.num_classes,
                        t.train->num_classes);
@@ -465,7 +561,7 @@ int visc_train(const visc_train_config *c) {
     visc_optimizer_init(&t.opt, &oc, &m->params);
     if (setup_schedule(&t)) goto done;
 
-    int B = c->batch_size, K = mc.num_classes;
+    int K = mc.num_classes;
     if (c->mixup != 0 || c->cutmix != 0) {
         t.mixup = visc_mixup_default(K);
         t.mixup.mixup_alpha = c->mixup;
@@ -501,40 +597,72 @@ int visc_train(const visc_train_config *c) {
     if (c->resume[0]) {
         if (visc_load_checkpoint(m, &t.opt, t.ema_params, t.ema_buffers, &t.state, c->resume))
             goto done;
-        printf("resumed from %s at epoch %lld, step %lld\n", c->resume, (long long)t.state.epoch,
-               (long long)t.state.step);
+        if (t.rank == 0)
+            printf("resumed from %s at epoch %lld, step %lld\n", c->resume,
+                   (long long)t.state.epoch, (long long)t.state.step);
+        /* Each rank's own cursor when the job has the same shape; any other
+         * number of processes starts every rank at step x per-rank batch
+         * (exact unless images were skipped earlier in the epoch). */
+        if (t.state.world != t.world) t.state.sample_pos = -1;
+        else if (t.world > 1) t.state.sample_pos = t.state.rank_pos[t.rank];
+    }
+    if (share_weights(&t)) goto done;
+    if (t.world > 1) {
+        size_t bucket = (size_t)((c->bucket_cap_mb >= 0 ? c->bucket_cap_mb : 25.0f) * 1048576.0f);
+        t.gsync = visc_grad_sync_new(t.dist, &m->params, m->grads, bucket);
+        m->grad_ready = visc_grad_sync_ready;
+        m->grad_ready_ctx = t.gsync;
+        if (c->sync_bn) {
+            if (!m->set_bn_sync) {
+                visc_set_error("--sync-bn: %s has no BatchNorm layers", mc.arch);
+                goto done;
+            }
+            m->set_bn_sync(m, bn_sync_allreduce, t.dist);
+        }
     }
 
     if (c->evaluate) {
         visc_eval_result r;
-        if (visc_evaluate(m, t.val, &t.aug, c->label_smoothing, &r)) goto done;
-        printf("evaluate %s on %s test set (%lld images): loss %.4f top1 %.2f%% top5 %.2f%%\n",
-               mc.arch, data_name, (long long)r.count, r.loss, r.top1, r.top5);
+        if (visc_evaluate_shard(m, t.val, &t.aug, c->label_smoothing, t.dist, &r)) goto done;
+        if (t.rank == 0)
+            printf("evaluate %s on %s test set (%lld images): loss %.4f top1 %.2f%% top5 %.2f%%\n",
+                   mc.arch, data_name, (long long)r.count, r.loss, r.top1, r.top5);
         rc = 0;
         goto done;
     }
 
-    if (visc_mkdirs(c->output)) goto done;
-    char path[1024];
-    snprintf(path, sizeof path, "%s/log.jsonl", c->output);
-    t.log = fopen(path, c->resume[0] ? "a" : "w");
-    if (!t.log) {
-        visc_set_error("cannot write %s: %s", path, strerror(errno));
-        goto done;
+    if (t.rank == 0) { /* the job's files and words are rank 0's */
+        if (visc_mkdirs(c->output)) goto done;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/log.jsonl", c->output);
+        t.log = fopen(path, c->resume[0] ? "a" : "w");
+        if (!t.log) {
+            visc_set_error("cannot write %s: %s", path, strerror(errno));
+            goto done;
+        }
+        t.tb = visc_tb_open(c->output);
+        if (!t.tb) goto done;
+        log_json(&t, "{\"type\":\"config\",\"config\":%s}", t.config_text);
+        char procs[96] = "";
+        if (t.world > 1)
+            snprintf(procs, sizeof procs, " (%d processes x %d, %s)", t.world, B,
+                     visc_dist_backend_name(t.dist));
+        printf("training %s (%.2fM parameters, %.1f MFLOP/image forward) on %s: %lld train / "
+               "%lld test images, %d epochs of %lld steps, batch %d%s, %d threads%s\n",
+               mc.arch, m->params.total / 1e6, m->flops_per_image / 1e6, data_name,
+               (long long)t.train->size, (long long)t.val->size, c->epochs,
+               (long long)t.steps_per_epoch, c->batch_size, procs, visc_num_threads(),
+               precision == VISC_PRECISION_BF16 ? ", bf16 matmuls" : "");
     }
-    t.tb = visc_tb_open(c->output);
-    if (!t.tb) goto done;
-    log_json(&t, "{\"type\":\"config\",\"config\":%s}", t.config_text);
-    printf("training %s (%.2fM parameters, %.1f MFLOP/image forward) on %s: %lld train / %lld "
-           "test images, %d epochs of %lld steps, batch %d, %d threads%s\n",
-           mc.arch, m->params.total / 1e6, m->flops_per_image / 1e6, data_name,
-           (long long)t.train->size, (long long)t.val->size, c->epochs,
-           (long long)t.steps_per_epoch, B, visc_num_threads(),
-           precision == VISC_PRECISION_BF16 ? ", bf16 matmuls" : "");
     double t0 = visc_now();
     int r = run_epochs(&t);
     if (r < 0) goto done;
-    if (r == 0) {
+    if (t.world > 1 && t.rank == 0)
+        printf("communication: %.1fs waited for all-reduce and other collectives on rank 0 "
+               "(%.1f%% of the run)\n",
+               visc_dist_wait_seconds(t.dist),
+               100.0 * visc_dist_wait_seconds(t.dist) / (visc_now() - t0));
+    if (r == 0 && t.rank == 0) {
         printf("done: best val top1 %.2f%% in %.0fs; checkpoints and logs in %s/\n",
                t.state.best_top1, visc_now() - t0, c->output);
         log_json(&t, "{\"type\":\"done\",\"best_top1\":%.4f,\"seconds\":%.1f}", t.state.best_top1,
@@ -543,5 +671,12 @@ int visc_train(const visc_train_config *c) {
     rc = 0;
 done:
     trainer_free(&t);
+    if (rc && t.world > 1) {
+        /* One rank failing fails the job: say why here, then end every
+         * rank now rather than leave them waiting in a collective. */
+        fprintf(stderr, "visc: rank %d: %s\n", t.rank, visc_last_error());
+        visc_dist_abort(t.dist);
+    }
+    visc_dist_close(t.dist);
     return rc;
 }

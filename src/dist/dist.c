@@ -1,0 +1,327 @@
+/* dist.c: the process group and its communication thread.
+ *
+ * Why a thread: collectives are meant to run while the compute threads
+ * work (gradient buckets during backward). The backend is driven by one
+ * thread only, which keeps MPI at MPI_THREAD_FUNNELED and gives every
+ * rank the same order of collectives: the order of submission. The thread
+ * starts one collective at a time and polls it with short sleeps, so a
+ * rank that waits for a slower one does not spin on a core the slower one
+ * needs. It is also where timeouts are caught: a collective that runs past
+ * the group's timeout (a peer died or hangs) breaks the group, which wakes
+ * every waiter with an error instead of a hang. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "plugin.h"
+#include "visc/core.h"
+#include "visc/dist.h"
+
+#define QUEUE_CAP 256
+
+typedef enum { OP_ALLREDUCE, OP_ALLGATHER, OP_BROADCAST, OP_BARRIER } op_kind;
+
+typedef struct {
+    op_kind kind;
+    void *buf;
+    const void *send;
+    size_t count; /* elements (all-reduce) or bytes */
+    int dtype, op, root;
+    float scale;
+} coll_op;
+
+struct visc_dist {
+    int rank, world, local_world;
+    double timeout_s;
+    const visc_dist_backend *be;
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    coll_op queue[QUEUE_CAP];
+    int64_t submitted, completed; /* tickets: op t sits at queue[t % QUEUE_CAP] */
+    int stop, broken, init_done;
+    char error[512];
+    double wait_seconds;
+};
+
+static const char *op_name(op_kind k) {
+    static const char *names[] = {"all-reduce", "all-gather", "broadcast", "barrier"};
+    return names[k];
+}
+
+static int env_int(const char *const *names, int fallback) {
+    for (int i = 0; names[i]; i++) {
+        const char *v = getenv(names[i]);
+        if (v && *v) return atoi(v);
+    }
+    return fallback;
+}
+
+/* The launcher's world size, 0 when not launched: Open MPI's mpirun, a
+ * PMIx launcher, MPICH/Hydra or Slurm's srun. */
+static int launched_world(void) {
+    static const char *const size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE",
+                                            "SLURM_NTASKS", NULL};
+    /* srun sets SLURM_NTASKS also for a plain shell inside an allocation:
+     * only trust it with a step id (a process srun started) */
+    if (!getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMIX_RANK") && !getenv("PMI_RANK") &&
+        !getenv("SLURM_STEP_ID"))
+        return 0;
+    return env_int(size_vars, 0);
+}
+
+static void sleep_us(long us) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+static void scale_floats(float *x, size_t n, float s) {
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* Starts op on the backend and polls it to completion; -1 with d->error. */
+static int run_op(visc_dist *d, const coll_op *op) {
+    char err[384] = "";
+    void *req = NULL;
+    int rc = 0;
+    switch (op->kind) {
+    case OP_ALLREDUCE:
+        rc = d->be->iallreduce(op->buf, op->count, op->dtype, op->op, &req, err, sizeof err);
+        break;
+    case OP_ALLGATHER:
+        rc = d->be->iallgather(op->send, op->buf, op->count, &req, err, sizeof err);
+        break;
+    case OP_BROADCAST:
+        rc = d->be->ibroadcast(op->buf, op->count, op->root, &req, err, sizeof err);
+        break;
+    case OP_BARRIER: rc = d->be->ibarrier(&req, err, sizeof err); break;
+    }
+    double start = visc_now();
+    long pause = 0;
+    int done = 0;
+    while (rc == 0 && !done) {
+        rc = d->be->test(req, &done, err, sizeof err);
+        if (rc || done) break;
+        if (visc_now() - start > d->timeout_s) {
+            snprintf(err, sizeof err,
+                     "%s did not complete within %.0f s: a peer process died or hangs "
+                     "(--dist-timeout)",
+                     op_name(op->kind), d->timeout_s);
+            rc = -1;
+            break;
+        }
+        /* progress quickly at first (peers usually arrive together), then
+         * back off to 200 us so a long wait costs no CPU */
+        if (pause > 0) sleep_us(pause);
+        pause = pause < 200 ? pause + 10 : 200;
+    }
+    if (rc) {
+        snprintf(d->error, sizeof d->error, "%s", err[0] ? err : "collective failed");
+        return -1;
+    }
+    if (op->kind == OP_ALLREDUCE && op->scale != 1.0f && op->dtype == VISC_DT_F32)
+        scale_floats(op->buf, op->count, op->scale);
+    return 0;
+}
+
+static void *comm_main(void *arg) {
+    visc_dist *d = arg;
+    char err[384] = "";
+    int rank = 0, world = 1;
+    int rc = d->be->init(&rank, &world, err, sizeof err);
+    pthread_mutex_lock(&d->mu);
+    if (rc) {
+        snprintf(d->error, sizeof d->error, "%s", err);
+        d->broken = 1;
+    } else {
+        d->rank = rank;
+        d->world = world;
+    }
+    d->init_done = 1;
+    pthread_cond_broadcast(&d->cv);
+    while (!rc) {
+        while (!d->stop && d->completed == d->submitted) pthread_cond_wait(&d->cv, &d->mu);
+        if (d->completed == d->submitted) break; /* stop, and nothing left */
+        coll_op op = d->queue[d->completed % QUEUE_CAP];
+        pthread_mutex_unlock(&d->mu);
+        int failed = d->broken ? -1 : run_op(d, &op);
+        pthread_mutex_lock(&d->mu);
+        if (failed) d->broken = 1;
+        d->completed++;
+        pthread_cond_broadcast(&d->cv);
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (!rc && !d->broken) d->be->finalize();
+    return NULL;
+}
+
+visc_dist *visc_dist_open(const char *backend, double timeout_s) {
+    if (!backend || !*backend) backend = "auto";
+    if (strcmp(backend, "auto") && strcmp(backend, "none") && strcmp(backend, "mpi")) {
+        visc_set_error("--dist-backend: expected auto, none or mpi, got '%s'", backend);
+        return NULL;
+    }
+    visc_dist *d = visc_calloc(1, sizeof *d, "process group");
+    d->world = 1;
+    d->local_world = 1;
+    d->timeout_s = timeout_s > 0 ? timeout_s : 600;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cv, NULL);
+    int launched = launched_world();
+    if (!strcmp(backend, "none") || (!strcmp(backend, "auto") && launched == 0)) return d;
+    if (launched == 0) {
+        visc_set_error("--dist-backend mpi: not started by a launcher (run it with mpirun -np N)");
+        visc_dist_close(d);
+        return NULL;
+    }
+    d->be = visc_dist_load_plugin("mpi");
+    if (!d->be) {
+        visc_set_error("started by a launcher with %d processes, but %s", launched,
+                       visc_last_error());
+        visc_dist_close(d);
+        return NULL;
+    }
+    static const char *const local_vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                                             "SLURM_NTASKS_PER_NODE", NULL};
+    d->local_world = env_int(local_vars, 1);
+    if (d->local_world < 1) d->local_world = 1;
+    if (pthread_create(&d->thread, NULL, comm_main, d)) {
+        visc_set_error("cannot start the communication thread");
+        d->be = NULL;
+        visc_dist_close(d);
+        return NULL;
+    }
+    d->thread_started = 1;
+    pthread_mutex_lock(&d->mu);
+    while (!d->init_done) pthread_cond_wait(&d->cv, &d->mu);
+    int failed = d->broken;
+    pthread_mutex_unlock(&d->mu);
+    if (failed) {
+        visc_set_error("%s", d->error);
+        pthread_join(d->thread, NULL);
+        d->thread_started = 0;
+        d->broken = 0; /* nothing to abort: the backend never came up */
+        d->be = NULL;
+        visc_dist_close(d);
+        return NULL;
+    }
+    return d;
+}
+
+int visc_dist_rank(const visc_dist *d) { return d ? d->rank : 0; }
+int visc_dist_world(const visc_dist *d) { return d ? d->world : 1; }
+int visc_dist_local_world(const visc_dist *d) { return d ? d->local_world : 1; }
+const char *visc_dist_backend_name(const visc_dist *d) { return d && d->be ? d->be->name : "none"; }
+int visc_dist_broken(const visc_dist *d) { return d && d->broken; }
+double visc_dist_wait_seconds(const visc_dist *d) { return d ? d->wait_seconds : 0; }
+
+void visc_dist_abort(visc_dist *d) {
+    fflush(stdout);
+    fflush(stderr);
+    /* Finalizing would wait for peers that are gone or stuck; the
+     * backend's abort takes the whole job down instead. */
+    if (d && d->be && d->thread_started) d->be->abort(1);
+    _exit(1);
+}
+
+void visc_dist_close(visc_dist *d) {
+    if (!d) return;
+    if (d->thread_started) {
+        pthread_mutex_lock(&d->mu);
+        int broken = d->broken;
+        d->stop = 1;
+        pthread_cond_broadcast(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+        if (broken) {
+            fprintf(stderr, "visc: rank %d: %s\n", d->rank, d->error);
+            visc_dist_abort(d);
+        }
+        pthread_join(d->thread, NULL);
+    }
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv);
+    free(d);
+}
+
+/* Queues op; the ticket, or -1 when the group is broken. */
+static int64_t submit(visc_dist *d, const coll_op *op) {
+    pthread_mutex_lock(&d->mu);
+    while (!d->broken && d->submitted - d->completed >= QUEUE_CAP)
+        pthread_cond_wait(&d->cv, &d->mu);
+    if (d->broken) {
+        pthread_mutex_unlock(&d->mu);
+        return visc_set_error("%s", d->error);
+    }
+    int64_t t = d->submitted++;
+    d->queue[t % QUEUE_CAP] = *op;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    return t;
+}
+
+int visc_dist_wait(visc_dist *d, int64_t ticket) {
+    if (!d->thread_started) return 0;
+    double t0 = visc_now();
+    pthread_mutex_lock(&d->mu);
+    while (d->completed <= ticket && !d->broken) pthread_cond_wait(&d->cv, &d->mu);
+    int broken = d->broken;
+    pthread_mutex_unlock(&d->mu);
+    d->wait_seconds += visc_now() - t0;
+    if (broken) return visc_set_error("%s", d->error);
+    return 0;
+}
+
+/* Runs op: locally for a group of one, else through the thread. */
+static int run_blocking(visc_dist *d, const coll_op *op) {
+    if (!d->thread_started) {
+        if (op->kind == OP_ALLGATHER && op->buf != op->send) memmove(op->buf, op->send, op->count);
+        if (op->kind == OP_ALLREDUCE && op->scale != 1.0f && op->dtype == VISC_DT_F32)
+            scale_floats(op->buf, op->count, op->scale);
+        return 0;
+    }
+    int64_t t = submit(d, op);
+    return t < 0 ? -1 : visc_dist_wait(d, t);
+}
+
+int visc_dist_allreduce(visc_dist *d, void *buf, size_t count, visc_dist_dtype type,
+                        visc_dist_op op) {
+    coll_op o =
+        {.kind = OP_ALLREDUCE, .buf = buf, .count = count, .dtype = type, .op = op, .scale = 1.0f};
+    return run_blocking(d, &o);
+}
+
+int visc_dist_allgather(visc_dist *d, const void *send, void *recv, size_t bytes) {
+    coll_op o = {.kind = OP_ALLGATHER, .buf = recv, .send = send, .count = bytes};
+    return run_blocking(d, &o);
+}
+
+int visc_dist_broadcast(visc_dist *d, void *buf, size_t bytes, int root) {
+    if (root < 0 || root >= d->world)
+        return visc_set_error("broadcast from rank %d of a group of %d", root, d->world);
+    coll_op o = {.kind = OP_BROADCAST, .buf = buf, .count = bytes, .root = root};
+    return run_blocking(d, &o);
+}
+
+int visc_dist_barrier(visc_dist *d) {
+    coll_op o = {.kind = OP_BARRIER};
+    return run_blocking(d, &o);
+}
+
+int64_t visc_dist_allreduce_async(visc_dist *d, float *buf, size_t count, float scale) {
+    coll_op o = {.kind = OP_ALLREDUCE,
+                 .buf = buf,
+                 .count = count,
+                 .dtype = VISC_DT_F32,
+                 .op = VISC_OP_SUM,
+                 .scale = scale};
+    if (!d->thread_started) {
+        if (scale != 1.0f) scale_floats(buf, count, scale);
+        return 0;
+    }
+    return submit(d, &o);
+}
