@@ -21,8 +21,7 @@
 #   rtol 3e-3, while per-rank statistics give 2e-2.
 set -euo pipefail
 V=${VISC:-build/visc}
-shared=../shared/data
-[ -d "$shared" ] || shared=/work/shared/data
+source tests/lib.sh
 tmp=$(mktemp -d)
 cleanup() {
     pkill -CONT -f "$tmp/" 2>/dev/null || true
@@ -68,16 +67,42 @@ step5() { grep -o "^epoch 1/1 5/1875 loss [0-9.]* acc [0-9.]*%" "$1"; }
     fail "printed loss differs: $(step5 "$tmp/vit-sgd-1.log") vs $(step5 "$tmp/vit-sgd-2.log")"
 
 # --- data: an ImageFolder subset, one epoch of 8 steps ---
-for split in train test; do
-    for d in "$shared/cifar10/$split"/*/; do
-        c=$(basename "$d")
-        mkdir -p "$tmp/data/$split/$c"
-        files=("$d"*.jpg)
-        cp "${files[@]:0:16}" "$tmp/data/$split/$c/"
-    done
-done
+cifar_subset "$tmp/data" 16 16
 img=(--data "imagenet:$tmp/data" --model resnet14 --input-size 32 --crop-pct 1 --batch-size 20
      --lr 0.05 --seed 5 --no-progress --print-freq 0 --workers 1)
+
+# --- pretraining (issue 5's distributed parts) ---
+# MoCo v2: keys gathered into every rank's bank (rank order); SimCLR:
+# negatives gathered, their gradient summed over the ranks. Both match one
+# process with the whole batch (ViT: no BatchNorm in the encoder; SimCLR's
+# head has one, synchronized by --sync-bn).
+ssl=(--data "imagenet:$tmp/data" --model vit_femto_patch4_28 --input-size 28 --crop-pct 1
+     --batch-size 16 --epochs 1 --bank-size 64 --seed 4 --no-progress --print-freq 0 --workers 1)
+sslequiv() { # name rtol args...
+    local name=$1 rtol=$2
+    shift 2
+    "$V" pretrain "${ssl[@]}" "$@" --max-steps 1 --lr 1e-9 --output "$tmp/$name-w0" >/dev/null
+    "$V" pretrain "${ssl[@]}" "$@" --max-steps 4 --threads 2 --output "$tmp/$name-1" >/dev/null
+    "${MPI[@]}" "$V" pretrain "${ssl[@]}" "$@" --max-steps 4 --output "$tmp/$name-2" \
+        >"$tmp/$name-2.log" 2>&1 || { cat "$tmp/$name-2.log"; fail "$name: mpirun failed"; }
+    printf '%-22s ' "$name:"
+    "$V" diff "$tmp/$name-2/model_last.safetensors" "$tmp/$name-1/model_last.safetensors" \
+        --base "$tmp/$name-w0/model_last.safetensors" --rtol "$rtol" --atol 0
+}
+sslequiv mocov2-gather 1e-5 --method mocov2
+sslequiv simclr-gather 1e-5 --method simclr --sync-bn
+if sslequiv simclr-no-gather 1e-5 --method simclr --sync-bn --no-gather; then
+    fail "SimCLR without gathered negatives matched 1 process"
+fi
+echo "(local negatives only differ from one process, as they must)"
+# a ResNet's key encoder with shuffle-BN, then the whole benchmark chain in
+# one mpirun (the process group is joined once for all phases)
+"${MPI[@]}" "$V" bench-ssl --data "imagenet:$tmp/data" --model resnet14 --width 16 --input-size 32 \
+    --crop-pct 1 --batch-size 20 --epochs 2 --bank-size 40 --no-progress --print-freq 0 \
+    --eval knn,linear --linear-epochs 1 --eval-batch-size 20 --output "$tmp/bench" \
+    >"$tmp/bench.log" 2>&1 || { cat "$tmp/bench.log"; fail "mpirun bench-ssl"; }
+grep -q "^| mocov2 | [0-9.]* / [0-9.]* | [0-9.]* / [0-9.]* | [0-9.]* / [0-9.]* | - |" \
+    "$tmp/bench/results.md" || { cat "$tmp/bench.log"; fail "bench-ssl table under mpirun"; }
 
 # --- resume: stop at step 12 (mid epoch 2), resume, compare with one run ---
 "${MPI[@]}" "$V" train "${img[@]}" --epochs 3 --output "$tmp/full" >"$tmp/full.log" 2>&1 ||

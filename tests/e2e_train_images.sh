@@ -10,21 +10,12 @@
 #   with the timm recipe (RandAugment, random erasing, mixup/cutmix) run.
 set -euo pipefail
 V=${VISC:-build/visc}
-shared=../shared/data
-[ -d "$shared" ] || shared=/work/shared/data
+source tests/lib.sh
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export VISC_CACHE_DIR="$tmp/cache"
 
 # A small ImageNet layout: 60 train / 20 test images of each CIFAR-10 class.
-for split in train test; do
-    n=$([ $split = train ] && echo 60 || echo 20)
-    for d in "$shared/cifar10/$split"/*/; do
-        c=$(basename "$d")
-        mkdir -p "$tmp/data/$split/$c"
-        files=("$d"*.jpg)
-        cp "${files[@]:0:n}" "$tmp/data/$split/$c/"
-    done
-done
+cifar_subset "$tmp/data" 60 20
 common=(--model resnet14 --input-size 32 --crop-pct 1 --scale 0.35,1 --batch-size 50 --epochs 6
         --lr 0.1 --print-freq 0 --no-progress --threads 2 --workers 2)
 "$V" train --data "imagenet:$tmp/data" "${common[@]}" --output "$tmp/folder" | tail -2

@@ -53,8 +53,11 @@ double visc_dist_wait_seconds(const visc_dist *d);
  * backend), without finalizing: for a rank that failed, whose peers may
  * be waiting in a collective. Does not return. A group of one just exits. */
 _Noreturn void visc_dist_abort(visc_dist *d);
-/* Finalizes the backend and frees d (NULL is fine). A broken group cannot
- * be finalized (its peers are gone): the process exits with status 1. */
+/* Done with d (NULL is fine). A group of one is freed. The launcher's job
+ * stays joined until the process exits (MPI cannot be initialized twice;
+ * a later visc_dist_open returns the same group), and is finalized then.
+ * A broken group cannot be finalized (its peers are gone): the process
+ * exits with status 1 at once. */
 void visc_dist_close(visc_dist *d);
 
 /* ---- blocking collectives: 0, or -1 with the error set ---- */

@@ -16,6 +16,7 @@ enum {
     VISC_STREAM_AUGMENT = 3, /* per-sample augmentation */
     VISC_STREAM_DROPOUT = 4, /* dropout / drop-path masks */
     VISC_STREAM_MIXUP = 5,   /* per-step mixup / cutmix draws */
+    VISC_STREAM_SSL = 6,     /* self-supervised: bank init, heads, batch shuffles */
 };
 
 /* One Philox4x32-10 block: 128 random bits for (key, counter). */

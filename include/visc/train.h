@@ -17,6 +17,21 @@
 #include "model.h"
 #include "optim.h"
 
+/* `visc pretrain` (ssl.h): the self-supervised method and its settings.
+ * Zero / empty fields take the method's defaults (visc_ssl_resolve). */
+typedef struct {
+    char method[16];     /* mocov2 | simclr */
+    float temperature;   /* 0.2 MoCo v2, 0.1 SimCLR */
+    int64_t bank_size;   /* MoCo: memory bank rows K (65536) */
+    int proj_hidden;     /* projection head hidden width (0: the backbone's features) */
+    int proj_dim;        /* projection output (128) */
+    float momentum;      /* MoCo: key encoder momentum m0 (0.999) */
+    int momentum_cosine; /* MoCo: cosine schedule from m0 to 1 */
+    int fresh_key_head;  /* MoCo: the key head starts random (the reference library's way) */
+    int no_gather;       /* each process keeps its own keys / negatives */
+    char preset[48];     /* mocov2_resnet50_imagenet | mocov2_resnet18_cifar10 */
+} visc_ssl_config;
+
 typedef struct {
     /* data */
     char dataset[32];   /* fashion-mnist | mnist | cifar10 (in-memory formats) */
@@ -58,6 +73,11 @@ typedef struct {
     float dist_timeout;   /* seconds one collective may take */
     float bucket_cap_mb;  /* gradient buckets (DDP's bucket_cap_mb, default 25) */
     int sync_bn;          /* BatchNorm statistics over all ranks */
+    float blur_prob;      /* images: GaussianBlur probability (-1: the recipe's) */
+    visc_ssl_config ssl;  /* visc pretrain only */
+    /* --weights as a backbone: its classifier (m->head_prefix tensors) is
+     * not loaded (may be absent) and starts fresh (finetune evaluation) */
+    int reset_head;
 } visc_train_config;
 
 void visc_train_config_defaults(visc_train_config *c);
@@ -115,6 +135,9 @@ int visc_save_model(const visc_model *m, const char *path, const char *extra_met
 /* Loads parameters and buffers by name; every model tensor must be present
  * with the right shape (clear error naming the first that is not). */
 int visc_load_model(visc_model *m, const char *path);
+/* The same without the classifier: tensors named m->head_prefix... are not
+ * read, may be missing or of another shape (a backbone for a new task). */
+int visc_load_model_backbone(visc_model *m, const char *path);
 /* Full training checkpoint: model, optimizer state, EMA, train state. */
 int visc_save_checkpoint(const visc_model *m, const visc_optimizer *o, const float *ema_params,
                          const float *ema_buffers, const visc_train_state *s,

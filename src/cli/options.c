@@ -9,6 +9,7 @@
 
 #include "options.h"
 #include "visc/io.h"
+#include "visc/ssl.h"
 
 enum kind { STR, INT, FLOAT, U64, FLAG, NOFLAG };
 
@@ -85,6 +86,8 @@ static const option options[] = {
     {"resume", NULL, STR, O(resume), "continue from a checkpoint_last.safetensors"},
     {"weights", NULL, STR, O(weights), "start from (or evaluate) a model .safetensors file"},
     {"evaluate", "e", FLAG, O(evaluate), "only evaluate (with --resume or --weights)"},
+    {"reset-head", NULL, FLAG, O(reset_head),
+     "--weights is a backbone: skip its classifier, start a fresh one"},
     {"max-steps", NULL, INT, O(max_steps), "stop after N steps with a checkpoint (testing resume)"},
     {"no-progress", NULL, FLAG, O(no_progress), "plain log lines even on a terminal"},
     {"dist-backend", NULL, STR, O(dist_backend),
@@ -92,10 +95,30 @@ static const option options[] = {
     {"dist-timeout", NULL, FLOAT, O(dist_timeout),
      "processes: seconds a collective may take before the run fails (default 300)"},
     {"sync-bn", NULL, FLAG, O(sync_bn), "processes: BatchNorm statistics over all ranks"},
+    {"blur", NULL, FLOAT, O(blur_prob), "images: GaussianBlur probability (SSL recipes)"},
+    {"method", NULL, STR, O(ssl.method), "mocov2 | simclr"},
+    {"preset", NULL, STR, O(ssl.preset), "mocov2_resnet50_imagenet | mocov2_resnet18_cifar10"},
+    {"temperature", NULL, FLOAT, O(ssl.temperature), "contrastive temperature"},
+    {"bank-size", NULL, U64, O(ssl.bank_size), "MoCo: memory bank rows"},
+    {"proj-hidden", NULL, INT, O(ssl.proj_hidden), "projection head hidden width"},
+    {"proj-dim", NULL, INT, O(ssl.proj_dim), "projection output dimension"},
+    {"moco-momentum", NULL, FLOAT, O(ssl.momentum), "MoCo: key encoder momentum"},
+    {"momentum-cosine", NULL, FLAG, O(ssl.momentum_cosine),
+     "MoCo: momentum follows a cosine from its value to 1"},
+    {"fresh-key-head", NULL, FLAG, O(ssl.fresh_key_head),
+     "MoCo: random key head (the reference library) instead of a copy"},
+    {"no-gather", NULL, FLAG, O(ssl.no_gather),
+     "each process keeps its own keys / negatives (no all-gather)"},
     {"bucket-cap-mb", NULL, FLOAT, O(bucket_cap_mb),
      "processes: gradient all-reduce bucket size (0: one all-reduce after backward)"},
 };
 #define NUM_OPTIONS (int)(sizeof options / sizeof options[0])
+
+/* The settings of visc_train_config.ssl belong to `visc pretrain` alone. */
+static int pretrain_only(const option *o) {
+    size_t start = offsetof(visc_train_config, ssl);
+    return o->offset >= start && o->offset < start + sizeof(visc_ssl_config);
+}
 
 static const option *find(const char *name) {
     for (int i = 0; i < NUM_OPTIONS; i++)
@@ -167,9 +190,17 @@ static int apply_config_file(visc_train_config *c, const char *path) {
     return rc;
 }
 
-int visc_parse_train_args(visc_train_config *c, int argc, char **argv) {
-    visc_train_config_defaults(c);
-    /* the config file first, wherever --config stands, so flags override it */
+/* Defaults, the preset (pretrain), the config file, then the flags. */
+static int parse_args(visc_train_config *c, int argc, char **argv, int pretrain) {
+    const char *cmd = pretrain ? "pretrain" : "train";
+    /* the preset first, then the config file, wherever they stand, so
+     * that flags override both */
+    for (int i = 0; pretrain && i < argc; i++) {
+        const char *name = NULL;
+        if (strcmp(argv[i], "--preset") == 0 && i + 1 < argc) name = argv[i + 1];
+        else if (strncmp(argv[i], "--preset=", 9) == 0) name = argv[i] + 9;
+        if (name && visc_ssl_preset(name, c)) return -1;
+    }
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--config") == 0 || strcmp(argv[i], "-c") == 0) {
             if (i + 1 >= argc) return visc_set_error("--config needs a file name");
@@ -195,7 +226,9 @@ int visc_parse_train_args(visc_train_config *c, int argc, char **argv) {
         memcpy(key, name, len);
         key[len] = 0;
         const option *o = find(key);
-        if (!o) return visc_set_error("unknown option '%s' (see `visc train --help`)", arg);
+        if (!o) return visc_set_error("unknown option '%s' (see `visc %s --help`)", arg, cmd);
+        if (pretrain_only(o) && !pretrain)
+            return visc_set_error("%s is an option of `visc pretrain`, not of `visc train`", arg);
         if (eq) value = eq + 1;
         else if (o->kind == FLAG || o->kind == NOFLAG) value = "1";
         else if (i + 1 < argc) value = argv[++i];
@@ -205,10 +238,24 @@ int visc_parse_train_args(visc_train_config *c, int argc, char **argv) {
     return 0;
 }
 
-void visc_print_train_help(FILE *f) {
-    fprintf(f, "usage: visc train [--config FILE] [options]\n\noptions (config-file keys are the "
-               "long names):\n");
+int visc_parse_train_args(visc_train_config *c, int argc, char **argv) {
+    visc_train_config_defaults(c);
+    return parse_args(c, argc, argv, 0);
+}
+
+int visc_parse_pretrain_args(visc_train_config *c, int argc, char **argv) {
+    visc_pretrain_config_defaults(c);
+    if (parse_args(c, argc, argv, 1)) return -1;
+    return visc_ssl_resolve(c);
+}
+
+static void print_help(FILE *f, int pretrain) {
+    fprintf(f,
+            "usage: visc %s [--config FILE] [options]\n\noptions (config-file keys are the "
+            "long names):\n",
+            pretrain ? "pretrain" : "train");
     for (int i = 0; i < NUM_OPTIONS; i++) {
+        if (pretrain_only(&options[i]) && !pretrain) continue;
         char left[64];
         const char *arg = options[i].kind == FLAG || options[i].kind == NOFLAG ? "" : " V";
         if (options[i].alias)
@@ -217,4 +264,18 @@ void visc_print_train_help(FILE *f) {
         else snprintf(left, sizeof left, "--%s%s", options[i].name, arg);
         fprintf(f, "  %-30s %s\n", left, options[i].help);
     }
+}
+
+void visc_print_train_help(FILE *f) { print_help(f, 0); }
+
+void visc_print_pretrain_help(FILE *f) {
+    print_help(f, 1);
+    fputs("\nUnset settings take the method's defaults (the reference SSL benchmark):\n"
+          "  mocov2: SGD lr 0.03 x batch/256, momentum 0.9, wd 1e-4 (not on norms and biases),\n"
+          "          cosine to 0.001 lr, temperature 0.2, bank 65536, momentum 0.999, --aug "
+          "mocov2\n"
+          "  simclr: LARS lr 0.075 x sqrt(batch), wd 1e-6, 10 warmup epochs, cosine,\n"
+          "          temperature 0.1, --aug simclr\n"
+          "--batch-size is the whole job's (split over the processes under mpirun).\n",
+          f);
 }

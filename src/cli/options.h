@@ -9,5 +9,9 @@
 /* Defaults, then --config FILE, then the flags. -1 with an error message. */
 int visc_parse_train_args(visc_train_config *c, int argc, char **argv);
 void visc_print_train_help(FILE *f);
+/* `visc pretrain`: the same options plus the self-supervised ones, with
+ * the method's defaults (ssl.h) for what is left unset. */
+int visc_parse_pretrain_args(visc_train_config *c, int argc, char **argv);
+void visc_print_pretrain_help(FILE *f);
 
 #endif

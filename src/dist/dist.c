@@ -49,6 +49,13 @@ struct visc_dist {
     double wait_seconds;
 };
 
+/* A launched process joins its job once: MPI cannot be initialized again
+ * after it was finalized, and one program may run several phases (visc
+ * bench-ssl: pretraining, then the evaluations). The group opened under a
+ * launcher is shared by every visc_dist_open of the process and finalized
+ * at exit. */
+static visc_dist *g_job;
+
 static const char *op_name(op_kind k) {
     static const char *names[] = {"all-reduce", "all-gather", "broadcast", "barrier"};
     return names[k];
@@ -160,6 +167,27 @@ static void *comm_main(void *arg) {
     return NULL;
 }
 
+static void free_group(visc_dist *d) {
+    pthread_mutex_destroy(&d->mu);
+    pthread_cond_destroy(&d->cv);
+    free(d);
+}
+
+/* At exit: the communication thread finalizes the backend and ends. */
+static void leave_job(void) {
+    visc_dist *d = g_job;
+    if (!d) return;
+    g_job = NULL;
+    pthread_mutex_lock(&d->mu);
+    int broken = d->broken;
+    d->stop = 1;
+    pthread_cond_broadcast(&d->cv);
+    pthread_mutex_unlock(&d->mu);
+    if (broken) return; /* its peers are gone: nothing to finalize with */
+    pthread_join(d->thread, NULL);
+    free_group(d);
+}
+
 visc_dist *visc_dist_open(const char *backend, double timeout_s) {
     if (!backend || !*backend) backend = "auto";
     if (strcmp(backend, "auto") && strcmp(backend, "none") && strcmp(backend, "mpi")) {
@@ -174,6 +202,11 @@ visc_dist *visc_dist_open(const char *backend, double timeout_s) {
     pthread_cond_init(&d->cv, NULL);
     int launched = launched_world();
     if (!strcmp(backend, "none") || (!strcmp(backend, "auto") && launched == 0)) return d;
+    if (g_job && launched) { /* joined already: the same group, this caller's timeout */
+        visc_dist_close(d);
+        g_job->timeout_s = timeout_s > 0 ? timeout_s : 600;
+        return g_job;
+    }
     if (launched == 0) {
         visc_set_error("--dist-backend mpi: not started by a launcher (run it with mpirun -np N)");
         visc_dist_close(d);
@@ -210,6 +243,8 @@ visc_dist *visc_dist_open(const char *backend, double timeout_s) {
         visc_dist_close(d);
         return NULL;
     }
+    g_job = d;
+    atexit(leave_job);
     return d;
 }
 
@@ -231,21 +266,14 @@ void visc_dist_abort(visc_dist *d) {
 
 void visc_dist_close(visc_dist *d) {
     if (!d) return;
-    if (d->thread_started) {
-        pthread_mutex_lock(&d->mu);
-        int broken = d->broken;
-        d->stop = 1;
-        pthread_cond_broadcast(&d->cv);
-        pthread_mutex_unlock(&d->mu);
-        if (broken) {
+    if (d == g_job) {
+        if (d->broken) {
             fprintf(stderr, "visc: rank %d: %s\n", d->rank, d->error);
             visc_dist_abort(d);
         }
-        pthread_join(d->thread, NULL);
+        return; /* finalized at exit (leave_job) */
     }
-    pthread_mutex_destroy(&d->mu);
-    pthread_cond_destroy(&d->cv);
-    free(d);
+    free_group(d);
 }
 
 /* Queues op; the ticket, or -1 when the group is broken. */

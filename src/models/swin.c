@@ -663,8 +663,8 @@ static void swin_backward(visc_model *m, const float *dlogits) {
     swin *s = m->impl;
     int B = m->cfg.batch, F = s->features;
     int dropped = s->last_train && m->cfg.drop_rate > 0.0f;
-    visc_linear_backward(s->dfeat, G(s->fc_w), G(s->fc_b), dlogits, head_input(m, s), P(s->fc_w),
-                         B, F, m->cfg.num_classes);
+    visc_linear_backward(s->dfeat, G(s->fc_w), G(s->fc_b), dlogits, head_input(m, s), P(s->fc_w), B,
+                         F, m->cfg.num_classes);
     const float *dpooled = s->dfeat;
     if (dropped) {
         visc_dropout_backward(s->dpooled, s->dfeat, s->drop_mask, (size_t)B * F, m->cfg.drop_rate);

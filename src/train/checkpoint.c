@@ -76,10 +76,17 @@ static void list_add(char *list, size_t n, int *count, const char *name) {
     (*count)++;
 }
 
+/* skip (NULL: none): a name prefix whose tensors are neither read nor required. */
+static int skipped(const char *name, const char *skip) {
+    return skip && skip[0] && strncmp(name, skip, strlen(skip)) == 0;
+}
+
 static int load_table(const visc_model *m, visc_table *t, const visc_safetensors *st,
-                      const char *path, char *missing, size_t missing_size, int *num_missing) {
+                      const char *path, char *missing, size_t missing_size, int *num_missing,
+                      const char *skip) {
     for (int i = 0; i < t->count; i++) {
         const visc_tensor_entry *e = &t->entries[i];
+        if (skipped(e->name, skip)) continue;
         const visc_st_tensor *s = visc_safetensors_find(st, e->name);
         if (!s) {
             list_add(missing, missing_size, num_missing, e->name);
@@ -105,16 +112,16 @@ static int load_table(const visc_model *m, visc_table *t, const visc_safetensors
 /* Loads every model tensor; a file that lacks some, or (strict) has tensors
  * the model does not know, is refused with the lists of both, the way
  * torch's load_state_dict reports missing and unexpected keys. */
-static int load_model_from(visc_model *m, const visc_safetensors *st, const char *path,
-                           int strict) {
+static int load_model_from(visc_model *m, const visc_safetensors *st, const char *path, int strict,
+                           const char *skip) {
     char missing[512] = "", unexpected[512] = "";
     int num_missing = 0, num_unexpected = 0;
-    if (load_table(m, &m->params, st, path, missing, sizeof missing, &num_missing) ||
-        load_table(m, &m->buffers, st, path, missing, sizeof missing, &num_missing))
+    if (load_table(m, &m->params, st, path, missing, sizeof missing, &num_missing, skip) ||
+        load_table(m, &m->buffers, st, path, missing, sizeof missing, &num_missing, skip))
         return -1;
     if (strict)
         for (int i = 0; i < st->count; i++)
-            if (!is_model_key(m, st->tensors[i].name))
+            if (!is_model_key(m, st->tensors[i].name) && !skipped(st->tensors[i].name, skip))
                 list_add(unexpected, sizeof unexpected, &num_unexpected, st->tensors[i].name);
     if (num_missing || num_unexpected) {
         char detail[1100] = "";
@@ -140,7 +147,16 @@ int visc_load_model(visc_model *m, const char *path) {
     if (visc_safetensors_open(&st, path)) return -1;
     /* A full training checkpoint is accepted too: its extra keys are ours. */
     int is_checkpoint = visc_safetensors_meta(&st, "visc_train_state") != NULL;
-    int rc = load_model_from(m, &st, path, !is_checkpoint);
+    int rc = load_model_from(m, &st, path, !is_checkpoint, NULL);
+    visc_safetensors_close(&st);
+    return rc;
+}
+
+int visc_load_model_backbone(visc_model *m, const char *path) {
+    visc_safetensors st;
+    if (visc_safetensors_open(&st, path)) return -1;
+    int is_checkpoint = visc_safetensors_meta(&st, "visc_train_state") != NULL;
+    int rc = load_model_from(m, &st, path, !is_checkpoint, m->head_prefix);
     visc_safetensors_close(&st);
     return rc;
 }
@@ -235,7 +251,7 @@ int visc_load_checkpoint(visc_model *m, visc_optimizer *o, float *ema_params, fl
                        visc_opt_kind_name(o->cfg.kind));
         goto out;
     }
-    if (load_model_from(m, &st, path, 0)) goto out;
+    if (load_model_from(m, &st, path, 0, NULL)) goto out;
     for (int k = 0; k < o->slots; k++) {
         char key[64];
         snprintf(key, sizeof key, "optimizer.slot%d", k);

@@ -103,6 +103,7 @@ static int make_recipe(const visc_train_config *c, int train, int size, visc_tra
         if (tc->jitter_p <= 0) tc->jitter_p = 1;
     }
     if (c->reprob >= 0) tc->reprob = c->reprob;
+    if (c->blur_prob >= 0) tc->blur_p = c->blur_prob;
     if (!c->hflip) tc->hflip = 0;
     tc->fast_decode = c->fast_decode;
     return visc_transform_validate(tc);

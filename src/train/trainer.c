@@ -19,6 +19,7 @@
 #include "visc/nn.h"
 #include "visc/plot.h"
 #include "visc/rng.h"
+#include "visc/ssl_eval.h"
 #include "visc/train.h"
 
 void visc_train_config_defaults(visc_train_config *c) {
@@ -44,6 +45,7 @@ void visc_train_config_defaults(visc_train_config *c) {
     c->print_freq = 50;
     snprintf(c->aug, sizeof c->aug, "torchvision");
     c->reprob = -1;
+    c->blur_prob = -1;
     c->crop_pct = 0.875f;
     snprintf(c->on_bad_image, sizeof c->on_bad_image, "skip");
     c->mixup_prob = 1.0f;
@@ -588,7 +590,12 @@ int visc_train(const visc_train_config *c) {
     t.config_text = describe_config(c, m);
 
     if (c->weights[0]) {
-        if (visc_load_model(m, c->weights)) goto done;
+        /* --reset-head: the file is a backbone; a fresh classifier, as a
+         * new torch.nn.Linear (the SSL benchmark's finetune evaluation) */
+        if (c->reset_head) {
+            if (visc_load_model_backbone(m, c->weights)) goto done;
+            visc_reset_head(m, c->seed);
+        } else if (visc_load_model(m, c->weights)) goto done;
         if (t.ema_params) {
             memcpy(t.ema_params, m->params.data, m->params.total * sizeof(float));
             memcpy(t.ema_buffers, m->buffers.data, m->buffers.total * sizeof(float));

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/../.."
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:detect_stack_use_after_return=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tools/ci/lsan.supp:print_suppressions=0}
-if [ "${ASAN_E2E:-}" != all ]; then export VISC_SKIP_E2E="e2e_train_fashion.sh e2e_train_transformers.sh"; fi
+if [ "${ASAN_E2E:-}" != all ]; then export VISC_SKIP_E2E="e2e_train_fashion.sh e2e_train_transformers.sh e2e_ssl_learns.sh"; fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 rc=0

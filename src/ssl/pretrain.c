@@ -1,0 +1,705 @@
+/* pretrain.c: `visc pretrain`: MoCo v2 and SimCLR, as the reference SSL
+ * library's ImageNet benchmark runs them (shared/reference/ssl-benchmark.md).
+ *
+ * One step of each method reads top to bottom in moco_step / simclr_step.
+ * Around them: the online classifier (the backbone's own classifier, fed
+ * the detached features through backward_features), the per-epoch
+ * evaluation of that classifier, logs, and checkpoints that carry the key
+ * encoder and the memory bank so that a resumed run is exact.
+ *
+ * Several processes (mpirun): each rank takes its share of the global
+ * batch; gradients are averaged as in `visc train`; MoCo's keys are
+ * gathered into every rank's bank (rank order) and its key encoder sees a
+ * batch shuffled across the ranks (shuffle-BN) when it has BatchNorm;
+ * SimCLR's negatives are the views of all ranks, the gradient through that
+ * gather summed over the ranks. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "visc/io.h"
+#include "visc/rng.h"
+#include "visc/ssl.h"
+
+void visc_pretrain_config_defaults(visc_train_config *c) {
+    visc_train_config_defaults(c);
+    snprintf(c->output, sizeof c->output, "runs/pretrain");
+    snprintf(c->model.arch, sizeof c->model.arch, "resnet50");
+    snprintf(c->ssl.method, sizeof c->ssl.method, "mocov2");
+    /* 0 / empty / -1: the method's value (visc_ssl_resolve) */
+    c->aug[0] = 0;
+    c->opt[0] = 0;
+    c->lr = 0;
+    c->min_lr = -1;
+    c->weight_decay = -1;
+    c->warmup_epochs = -1;
+    c->nesterov = 0;
+    c->epochs = 100;
+    c->batch_size = 256;
+    c->warmup_start = 0;
+}
+
+int visc_ssl_preset(const char *name, visc_train_config *c) {
+    snprintf(c->ssl.preset, sizeof c->ssl.preset, "%s", name);
+    if (!strcmp(name, "mocov2_resnet50_imagenet")) {
+        /* the reference benchmark: every setting is the method's default */
+        snprintf(c->ssl.method, sizeof c->ssl.method, "mocov2");
+        snprintf(c->model.arch, sizeof c->model.arch, "resnet50");
+        c->batch_size = 256;
+        c->epochs = 100;
+        return 0;
+    }
+    if (!strcmp(name, "mocov2_resnet18_cifar10")) {
+        /* CIFAR stem, bank 4096, lr 0.06 x bs/128, wd 5e-4, m 0.99, t 0.1,
+         * 200 epochs, batch 128; the MoCo v2 recipe at 32 px without blur;
+         * validation on the 32 px images as they are */
+        snprintf(c->ssl.method, sizeof c->ssl.method, "mocov2");
+        snprintf(c->model.arch, sizeof c->model.arch, "resnet18");
+        c->model.small_stem = 1;
+        c->model.image_size = 32;
+        c->ssl.bank_size = 4096;
+        c->weight_decay = 5e-4f;
+        c->ssl.momentum = 0.99f;
+        c->ssl.temperature = 0.1f;
+        c->epochs = 200;
+        c->batch_size = 128;
+        c->blur_prob = 0;
+        c->crop_pct = 1;
+        return 0;
+    }
+    return visc_set_error("--preset: expected mocov2_resnet50_imagenet or mocov2_resnet18_cifar10, "
+                          "got '%s'",
+                          name);
+}
+
+int visc_ssl_resolve(visc_train_config *c) {
+    visc_ssl_config *s = &c->ssl;
+    int moco = !strcmp(s->method, "mocov2"), simclr = !strcmp(s->method, "simclr");
+    if (!moco && !simclr)
+        return visc_set_error("--method: expected mocov2 or simclr, got '%s'", s->method);
+    if (c->batch_size < 1) return visc_set_error("--batch-size must be >= 1");
+    double B = c->batch_size;
+    if (c->lr <= 0) {
+        if (simclr) c->lr = (float)(0.075 * sqrt(B));
+        else if (!strcmp(s->preset, "mocov2_resnet18_cifar10")) c->lr = (float)(0.06 * B / 128);
+        else c->lr = (float)(0.03 * B / 256);
+    }
+    if (!c->opt[0]) snprintf(c->opt, sizeof c->opt, "%s", simclr ? "lars" : "sgd");
+    if (c->weight_decay < 0) c->weight_decay = simclr ? 1e-6f : 1e-4f;
+    /* the reference's cosine ends at 0.001 x the peak */
+    if (c->min_lr < 0) c->min_lr = 0.001f * c->lr;
+    if (c->warmup_epochs < 0) c->warmup_epochs = simclr ? 10 : 0;
+    if (!c->aug[0]) snprintf(c->aug, sizeof c->aug, "%s", s->method);
+    if (s->temperature <= 0) s->temperature = simclr ? 0.1f : 0.2f;
+    if (s->bank_size <= 0) s->bank_size = 65536;
+    if (s->proj_dim <= 0) s->proj_dim = 128;
+    if (s->momentum <= 0) s->momentum = 0.999f;
+    if (s->momentum >= 1) return visc_set_error("--moco-momentum must be below 1");
+    return 0;
+}
+
+/* Everything a step touches, allocated before the first one. */
+typedef struct {
+    const visc_train_config *c;
+    int moco;
+    visc_dist *dist;
+    int rank, world;
+    int B; /* this rank's samples per step */
+    visc_dataset *train, *val;
+    visc_transform_config recipe[2];
+    visc_sample_pipeline pipeline[2];
+    visc_loader *loader;
+    visc_model *query, *key; /* key: MoCo */
+    visc_proj_head head, key_head;
+    visc_optimizer opt, head_opt;
+    visc_schedule sched;
+    visc_grad_sync *gsync, *head_gsync;
+    visc_memory_bank bank; /* MoCo */
+    visc_ntxent ntx;       /* SimCLR */
+    int shuffle_bn;        /* MoCo, several ranks, BatchNorm in the key encoder */
+    float *z, *znorm, *dz, *kz, *knorm, *scratch, *gathered;
+    float *probs, *dlogits, *xall, *xk, *kall;
+    int32_t *labels, *perm;
+    int64_t steps_per_epoch, total_steps;
+    visc_train_state state;
+    FILE *log;
+    visc_tb_writer *tb;
+    char *config_text;
+} pretrainer;
+
+typedef struct {
+    float loss, cls_loss;
+    int top1, count;
+} step_stats;
+
+/* The online classifier: cross-entropy of the backbone's classifier on
+ * the (detached) features of n samples. */
+static void online_classifier(pretrainer *p, const int32_t *labels, int n, step_stats *st) {
+    visc_model *q = p->query;
+    int K = q->cfg.num_classes, top5;
+    st->cls_loss = visc_softmax_xent_forward(p->probs, q->logits, labels, n, K, 0.0f);
+    visc_softmax_xent_backward(p->dlogits, p->probs, labels, n, K, 0.0f);
+    visc_topk_correct(q->logits, labels, n, K, &st->top1, &top5);
+    st->count = n;
+}
+
+/* Gradients of the query side are final: average them over the ranks and
+ * update; lr from the schedule. */
+static int update(pretrainer *p, float lr) {
+    if (p->gsync && (visc_grad_sync_finish(p->gsync) || visc_grad_sync_finish(p->head_gsync)))
+        return -1;
+    if (p->c->clip_grad > 0)
+        visc_clip_grad_norm(p->query->grads, p->query->params.total, p->c->clip_grad);
+    visc_optimizer_step(&p->opt, p->query->params.data, p->query->grads, lr);
+    visc_optimizer_step(&p->head_opt, p->head.params.data, p->head.grads, lr);
+    return 0;
+}
+
+/* MoCo's keys for this rank's view-0 images x0, normalized, into p->kz.
+ * With shuffle-BN the key encoder sees a batch drawn across all ranks
+ * (the same permutation everywhere, from the seed and step), so that its
+ * BatchNorm statistics cannot tell which keys belong to which queries. */
+static int moco_keys(pretrainer *p, const float *x0) {
+    visc_model *k = p->key;
+    const int B = p->B, D = p->head.out;
+    const size_t img = (size_t)k->cfg.in_channels * k->cfg.image_size * k->cfg.image_size;
+    const float *in = x0;
+    if (p->shuffle_bn) {
+        if (visc_dist_allgather(p->dist, x0, p->xall, (size_t)B * img * sizeof(float))) return -1;
+        visc_rng_permutation(p->perm, B * p->world, p->c->seed, VISC_STREAM_SSL,
+                             (uint64_t)p->state.step);
+        for (int i = 0; i < B; i++)
+            memcpy(p->xk + (size_t)i * img, p->xall + (size_t)p->perm[p->rank * B + i] * img,
+                   img * sizeof(float));
+        in = p->xk;
+    }
+    k->forward(k, in, 1);
+    visc_proj_head_forward(&p->key_head, k->features, 1);
+    visc_l2_normalize_forward(p->kz, p->knorm, p->key_head.output, B, D);
+    if (p->shuffle_bn) {
+        /* every rank's shuffled keys, then each rank takes back its own */
+        if (visc_dist_allgather(p->dist, p->kz, p->kall, (size_t)B * D * sizeof(float))) return -1;
+        for (int j = 0; j < B * p->world; j++) {
+            int g = p->perm[j] - p->rank * B;
+            if (g >= 0 && g < B)
+                memcpy(p->kz + (size_t)g * D, p->kall + (size_t)j * D, (size_t)D * sizeof(float));
+        }
+    }
+    return 0;
+}
+
+/* One MoCo v2 step (asymmetric loss): queries from view 1, keys from
+ * view 0 through the momentum encoder, InfoNCE against the bank as it was
+ * before this step, then the keys are enqueued. */
+static int moco_step(pretrainer *p, const visc_batch *batch, float lr, step_stats *st) {
+    const visc_train_config *c = p->c;
+    visc_model *q = p->query;
+    const int B = p->B, D = p->head.out;
+    const size_t img = (size_t)q->cfg.in_channels * q->cfg.image_size * q->cfg.image_size;
+    const float *x0 = batch->x, *x1 = batch->x + (size_t)B * img;
+
+    q->forward(q, x1, 1);
+    visc_proj_head_forward(&p->head, q->features, 1);
+    visc_l2_normalize_forward(p->z, p->znorm, p->head.output, B, D);
+
+    float m =
+        visc_momentum_at(c->ssl.momentum, c->ssl.momentum_cosine, p->state.step, p->total_steps);
+    visc_ema_update(p->key->params.data, q->params.data, q->params.total, m);
+    visc_ema_update(p->key_head.params.data, p->head.params.data, p->head.params.total, m);
+    if (moco_keys(p, x0)) return -1;
+
+    st->loss = visc_infonce_forward_backward(p->dz, p->z, p->kz, &p->bank, B, c->ssl.temperature,
+                                             p->scratch);
+    online_classifier(p, batch->y, B, st);
+
+    visc_l2_normalize_backward(p->dz, p->dz, p->z, p->znorm, B, D);
+    if (p->gsync) {
+        visc_grad_sync_begin(p->head_gsync);
+        visc_grad_sync_begin(p->gsync);
+    }
+    visc_proj_head_backward(&p->head, p->dz, p->scratch);
+    q->backward_features(q, p->scratch, p->dlogits);
+    if (update(p, lr)) return -1;
+
+    /* the bank moves on only now: this step's keys were not its negatives */
+    return visc_memory_bank_enqueue_gathered(&p->bank, c->ssl.no_gather ? NULL : p->dist, p->kz, B,
+                                             p->gathered);
+}
+
+/* One SimCLR step: both views through one forward (the reference
+ * concatenates them, so BatchNorm sees 2B samples), NT-Xent over the
+ * views of all ranks. */
+static int simclr_step(pretrainer *p, const visc_batch *batch, float lr, step_stats *st) {
+    const visc_train_config *c = p->c;
+    visc_model *q = p->query;
+    const int B = p->B, D = p->head.out;
+
+    q->forward(q, batch->x, 1);
+    visc_proj_head_forward(&p->head, q->features, 1);
+    visc_l2_normalize_forward(p->z, p->znorm, p->head.output, 2 * B, D);
+
+    st->loss = visc_ntxent_forward_backward(&p->ntx, c->ssl.no_gather ? NULL : p->dist, p->z,
+                                            p->z + (size_t)B * D, c->ssl.temperature, p->dz,
+                                            p->dz + (size_t)B * D);
+    if (!isfinite(st->loss) && visc_dist_broken(p->dist)) return -1;
+    memcpy(p->labels, batch->y, (size_t)B * sizeof(int32_t));
+    memcpy(p->labels + B, batch->y, (size_t)B * sizeof(int32_t));
+    online_classifier(p, p->labels, 2 * B, st);
+
+    visc_l2_normalize_backward(p->dz, p->dz, p->z, p->znorm, 2 * B, D);
+    if (p->gsync) {
+        visc_grad_sync_begin(p->head_gsync);
+        visc_grad_sync_begin(p->gsync);
+    }
+    visc_proj_head_backward(&p->head, p->dz, p->scratch);
+    q->backward_features(q, p->scratch, p->dlogits);
+    return update(p, lr);
+}
+
+static void log_json(pretrainer *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_json(pretrainer *p, const char *fmt, ...) {
+    if (!p->log) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(p->log, fmt, ap);
+    va_end(ap);
+    fputc('\n', p->log);
+    fflush(p->log);
+}
+
+static visc_ssl_parts parts_of(pretrainer *p) {
+    visc_ssl_parts s = {.query = p->query,
+                        .key = p->key,
+                        .head = &p->head,
+                        .key_head = p->moco ? &p->key_head : NULL,
+                        .opt = &p->opt,
+                        .head_opt = &p->head_opt,
+                        .bank = p->moco ? &p->bank : NULL,
+                        .state = &p->state,
+                        .method = p->c->ssl.method};
+    return s;
+}
+
+/* Rank 0 writes the checkpoint and the query encoder's model files, after
+ * collecting the ranks' loader cursors; every rank learns the outcome. */
+static int save_all(pretrainer *p, int is_best) {
+    p->state.world = p->world;
+    if (p->world > 1 && p->world <= VISC_MAX_SAVED_RANKS &&
+        visc_dist_allgather(p->dist, &p->state.sample_pos, p->state.rank_pos, sizeof(int64_t)))
+        return -1;
+    /* BatchNorm statistics: rank 0's are the model's (as in visc train) */
+    if (p->world > 1 && p->query->buffers.total &&
+        visc_dist_broadcast(p->dist, p->query->buffers.data,
+                            p->query->buffers.total * sizeof(float), 0))
+        return -1;
+    int64_t failed = 0;
+    if (p->rank == 0) {
+        char path[1100];
+        visc_ssl_parts parts = parts_of(p);
+        snprintf(path, sizeof path, "%s/checkpoint_last.safetensors", p->c->output);
+        failed = visc_ssl_save_checkpoint(&parts, p->config_text, path) != 0;
+        snprintf(path, sizeof path, "%s/model_last.safetensors", p->c->output);
+        if (!failed) failed = visc_save_model(p->query, path, NULL) != 0;
+        snprintf(path, sizeof path, "%s/model_best.safetensors", p->c->output);
+        if (!failed && is_best) failed = visc_save_model(p->query, path, NULL) != 0;
+    }
+    if (p->world == 1) return failed ? -1 : 0;
+    char why[512];
+    snprintf(why, sizeof why, "%s", failed ? visc_last_error() : "");
+    if (visc_dist_allreduce(p->dist, &failed, 1, VISC_DT_I64, VISC_OP_MAX)) return -1;
+    if (failed)
+        return visc_set_error("%s", p->rank == 0 ? why : "rank 0 could not save the checkpoint");
+    return 0;
+}
+
+static int run_epochs(pretrainer *p) {
+    const visc_train_config *c = p->c;
+    double best_top5 = 0;
+    while (p->state.epoch < c->epochs) {
+        int64_t epoch = p->state.epoch;
+        int64_t pos = p->state.step_in_epoch > 0 ? p->state.sample_pos : -1;
+        if (visc_loader_start(p->loader, epoch, p->state.step_in_epoch, pos)) return -1;
+        visc_progress bar;
+        char label[64];
+        snprintf(label, sizeof label, "epoch %lld/%d", (long long)epoch + 1, c->epochs);
+        visc_progress_begin(&bar, label, p->steps_per_epoch, !c->no_progress);
+        if (p->rank != 0) bar.out = NULL;
+        double sums[5] = {0}, t0 = visc_now(), window_t0 = t0; /* loss, cls, top1, n, steps */
+        int64_t window = 0;
+        for (int64_t i = p->state.step_in_epoch; i < p->steps_per_epoch; i++) {
+            visc_batch batch;
+            int got = visc_loader_next(p->loader, &batch);
+            if (got < 0) return -1;
+            if (got == 0) break;
+            /* a batch the bad-image skips left short cannot form all pairs */
+            if (batch.count < p->B) continue;
+            float lr = visc_schedule_lr(&p->sched, p->state.step);
+            uint32_t key[4];
+            visc_philox4x32(c->seed, VISC_STREAM_DROPOUT, (uint64_t)p->state.step, key);
+            p->query->noise_seed = (uint64_t)key[0] << 32 | key[1];
+            step_stats st;
+            int rc = p->moco ? moco_step(p, &batch, lr, &st) : simclr_step(p, &batch, lr, &st);
+            if (rc) return -1;
+            if (!isfinite(st.loss))
+                return visc_set_error("loss is %f at step %lld: pretraining diverged; lower --lr",
+                                      (double)st.loss, (long long)p->state.step);
+            p->state.step++;
+            p->state.step_in_epoch = i + 1;
+            p->state.sample_pos = batch.next_pos;
+            sums[0] += st.loss, sums[1] += st.cls_loss, sums[2] += st.top1, sums[3] += st.count;
+            sums[4] += 1;
+            window += p->B;
+            int64_t done = i + 1;
+            if ((c->print_freq > 0 && done % c->print_freq == 0) || done == p->steps_per_epoch) {
+                double job[5];
+                memcpy(job, sums, sizeof job);
+                if (p->world > 1 && visc_dist_allreduce(p->dist, job, 5, VISC_DT_F64, VISC_OP_SUM))
+                    return -1;
+                double now = visc_now(), ips = (double)window * p->world / (now - window_t0);
+                double loss = job[0] / job[4], cls = job[1] / job[4], acc = 100 * job[2] / job[3];
+                char stats[200];
+                snprintf(stats, sizeof stats,
+                         "loss %.4f online-cls loss %.4f acc %.2f%% lr %.4g %.0f img/s", loss, cls,
+                         acc, lr, ips);
+                visc_progress_update(&bar, done, stats);
+                log_json(p,
+                         "{\"type\":\"train\",\"epoch\":%lld,\"step\":%lld,\"loss\":%.6f,"
+                         "\"online_cls_loss\":%.6f,\"top1\":%.4f,\"lr\":%.6g,\"img_per_s\":%.1f}",
+                         (long long)epoch + 1, (long long)p->state.step, loss, cls, acc, lr, ips);
+                if (p->tb) {
+                    visc_tb_scalar(p->tb, "train/loss", p->state.step, (float)loss);
+                    visc_tb_scalar(p->tb, "train/online_cls_loss", p->state.step, (float)cls);
+                    visc_tb_scalar(p->tb, "train/lr", p->state.step, lr);
+                }
+                window_t0 = now;
+                window = 0;
+            }
+            if (c->max_steps > 0 && p->state.step >= c->max_steps) {
+                visc_progress_end(&bar, "stopped at --max-steps");
+                return save_all(p, 0) ? -1 : 1;
+            }
+        }
+        double train_time = visc_now() - t0;
+        /* the online classifier on the validation set (rank 0's BN statistics) */
+        if (p->world > 1 && p->query->buffers.total &&
+            visc_dist_broadcast(p->dist, p->query->buffers.data,
+                                p->query->buffers.total * sizeof(float), 0))
+            return -1;
+        visc_eval_result r;
+        if (visc_evaluate_shard(p->query, p->val, NULL, 0.0f, p->dist, &r)) return -1;
+        p->state.epoch++;
+        p->state.step_in_epoch = 0;
+        int is_best = r.top1 > p->state.best_top1;
+        if (is_best) p->state.best_top1 = r.top1;
+        if (r.top5 > best_top5) best_top5 = r.top5;
+        char summary[256];
+        snprintf(summary, sizeof summary,
+                 "loss %.4f | online classifier val top1 %.2f%% top5 %.2f%% (max %.2f%%) | %.0fs",
+                 sums[4] > 0 ? sums[0] / sums[4] : 0.0, r.top1, r.top5, p->state.best_top1,
+                 train_time);
+        visc_progress_end(&bar, summary);
+        log_json(p,
+                 "{\"type\":\"val\",\"epoch\":%lld,\"step\":%lld,\"val_online_cls_top1\":%.4f,"
+                 "\"val_online_cls_top5\":%.4f,\"val_online_cls_top1_max\":%.4f,\"loss\":%.6f,"
+                 "\"top1\":%.4f,\"top5\":%.4f,\"epoch_time_s\":%.2f}",
+                 (long long)p->state.epoch, (long long)p->state.step, r.top1, r.top5,
+                 p->state.best_top1, r.loss, r.top1, r.top5, train_time);
+        if (p->tb) {
+            visc_tb_scalar(p->tb, "val/online_cls_top1", p->state.epoch, (float)r.top1);
+            visc_tb_scalar(p->tb, "val/online_cls_top5", p->state.epoch, (float)r.top5);
+            visc_tb_flush(p->tb);
+        }
+        if (save_all(p, is_best)) return -1;
+    }
+    return 0;
+}
+
+static void bn_sync_allreduce(void *ctx, double *buf, int n) {
+    visc_dist_allreduce(ctx, buf, (size_t)n, VISC_DT_F64, VISC_OP_SUM);
+}
+
+/* The query encoder, and for MoCo its momentum copy. */
+static int make_encoders(pretrainer *p) {
+    const visc_train_config *c = p->c;
+    visc_model_config mc = c->model;
+    mc.num_classes = mc.num_classes > 0 ? mc.num_classes : p->train->num_classes;
+    mc.in_channels = p->train->channels;
+    mc.image_size = p->train->height;
+    mc.batch = p->moco ? p->B : 2 * p->B;
+    p->query = visc_model_create(&mc, c->seed);
+    if (!p->query) return -1;
+    visc_model *q = p->query;
+    if (!q->backward_features)
+        return visc_set_error("%s cannot be pretrained (no feature backward)", mc.arch);
+    if (c->weights[0] && visc_load_model(q, c->weights)) return -1;
+    /* the online classifier trains without weight decay */
+    const char *hp = q->head_prefix;
+    for (int i = 0; i < q->params.count; i++)
+        if (!strncmp(q->params.entries[i].name, hp, strlen(hp)))
+            q->params.entries[i].flags |= VISC_TENSOR_NO_DECAY;
+    int F = q->feature_dim, hidden = c->ssl.proj_hidden > 0 ? c->ssl.proj_hidden : F;
+    visc_proj_head_init(&p->head, "projection_head.", F, hidden, c->ssl.proj_dim, mc.batch,
+                        !p->moco, c->seed);
+    if (!p->moco) return 0;
+    mc.batch = p->B;
+    p->key = visc_model_create(&mc, c->seed);
+    if (!p->key) return -1;
+    memcpy(p->key->params.data, q->params.data, q->params.total * sizeof(float));
+    memcpy(p->key->buffers.data, q->buffers.data, q->buffers.total * sizeof(float));
+    /* the key head: a copy (original MoCo), or fresh as the reference library */
+    visc_proj_head_init(&p->key_head, "projection_head.", F, hidden, c->ssl.proj_dim, p->B, 0,
+                        c->ssl.fresh_key_head ? c->seed + 1 : c->seed);
+    p->shuffle_bn = p->world > 1 && q->set_bn_sync && !c->sync_bn;
+    return 0;
+}
+
+static int setup(pretrainer *p) {
+    const visc_train_config *c = p->c;
+    if (!visc_is_image_data(c->data_dir))
+        return visc_set_error("visc pretrain needs image data: --data imagefolder:DIR, "
+                              "imagenet:DIR, flat:DIR or pack:DIR");
+    int size = c->model.image_size > 0 ? c->model.image_size : 224;
+    p->train = visc_open_image_data(c, 1, size, &p->recipe[0], &p->pipeline[0]);
+    if (!p->train) return -1;
+    if (p->train->views != 2)
+        return visc_set_error("--aug %s gives %d view(s) per image; pretraining needs two "
+                              "(mocov2 or simclr)",
+                              c->aug, p->train->views);
+    p->val = visc_open_image_data(c, 0, size, &p->recipe[1], &p->pipeline[1]);
+    if (!p->val) return -1;
+    visc_loader_config lc = {.batch_size = p->B,
+                             .workers = c->workers,
+                             .shuffle = 1,
+                             .drop_last = 1,
+                             .train = 1,
+                             .rank = p->rank,
+                             .world = p->world,
+                             .seed = c->seed,
+                             .on_bad = strcmp(c->on_bad_image, "error") ? VISC_ON_BAD_SKIP
+                                                                        : VISC_ON_BAD_ERROR};
+    p->loader = visc_loader_new(p->train, &lc);
+    if (!p->loader) return -1;
+    p->steps_per_epoch = visc_loader_batches(p->loader);
+    if (p->steps_per_epoch < 1)
+        return visc_set_error("--batch-size %d is larger than the training set (%lld images)",
+                              c->batch_size, (long long)p->train->size);
+    p->total_steps = p->steps_per_epoch * c->epochs;
+    if (make_encoders(p)) return -1;
+    visc_model *q = p->query;
+
+    visc_opt_kind kind;
+    if (visc_opt_parse_kind(c->opt, &kind)) return -1;
+    visc_opt_config oc = visc_opt_defaults(kind);
+    if (kind == VISC_OPT_SGD || kind == VISC_OPT_LARS) {
+        oc.momentum = c->momentum;
+        oc.nesterov = c->nesterov;
+    }
+    oc.weight_decay = c->weight_decay;
+    oc.decay_norm_and_bias = c->decay_norm_and_bias;
+    visc_optimizer_init(&p->opt, &oc, &q->params);
+    visc_optimizer_init(&p->head_opt, &oc, &p->head.params);
+    visc_schedule *s = &p->sched;
+    memset(s, 0, sizeof *s);
+    if (visc_sched_parse_kind(c->sched, &s->kind)) return -1;
+    s->base_lr = c->lr;
+    s->min_lr = c->min_lr;
+    s->total_steps = p->total_steps;
+    s->warmup_steps = (int64_t)llround(c->warmup_epochs * (double)p->steps_per_epoch);
+    s->warmup_start = c->warmup_start;
+    s->gamma = c->lr_gamma;
+    s->step_size = (int64_t)c->lr_step_epochs * p->steps_per_epoch;
+
+    const int B = p->B, D = c->ssl.proj_dim, rows = p->moco ? B : 2 * B;
+    const int K = q->cfg.num_classes;
+    const size_t img = (size_t)q->cfg.in_channels * q->cfg.image_size * q->cfg.image_size;
+    p->z = visc_alloc_aligned((size_t)rows * D * sizeof(float), "embeddings");
+    p->znorm = visc_alloc_aligned((size_t)rows * sizeof(float), "embedding norms");
+    p->dz = visc_alloc_aligned((size_t)rows * D * sizeof(float), "embedding gradients");
+    p->probs = visc_alloc_aligned((size_t)rows * K * sizeof(float), "online classifier");
+    p->dlogits = visc_alloc_aligned((size_t)rows * K * sizeof(float), "online classifier");
+    p->labels = visc_calloc((size_t)rows, sizeof(int32_t), "labels");
+    size_t scratch = (size_t)rows * q->feature_dim;
+    if (p->moco) {
+        visc_memory_bank_init(&p->bank, c->ssl.bank_size, D, c->seed);
+        p->kz = visc_alloc_aligned((size_t)B * D * sizeof(float), "keys");
+        p->knorm = visc_alloc_aligned((size_t)B * sizeof(float), "key norms");
+        p->gathered = visc_alloc_aligned((size_t)p->world * B * D * sizeof(float), "gathered keys");
+        size_t logits = (size_t)B * (size_t)(c->ssl.bank_size + 1);
+        if (logits > scratch) scratch = logits;
+        if (p->shuffle_bn) {
+            p->xall = visc_alloc_aligned((size_t)p->world * B * img * sizeof(float), "shuffle-BN");
+            p->xk = visc_alloc_aligned((size_t)B * img * sizeof(float), "shuffle-BN");
+            p->kall = visc_alloc_aligned((size_t)p->world * B * D * sizeof(float), "shuffle-BN");
+            p->perm = visc_calloc((size_t)p->world * B, sizeof(int32_t), "shuffle-BN");
+        }
+    } else {
+        int gather = !c->ssl.no_gather;
+        visc_ntxent_init(&p->ntx, B, D, gather ? p->world : 1, gather ? p->rank : 0);
+    }
+    /* the head's input gradient, or MoCo's logits: one buffer */
+    p->scratch = visc_alloc_aligned(scratch * sizeof(float), "scratch");
+
+    if (p->world > 1) {
+        size_t bucket = (size_t)((c->bucket_cap_mb >= 0 ? c->bucket_cap_mb : 25.0f) * 1048576.0f);
+        p->gsync = visc_grad_sync_new(p->dist, &q->params, q->grads, bucket);
+        p->head_gsync = visc_grad_sync_new(p->dist, &p->head.params, p->head.grads, 0);
+        q->grad_ready = visc_grad_sync_ready;
+        q->grad_ready_ctx = p->gsync;
+        if (c->sync_bn) {
+            if (!q->set_bn_sync && !p->head.batchnorm)
+                return visc_set_error("--sync-bn: neither %s nor the projection head has "
+                                      "BatchNorm layers",
+                                      q->cfg.arch);
+            if (q->set_bn_sync) q->set_bn_sync(q, bn_sync_allreduce, p->dist);
+            if (p->key && p->key->set_bn_sync)
+                p->key->set_bn_sync(p->key, bn_sync_allreduce, p->dist);
+            if (p->head.batchnorm)
+                visc_batchnorm2d_set_sync(&p->head.bn, bn_sync_allreduce, p->dist);
+        }
+    }
+    return 0;
+}
+
+static void pretrainer_free(pretrainer *p) {
+    if (p->tb) visc_tb_close(p->tb);
+    if (p->log) fclose(p->log);
+    visc_grad_sync_free(p->gsync);
+    visc_grad_sync_free(p->head_gsync);
+    visc_loader_free(p->loader);
+    visc_optimizer_free(&p->opt);
+    visc_optimizer_free(&p->head_opt);
+    if (p->query) {
+        visc_proj_head_free(&p->head);
+        visc_model_destroy(p->query);
+    }
+    if (p->key) {
+        visc_proj_head_free(&p->key_head);
+        visc_model_destroy(p->key);
+    }
+    if (p->bank.bank) visc_memory_bank_free(&p->bank);
+    if (p->ntx.all) visc_ntxent_free(&p->ntx);
+    if (p->train) visc_dataset_free(p->train);
+    if (p->val) visc_dataset_free(p->val);
+    visc_free_aligned(p->z);
+    visc_free_aligned(p->znorm);
+    visc_free_aligned(p->dz);
+    visc_free_aligned(p->kz);
+    visc_free_aligned(p->knorm);
+    visc_free_aligned(p->scratch);
+    visc_free_aligned(p->gathered);
+    visc_free_aligned(p->probs);
+    visc_free_aligned(p->dlogits);
+    visc_free_aligned(p->xall);
+    visc_free_aligned(p->xk);
+    visc_free_aligned(p->kall);
+    free(p->labels);
+    free(p->perm);
+    free(p->config_text);
+}
+
+static char *describe(const visc_train_config *c) {
+    char *s = visc_malloc(2048, "config text");
+    snprintf(s, 2048,
+             "{\"method\":\"%s\",\"model\":\"%s\",\"data\":\"%s\",\"epochs\":%d,\"batch_size\":%d,"
+             "\"opt\":\"%s\",\"lr\":%g,\"min_lr\":%g,\"momentum\":%g,\"weight_decay\":%g,"
+             "\"warmup_epochs\":%g,\"temperature\":%g,\"bank_size\":%lld,\"proj_dim\":%d,"
+             "\"moco_momentum\":%g,\"momentum_cosine\":%d,\"fresh_key_head\":%d,\"gather\":%d,"
+             "\"aug\":\"%s\",\"image_size\":%d,\"seed\":%llu,\"preset\":\"%s\"}",
+             c->ssl.method, c->model.arch, c->data_dir, c->epochs, c->batch_size, c->opt,
+             (double)c->lr, (double)c->min_lr, (double)c->momentum, (double)c->weight_decay,
+             (double)c->warmup_epochs, (double)c->ssl.temperature, (long long)c->ssl.bank_size,
+             c->ssl.proj_dim, (double)c->ssl.momentum, c->ssl.momentum_cosine,
+             c->ssl.fresh_key_head, !c->ssl.no_gather, c->aug, c->model.image_size,
+             (unsigned long long)c->seed, c->ssl.preset);
+    return s;
+}
+
+int visc_pretrain(const visc_train_config *c) {
+    pretrainer p;
+    memset(&p, 0, sizeof p);
+    p.c = c;
+    p.moco = !strcmp(c->ssl.method, "mocov2");
+    int rc = -1;
+    p.dist = visc_dist_open(c->dist_backend, c->dist_timeout > 0 ? c->dist_timeout : 300);
+    if (!p.dist) return -1;
+    p.rank = visc_dist_rank(p.dist);
+    p.world = visc_dist_world(p.dist);
+    if (c->threads > 0) visc_set_num_threads(c->threads);
+    else if (visc_dist_local_world(p.dist) > 1) {
+        long share = sysconf(_SC_NPROCESSORS_ONLN) / visc_dist_local_world(p.dist);
+        visc_set_num_threads(share < 1 ? 1 : (int)share);
+    }
+    if (c->batch_size % p.world) {
+        visc_set_error("--batch-size %d (the whole job's) does not split evenly over %d processes",
+                       c->batch_size, p.world);
+        goto done;
+    }
+    p.B = c->batch_size / p.world;
+    if (p.B < 2 && !p.moco) {
+        visc_set_error("SimCLR needs at least 2 samples per process");
+        goto done;
+    }
+    if (setup(&p)) goto done;
+    p.config_text = describe(c);
+    if (c->resume[0]) {
+        visc_ssl_parts parts = parts_of(&p);
+        if (visc_ssl_load_checkpoint(&parts, c->resume)) goto done;
+        if (p.state.world != p.world) p.state.sample_pos = -1;
+        else if (p.world > 1) p.state.sample_pos = p.state.rank_pos[p.rank];
+        if (p.rank == 0)
+            printf("resumed from %s at epoch %lld, step %lld\n", c->resume,
+                   (long long)p.state.epoch, (long long)p.state.step);
+    }
+    if (p.world > 1) { /* one starting point everywhere: rank 0's */
+        visc_model *q = p.query;
+        if (visc_dist_broadcast(p.dist, q->params.data, q->params.total * sizeof(float), 0) ||
+            visc_dist_broadcast(p.dist, p.head.params.data, p.head.params.total * sizeof(float), 0))
+            goto done;
+    }
+    if (p.rank == 0) {
+        if (visc_mkdirs(c->output)) goto done;
+        char path[1100];
+        snprintf(path, sizeof path, "%s/log.jsonl", c->output);
+        p.log = fopen(path, c->resume[0] ? "a" : "w");
+        if (!p.log) {
+            visc_set_error("cannot write %s: %s", path, strerror(errno));
+            goto done;
+        }
+        p.tb = visc_tb_open(c->output);
+        if (!p.tb) goto done;
+        log_json(&p, "{\"type\":\"config\",\"config\":%s}", p.config_text);
+        printf("pretraining %s with %s on %s: %lld images, %d epochs of %lld steps, batch %d%s; "
+               "lr %g (%s, wd %g), temperature %g",
+               c->model.arch, p.moco ? "MoCo v2" : "SimCLR", c->data_dir, (long long)p.train->size,
+               c->epochs, (long long)p.steps_per_epoch, c->batch_size,
+               p.world > 1 ? " (split over the processes)" : "", (double)c->lr, c->opt,
+               (double)c->weight_decay, (double)c->ssl.temperature);
+        if (p.moco)
+            printf(", bank %lld, momentum %g%s", (long long)c->ssl.bank_size,
+                   (double)c->ssl.momentum, c->ssl.momentum_cosine ? " (cosine to 1)" : "");
+        printf("\n");
+    }
+    double t0 = visc_now();
+    int r = run_epochs(&p);
+    if (r < 0) goto done;
+    if (r == 0 && p.rank == 0) {
+        printf("done: online classifier best val top1 %.2f%% in %.0fs; the query encoder is "
+               "%s/model_last.safetensors\n",
+               p.state.best_top1, visc_now() - t0, c->output);
+        log_json(&p, "{\"type\":\"done\",\"val_online_cls_top1_max\":%.4f,\"seconds\":%.1f}",
+                 p.state.best_top1, visc_now() - t0);
+    }
+    rc = 0;
+done:
+    pretrainer_free(&p);
+    if (rc && p.world > 1) {
+        fprintf(stderr, "visc: rank %d: %s\n", p.rank, visc_last_error());
+        visc_dist_abort(p.dist);
+    }
+    visc_dist_close(p.dist);
+    return rc;
+}
