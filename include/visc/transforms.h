@@ -63,6 +63,7 @@ void visc_resize_flip(const visc_image *src, const float *box, visc_interp inter
 enum {
     VISC_SCRATCH_TAPS_H,
     VISC_SCRATCH_TAPS_V,
+    VISC_SCRATCH_TAPS_PACKED, /* resample.c: 16-bit weights of the horizontal pass */
     VISC_SCRATCH_WEIGHTS,
     VISC_SCRATCH_RESIZE_TMP,
     VISC_SCRATCH_ROWS,
