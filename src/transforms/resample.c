@@ -445,30 +445,101 @@ __attribute__((target("avx2"))) static void hrows_avx2(const uint8_t *in, size_t
         __m256i w = _mm256_packs_epi32(finish2(s0, s1), finish2(s2, s3));
         __m256i q = _mm256_packus_epi16(w, w);
         __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+        uint32_t px[4] = {(uint32_t)_mm_cvtsi128_si32(lo), (uint32_t)_mm_cvtsi128_si32(hi),
+                          (uint32_t)_mm_extract_epi32(lo, 1), (uint32_t)_mm_extract_epi32(hi, 1)};
         uint8_t *d = out + 3 * (size_t)o;
-        store3(d, (uint32_t)_mm_cvtsi128_si32(lo), last);
-        if (nrows > 1) store3(d + ostride, (uint32_t)_mm_cvtsi128_si32(hi), last);
-        if (nrows > 2) store3(d + 2 * ostride, (uint32_t)_mm_extract_epi32(lo, 1), last);
-        if (nrows > 3) store3(d + 3 * ostride, (uint32_t)_mm_extract_epi32(hi, 1), last);
+        for (int r = 0; r < nrows; r++) store3(d + r * ostride, px[r], last);
     }
 }
 
-/* The horizontal pass: the 16-bit AVX2 rows where the CPU has them and
- * the grouped window fits the row, else the generic code. */
-static void horizontal(const visc_image *src, int y0, int rows, const taps *t, int ow, int flip,
-                       uint8_t *dst, size_t dstride) {
+/* Up to four rows (in + r * stride, r < nrows) into planar runs: row r's
+ * R at out[r * ostride + o], G at + ow, B at + 2 ow. A block is 4 rows x 4
+ * outputs: the rows share each output's window and weights, and the 4
+ * outputs of a row leave as three 4-byte words (R0-3, G0-3, B0-3). */
+__attribute__((target("avx2"))) static void hrows_planar_avx2(const uint8_t *in, size_t stride,
+                                                              int nrows, const packed_taps *pt,
+                                                              int ow, int flip, uint8_t *out,
+                                                              size_t ostride) {
+    const __m256i order =
+        _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1, 2, -1, 5, -1, 3,
+                         -1, 6, -1, 4, -1, 7, -1, -1, -1, -1, -1);
+    /* per 128-bit half: (o0 o1 o2 o3 as R G B x bytes) -> R0-3 G0-3 B0-3 */
+    const __m256i planes = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, -1, -1, -1, -1,
+                                            0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, -1, -1, -1, -1);
+    const int G = pt->groups;
+    for (int o = 0; o < ow; o += 4) {
+        __m256i f01[4], f23[4]; /* output j: (row 0 | row 1), (row 2 | row 3) */
+        for (int j = 0; j < 4; j++) {
+            int oj = o + j < ow ? o + j : o; /* past the end: a repeat, not stored */
+            int xx = flip ? ow - 1 - oj : oj;
+            const uint8_t *p = in + 3 * pt->start[xx];
+            const __m256i *c = (const __m256i *)(pt->weight + (size_t)xx * G * 32);
+            __m256i s0 = window_sum(p, c, G, order);
+            __m256i s1 = nrows > 1 ? window_sum(p + stride, c, G, order) : s0;
+            f01[j] = finish2(s0, s1);
+            if (nrows > 2) {
+                __m256i s2 = window_sum(p + 2 * stride, c, G, order);
+                __m256i s3 = nrows > 3 ? window_sum(p + 3 * stride, c, G, order) : s2;
+                f23[j] = finish2(s2, s3);
+            } else {
+                f23[j] = f01[j];
+            }
+        }
+        /* words (o0 o1 | o0 o1) and (o2 o3 | o2 o3) of rows (a | b), then
+         * bytes o0 o1 o2 o3 of row a | of row b, then planar */
+        __m256i q01 = _mm256_shuffle_epi8(_mm256_packus_epi16(_mm256_packs_epi32(f01[0], f01[1]),
+                                                              _mm256_packs_epi32(f01[2], f01[3])),
+                                          planes);
+        __m256i q23 = _mm256_shuffle_epi8(_mm256_packus_epi16(_mm256_packs_epi32(f23[0], f23[1]),
+                                                              _mm256_packs_epi32(f23[2], f23[3])),
+                                          planes);
+        __m128i rows4[4] = {_mm256_castsi256_si128(q01), _mm256_extracti128_si256(q01, 1),
+                            _mm256_castsi256_si128(q23), _mm256_extracti128_si256(q23, 1)};
+        for (int r = 0; r < nrows; r++) {
+            uint32_t w[3] = {(uint32_t)_mm_cvtsi128_si32(rows4[r]),
+                             (uint32_t)_mm_extract_epi32(rows4[r], 1),
+                             (uint32_t)_mm_extract_epi32(rows4[r], 2)};
+            uint8_t *d = out + r * ostride + o;
+            for (int ch = 0; ch < 3; ch++) {
+                if (o + 4 <= ow) {
+                    memcpy(d + (size_t)ch * ow, &w[ch], 4);
+                } else {
+                    for (int j = 0; o + j < ow; j++)
+                        d[(size_t)ch * ow + j] = (uint8_t)(w[ch] >> (8 * j));
+                }
+            }
+        }
+    }
+}
+
+/* The horizontal pass with the 16-bit AVX2 rows, where the CPU has them
+ * and the grouped window fits the row: 1, else 0 and nothing done. */
+static int horizontal_avx2(const visc_image *src, int y0, int rows, const taps *t, int ow, int flip,
+                           uint8_t *dst, size_t dstride, int planar) {
     packed_taps pt;
-    if (have_avx2() &&
+    if (!have_avx2() ||
         packed_make(&pt,
                     visc_transform_scratch(VISC_SCRATCH_TAPS_PACKED, packed_bytes(ow, t->ksize)), t,
-                    src->width, ow) == 0) {
+                    src->width, ow) != 0)
+        return 0;
+    if (planar) {
         for (int y = 0; y < rows; y += 4)
-            hrows_avx2(src->data + (size_t)(y0 + y) * src->stride, (size_t)src->stride,
-                       rows - y < 4 ? rows - y : 4, &pt, ow, flip, dst + (size_t)y * dstride,
-                       dstride);
-        return;
+            hrows_planar_avx2(src->data + (size_t)(y0 + y) * src->stride, (size_t)src->stride,
+                              rows - y < 4 ? rows - y : 4, &pt, ow, flip, dst + (size_t)y * dstride,
+                              dstride);
+        return 1;
     }
-    pass_horizontal(src, y0, rows, t, ow, flip, dst, dstride);
+    for (int y = 0; y < rows; y += 4)
+        hrows_avx2(src->data + (size_t)(y0 + y) * src->stride, (size_t)src->stride,
+                   rows - y < 4 ? rows - y : 4, &pt, ow, flip, dst + (size_t)y * dstride, dstride);
+    return 1;
+}
+
+/* The horizontal pass: AVX2 where it can, else the generic code. */
+static void horizontal(const visc_image *src, int y0, int rows, const taps *t, int ow, int flip,
+                       uint8_t *dst, size_t dstride) {
+    if (!horizontal_avx2(src, y0, rows, t, ow, flip, dst, dstride, 0))
+        pass_horizontal(src, y0, rows, t, ow, flip, dst, dstride);
 }
 
 /* The vertical pass's inner loops over a whole row of bytes: contiguous,
@@ -487,11 +558,29 @@ clip_row(uint8_t *restrict out, int32_t *restrict acc, int n) {
     }
 }
 
+/* The end of the fused resize + ToTensor + Normalize: one row of sums in
+ * planar runs (R, G, B, w each), clipped as clip_row, then as
+ * visc_to_tensor_normalize (v / 255, then (x - m) / s: the same float
+ * operations, so the same bits) into plane c. Contiguous runs: this
+ * vectorizes, where interleaved sums did not. */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+clip_normalize_run(float *restrict out, int32_t *restrict acc, float m, float sd, int w) {
+    for (int x = 0; x < w; x++) {
+        /* clip8 in int32 lanes (through uint8_t the loop stays scalar) */
+        int32_t q = acc[x] >> PRECISION_BITS;
+        q = q < 0 ? 0 : q > 255 ? 255 : q;
+        out[x] = ((float)q / 255.0f - m) / sd;
+    }
+    for (int x = 0; x < w; x++) acc[x] = 1 << (PRECISION_BITS - 1);
+}
+
 /* Vertical pass: rows of src (stride sstride, n bytes each) relative to the
- * first row the taps use (row_offset subtracted). */
+ * first row the taps use (row_offset subtracted), into dst's bytes, or
+ * (chw set: planar rows of n / 3 pixels) normalized into chw's planes. */
 static void pass_vertical(const uint8_t *src, size_t sstride, int row_offset, const taps *t, int oh,
-                          int n, visc_image *dst) {
-    const int K = t->ksize;
+                          int n, visc_image *dst, float *chw, const float *mean, const float *std) {
+    const int K = t->ksize, w = n / 3;
+    const size_t plane = (size_t)w * oh;
     int32_t *acc = visc_transform_scratch(VISC_SCRATCH_ROWS, sizeof(int32_t) * (size_t)n);
     for (int i = 0; i < n; i++) acc[i] = 1 << (PRECISION_BITS - 1);
     for (int yy = 0; yy < oh; yy++) {
@@ -499,7 +588,13 @@ static void pass_vertical(const uint8_t *src, size_t sstride, int row_offset, co
         const uint8_t *first = src + (size_t)(t->start[yy] - row_offset) * sstride;
         for (int k = 0; k < K; k++)
             if (c[k]) accumulate_row(acc, first + (size_t)k * sstride, c[k], n);
-        clip_row(dst->data + (size_t)yy * dst->stride, acc, n);
+        if (!chw) {
+            clip_row(dst->data + (size_t)yy * dst->stride, acc, n);
+            continue;
+        }
+        for (int ch = 0; ch < 3; ch++)
+            clip_normalize_run(chw + ch * plane + (size_t)yy * w, acc + (size_t)ch * w, mean[ch],
+                               std[ch], w);
     }
 }
 
@@ -592,13 +687,56 @@ void visc_resize_flip(const visc_image *src, const float *box_in, visc_interp in
             size_t tstride = 3 * (size_t)ow;
             uint8_t *tmp = visc_transform_scratch(VISC_SCRATCH_RESIZE_TMP, (size_t)rows * tstride);
             horizontal(src, yfirst, rows, &th, ow, flip, tmp, tstride);
-            pass_vertical(tmp, tstride, yfirst, &tv, oh, 3 * ow, dst);
+            pass_vertical(tmp, tstride, yfirst, &tv, oh, 3 * ow, dst, NULL, NULL, NULL);
         }
     } else if (need_v) {
-        pass_vertical(src->data, (size_t)src->stride, 0, &tv, oh, 3 * ow, dst);
+        pass_vertical(src->data, (size_t)src->stride, 0, &tv, oh, 3 * ow, dst, NULL, NULL, NULL);
         if (flip) visc_hflip(dst);
     } else {
         copy_image(src, dst);
         if (flip) visc_hflip(dst);
     }
+}
+
+void visc_resize_flip_normalize(const visc_image *src, const float *box_in, visc_interp interp,
+                                int flip, int ow, int oh, const float mean[3], const float std[3],
+                                float *chw) {
+    float box[4] = {0, 0, (float)src->width, (float)src->height};
+    if (box_in) memcpy(box, box_in, sizeof box);
+    VISC_ASSERT(ow > 0 && oh > 0 && src->width > 0 && src->height > 0);
+    /* Folded where both filter passes run (the usual RandomResizedCrop):
+     * the horizontal pass writes planar rows, the vertical pass then works
+     * on them byte for byte as on interleaved ones (it is elementwise) and
+     * finishes with contiguous runs per channel. */
+    const int filtered = interp == VISC_INTERP_BILINEAR || interp == VISC_INTERP_BICUBIC;
+    const int need_h = ow != src->width || box[0] != 0 || box[2] != ow;
+    const int need_v = oh != src->height || box[1] != 0 || box[3] != oh;
+    if (filtered && need_h && need_v) {
+        const filter *f = interp == VISC_INTERP_BICUBIC ? &BICUBIC : &BILINEAR;
+        taps tv, th;
+        taps_make(&tv,
+                  visc_transform_scratch(VISC_SCRATCH_TAPS_V,
+                                         sizeof(int32_t) * taps_cells(f, box[1], box[3], oh)),
+                  f, src->height, box[1], box[3], oh);
+        int yfirst = tv.start[0], ylast = tv.start[0] + tv.ksize;
+        for (int y = 1; y < oh; y++) {
+            if (tv.start[y] < yfirst) yfirst = tv.start[y];
+            if (tv.start[y] + tv.ksize > ylast) ylast = tv.start[y] + tv.ksize;
+        }
+        taps_make(&th,
+                  visc_transform_scratch(VISC_SCRATCH_TAPS_H,
+                                         sizeof(int32_t) * taps_cells(f, box[0], box[2], ow)),
+                  f, src->width, box[0], box[2], ow);
+        int rows = ylast - yfirst;
+        size_t tstride = 3 * (size_t)ow;
+        uint8_t *tmp = visc_transform_scratch(VISC_SCRATCH_RESIZE_TMP, (size_t)rows * tstride);
+        if (horizontal_avx2(src, yfirst, rows, &th, ow, flip, tmp, tstride, 1)) {
+            pass_vertical(tmp, tstride, yfirst, &tv, oh, 3 * ow, NULL, chw, mean, std);
+            return;
+        }
+    }
+    visc_image res = {NULL, ow, oh, 3 * ow};
+    res.data = visc_transform_scratch(VISC_SCRATCH_NORMALIZE, (size_t)oh * res.stride);
+    visc_resize_flip(src, box, interp, flip, &res);
+    visc_to_tensor_normalize(&res, mean, std, chw);
 }
