@@ -76,6 +76,7 @@ enum {
     VISC_SCRATCH_ROWS,
     VISC_SCRATCH_VIEW,      /* pipeline.c: the resized view */
     VISC_SCRATCH_NORMALIZE, /* visc_resize_flip_normalize when not folded */
+    VISC_SCRATCH_DECODE,    /* pipeline.c: the decoded crops (visc_decode_options.into) */
     VISC_SCRATCH_SLOTS
 };
 void *visc_transform_scratch(int slot, size_t bytes);

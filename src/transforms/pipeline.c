@@ -325,7 +325,13 @@ static int train_from_bytes(const visc_transform_config *c, visc_rng *r, const u
         if (m > eighths) eighths = m;
     }
     const int fast = c->fast_decode != 0;
-    visc_decode_options opt = {u, fast ? eighths : 1, fast ? 8 : 1, 0, !fast};
+    visc_decode_options opt = {u, fast ? eighths : 1, fast ? 8 : 1, 0, !fast, NULL, 0};
+    /* the decoded rows go into this thread's scratch (no allocation, no
+     * copy): room for the union plus the decoder's side margins and iMCU
+     * alignment (at most 3 iMCUs of 32 pixels); when that is not enough the
+     * decoder allocates */
+    opt.into_size = (size_t)(u.w + 96) * 3 * (size_t)u.h;
+    opt.into = visc_transform_scratch(VISC_SCRATCH_DECODE, opt.into_size);
     visc_decoded dec;
     if (visc_image_decode_ex(bytes, size, &opt, &dec)) return -1;
     size_t per_view = 3 * (size_t)c->size * c->size;
@@ -358,7 +364,7 @@ static int train_from_bytes(const visc_transform_config *c, visc_rng *r, const u
         }
         train_view(c, r, &dec.image, box, g.flip[v], out + v * per_view);
     }
-    visc_image_free(&dec.image);
+    if (!dec.borrowed) visc_image_free(&dec.image);
     return rc;
 }
 
@@ -378,7 +384,7 @@ int visc_transform_sample(const visc_transform_config *c, const uint8_t *bytes, 
          * still covers the Resize target. */
         int need = (int)floor(c->size / (double)c->crop_pct);
         int m = pick_eighths(sw, sh, need);
-        visc_decode_options opt = {{0, 0, 0, 0}, m, 8, 0, 0};
+        visc_decode_options opt = {{0, 0, 0, 0}, m, 8, 0, 0, NULL, 0};
         visc_decoded dec;
         if (visc_image_decode_ex(bytes, size, &opt, &dec)) return -1;
         int rc = visc_transform_image(c, &dec.image, seed, epoch, idx, out);
