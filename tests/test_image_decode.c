@@ -591,7 +591,7 @@ static void check_eighths(const char *what, const uint8_t *buf, size_t size, int
         CHECK_MSG(0, "%s: %s", what, visc_last_error());
         return;
     }
-    visc_decode_options all = {{0, 0, 0, 0}, m, 8, 0, 0};
+    visc_decode_options all = {{0, 0, 0, 0}, m, 8, 0, 0, NULL, 0};
     visc_decoded full;
     if (visc_image_decode_ex(buf, size, &all, &full)) {
         CHECK_MSG(0, "%s %d/8: %s", what, m, visc_last_error());
@@ -668,14 +668,14 @@ TEST(decode_options_errors_and_old_requests) {
     visc_decoded d;
     static const int bad[][2] = {{3, 4}, {17, 8}, {-1, 8}, {2, 3}, {1, 16}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        visc_decode_options o = {{0, 0, 0, 0}, bad[i][0], bad[i][1], 0, 0};
+        visc_decode_options o = {{0, 0, 0, 0}, bad[i][0], bad[i][1], 0, 0, NULL, 0};
         CHECK_MSG(visc_image_decode_ex(buf, size, &o, &d) == -1, "scale %d/%d accepted", bad[i][0],
                   bad[i][1]);
         CHECK(strstr(visc_last_error(), "M/8") != NULL);
     }
     /* {region, d} as a request and as options {region, 1, d}: the same reply */
     visc_decode_request req = {{40, 30, 200, 100}, 4};
-    visc_decode_options o = {{40, 30, 200, 100}, 1, 4, 0, 0};
+    visc_decode_options o = {{40, 30, 200, 100}, 1, 4, 0, 0, NULL, 0};
     visc_decoded a;
     CHECK(visc_image_decode_request(buf, size, &req, &a) == 0);
     CHECK(visc_image_decode_ex(buf, size, &o, &d) == 0);
@@ -686,7 +686,7 @@ TEST(decode_options_errors_and_old_requests) {
     visc_image_free(&a.image);
     visc_image_free(&d.image);
     /* 2/8 and 1/4 are the same scale */
-    o = (visc_decode_options){{0, 0, 0, 0}, 2, 8, 0, 0};
+    o = (visc_decode_options){{0, 0, 0, 0}, 2, 8, 0, 0, NULL, 0};
     CHECK(visc_image_decode_ex(buf, size, &o, &d) == 0 && d.scale_num == 1 && d.scale_denom == 4);
     visc_image_free(&d.image);
     free(buf);
@@ -702,7 +702,7 @@ TEST(fast_idct_is_close_and_whole_file_finds_truncation) {
      * inside its scaled IDCTs (no fancy upsampling step), which have no
      * fast variant: the same pixels. */
     for (int m = 4; m <= 8; m += 2) {
-        visc_decode_options o = {{0, 0, 0, 0}, m, 8, 0, 0};
+        visc_decode_options o = {{0, 0, 0, 0}, m, 8, 0, 0, NULL, 0};
         visc_decoded a, f;
         CHECK(visc_image_decode_ex(buf, size, &o, &a) == 0);
         o.fast = 1;
@@ -722,7 +722,7 @@ TEST(fast_idct_is_close_and_whole_file_finds_truncation) {
         visc_image_free(&f.image);
     }
     /* a file cut at 60%, a region in its top rows: only whole_file notices */
-    visc_decode_options o = {{10, 10, 50, 40}, 1, 1, 0, 0};
+    visc_decode_options o = {{10, 10, 50, 40}, 1, 1, 0, 0, NULL, 0};
     visc_decoded d;
     CHECK(visc_image_decode_ex(buf, size * 6 / 10, &o, &d) == 0);
     visc_image_free(&d.image);
@@ -751,4 +751,80 @@ TEST(fast_idct_is_close_and_whole_file_finds_truncation) {
     visc_image_free(&a.image);
     visc_image_free(&d.image);
     free(buf);
+}
+
+TEST(decode_into_caller_buffer_equals_allocated) {
+    /* visc_decode_options.into: the same pixels and geometry as an
+     * allocated reply, with the image inside the caller's buffer (its
+     * stride may be wider); a buffer too small, and CMYK, fall back to an
+     * allocation. */
+    static const char *small[] = {"rgb422.jpg", "rgb444.jpg", "progressive.jpg", "cmyk.jpg",
+                                  "gray.jpg"};
+    size_t cap = 4 << 20;
+    uint8_t *into = malloc(cap);
+    int borrowed = 0;
+    for (size_t i = 0; i < sizeof small / sizeof *small + 2; i++) {
+        size_t size;
+        uint8_t *buf = NULL;
+        if (i < sizeof small / sizeof *small) {
+            buf = read_image(small[i], &size);
+        } else {
+            buf = visc_test_read_file(i == sizeof small / sizeof *small
+                                          ? IMAGENET_DIR "/n01644373_tree_frog.JPEG"
+                                          : IMAGENET_DIR "/n01440764_tench.JPEG",
+                                      &size);
+        }
+        CHECK_MSG(buf != NULL, "cannot read image %zu", i);
+        int w, h;
+        if (!buf || visc_image_info(buf, size, &w, &h)) {
+            free(buf);
+            continue;
+        }
+        visc_rng rng = visc_rng_make(31, 2, i);
+        for (int k = 0; k < 12; k++) {
+            visc_decode_options o =
+                {{0, 0, 0, 0}, k % 3 == 2 ? 5 : 1, k % 3 == 2 ? 8 : 1, 0, k % 2, NULL, 0};
+            o.region.x = (int)visc_rng_below(&rng, (uint32_t)w);
+            o.region.y = (int)visc_rng_below(&rng, (uint32_t)h);
+            o.region.w = 1 + (int)visc_rng_below(&rng, (uint32_t)(w - o.region.x));
+            o.region.h = 1 + (int)visc_rng_below(&rng, (uint32_t)(h - o.region.y));
+            if (k == 0) o.region = (visc_rect){0, 0, 0, 0};
+            visc_decoded a, b;
+            if (visc_image_decode_ex(buf, size, &o, &a)) {
+                CHECK_MSG(0, "image %zu: %s", i, visc_last_error());
+                continue;
+            }
+            CHECK(a.borrowed == 0);
+            o.into = into;
+            o.into_size = k == 5 ? 16 : cap; /* 16 bytes: never enough */
+            if (visc_image_decode_ex(buf, size, &o, &b)) {
+                CHECK_MSG(0, "image %zu into: %s", i, visc_last_error());
+                visc_image_free(&a.image);
+                continue;
+            }
+            const int cmyk = i == 3;
+            CHECK_MSG(b.borrowed == (k != 5 && !cmyk), "image %zu case %d: borrowed %d", i, k,
+                      b.borrowed);
+            if (b.borrowed)
+                CHECK(b.image.data >= into &&
+                      b.image.data + (size_t)(b.image.height - 1) * b.image.stride +
+                              3 * (size_t)b.image.width <=
+                          into + cap);
+            borrowed += b.borrowed;
+            CHECK(a.image.width == b.image.width && a.image.height == b.image.height &&
+                  memcmp(&a.covers, &b.covers, sizeof a.covers) == 0 &&
+                  a.scale_num == b.scale_num && a.scale_denom == b.scale_denom);
+            int bad = 0;
+            for (int y = 0; y < a.image.height && y < b.image.height && !bad; y++)
+                bad = memcmp(a.image.data + (size_t)y * a.image.stride,
+                             b.image.data + (size_t)y * b.image.stride,
+                             3 * (size_t)a.image.width) != 0;
+            CHECK_MSG(!bad, "image %zu case %d: pixels differ when decoded into a buffer", i, k);
+            visc_image_free(&a.image);
+            if (!b.borrowed) visc_image_free(&b.image);
+        }
+        free(buf);
+    }
+    CHECK(borrowed > 40);
+    free(into);
 }

@@ -290,6 +290,80 @@ TEST(loader_multi_view_layout) {
     visc_loader_free(l);
 }
 
+/* Checks batch b of the synthetic data set (C x H x W = 6 floats per view,
+ * blocks of B samples per view). */
+static void check_batch_values(const visc_batch *b, int B) {
+    for (int v = 0; v < b->views; v++)
+        for (int i = 0; i < b->count; i++)
+            for (int k = 0; k < 6; k++)
+                CHECK(b->x[((size_t)v * B + i) * 6 + k] == (float)b->indices[i] + 0.5f * v);
+}
+
+TEST(loader_batch_stays_valid_until_the_next_call) {
+    /* Batches are handed out from the prefetch ring without a copy: the
+     * workers must not write into a delivered batch while the consumer
+     * holds it, however long it takes, whatever the views, with or
+     * without bad samples (then batches are gathered into another buffer). */
+    for (int views = 1; views <= 2; views++)
+        for (int bad = 0; bad <= 1; bad++) {
+            synth_cfg sc = {.fail_at = -1, .bad_mod = bad ? 6 : 0, .bad_rem = 4};
+            visc_dataset ds = synth(60, &sc);
+            ds.views = views;
+            visc_loader_config c = cfg_of(4, 3, 1, 0, 0);
+            c.prefetch = 1;
+            visc_loader *l = visc_loader_new(&ds, &c);
+            visc_loader_start(l, 2, 0, -1);
+            visc_batch b;
+            int n = 0, batches = 0;
+            float *copy = malloc(sizeof(float) * (size_t)views * 4 * 6);
+            while (visc_loader_next(l, &b) == 1) {
+                size_t bytes = sizeof(float) * (size_t)views * 4 * 6;
+                memcpy(copy, b.x, bytes);
+                usleep(2000); /* the workers run ahead as far as they may */
+                CHECK_MSG(memcmp(copy, b.x, bytes) == 0,
+                          "views %d, bad %d: batch %lld changed while held", views, bad,
+                          (long long)b.index);
+                check_batch_values(&b, 4);
+                CHECK(b.views == views);
+                n += b.count;
+                batches++;
+            }
+            CHECK(n == (bad ? 50 : 60));
+            CHECK(batches == (bad ? 13 : 15));
+            visc_loader_free(l);
+            free(copy);
+        }
+}
+
+TEST(loader_unaligned_start_and_refills_keep_the_layout) {
+    /* A resume in the middle of a batch and bad samples move batches off
+     * the ring's batch boundaries; every sample must still land at
+     * (v * B + b) * CHW, for one and for two views. */
+    for (int views = 1; views <= 2; views++) {
+        synth_cfg sc = {.fail_at = -1, .bad_mod = 9, .bad_rem = 1, .slow = 1};
+        visc_dataset ds = synth(45, &sc);
+        ds.views = views;
+        visc_loader_config c = cfg_of(5, 2, 1, 0, 0);
+        c.shuffle = 0;
+        visc_loader *l = visc_loader_new(&ds, &c);
+        for (int64_t pos = 0; pos < 12; pos += 3) {
+            visc_loader_start(l, 0, 0, pos);
+            visc_batch b;
+            int64_t next = pos;
+            while (visc_loader_next(l, &b) == 1) {
+                check_batch_values(&b, 5);
+                for (int i = 0; i < b.count; i++) {
+                    while (next % 9 == 1) next++; /* the bad ones are skipped */
+                    CHECK(b.indices[i] == next);
+                    next++;
+                }
+            }
+            CHECK(next == 45 || next == 46);
+        }
+        visc_loader_free(l);
+    }
+}
+
 TEST(loader_over_in_memory_dataset_matches_make_batch) {
     int64_t n = 30;
     uint8_t *img = malloc((size_t)n * 3 * 8 * 8);

@@ -746,3 +746,110 @@ TEST(pipeline_exact_refuses_truncated_file_whatever_the_crop) {
     free(out);
     free(bytes);
 }
+
+TEST(resize_flip_normalize_equals_resize_then_normalize) {
+    /* The folded ToTensor + Normalize (planar rows, floats from the last
+     * pass) against the two steps, bit for bit: random sizes, boxes, both
+     * filters and nearest, flips, one-pass and copy cases (which take the
+     * unfolded path). */
+    visc_rng r = visc_rng_make(78, 0, 0);
+    const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
+    int bad = 0;
+    for (int t = 0; t < 300 && bad < 5; t++) {
+        int sw = 1 + (int)visc_rng_below(&r, 120), sh = 1 + (int)visc_rng_below(&r, 120);
+        visc_image src;
+        visc_transform_image_alloc(&src, sw, sh);
+        for (size_t i = 0; i < (size_t)sh * src.stride; i++)
+            src.data[i] = (uint8_t)visc_rng_below(&r, 256);
+        float box[4] = {0, 0, (float)sw, (float)sh};
+        if (t % 2) {
+            box[0] = visc_rng_uniform(&r) * sw * 0.5f;
+            box[1] = visc_rng_uniform(&r) * sh * 0.5f;
+            box[2] = box[0] + (0.01f + visc_rng_uniform(&r)) * (sw - box[0]) * 0.99f;
+            box[3] = box[1] + (0.01f + visc_rng_uniform(&r)) * (sh - box[1]) * 0.99f;
+        }
+        int ow = 1 + (int)visc_rng_below(&r, 90), oh = 1 + (int)visc_rng_below(&r, 90);
+        if (t % 7 == 0) ow = sw;
+        if (t % 11 == 0) oh = sh;
+        visc_interp interp = t % 5 == 0   ? VISC_INTERP_NEAREST
+                             : t % 5 == 1 ? VISC_INTERP_BICUBIC
+                                          : VISC_INTERP_BILINEAR;
+        int flip = (int)visc_rng_below(&r, 2);
+        size_t n = 3 * (size_t)ow * oh;
+        float *got = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
+        visc_image res;
+        visc_transform_image_alloc(&res, ow, oh);
+        visc_resize_flip(&src, t % 2 ? box : NULL, interp, flip, &res);
+        visc_to_tensor_normalize(&res, mean, std, want);
+        visc_resize_flip_normalize(&src, t % 2 ? box : NULL, interp, flip, ow, oh, mean, std, got);
+        if (memcmp(got, want, sizeof(float) * n) != 0) {
+            bad++;
+            CHECK_MSG(0, "case %d: %dx%d -> %dx%d interp %d flip %d: folded normalize differs", t,
+                      sw, sh, ow, oh, (int)interp, flip);
+        }
+        free(got);
+        free(want);
+        visc_transform_image_free(&res);
+        visc_transform_image_free(&src);
+    }
+}
+
+TEST(pipeline_folded_views_equal_the_steps) {
+    /* The pipeline folds Normalize into the resize only for views where no
+     * pixel step applies, deciding on a copy of the random stream: every
+     * view (folded or not) must equal the recipe done step by step, and
+     * the stream must move on as if nothing was folded. */
+    static const char *presets[] = {"torchvision", "mocov2"};
+    visc_image img;
+    make_test_image(&img);
+    int folded = 0, unfolded = 0;
+    for (int p = 0; p < 2; p++) {
+        visc_transform_config c;
+        CHECK(visc_transform_preset(presets[p], 40, &c) == 0);
+        size_t per = 3 * 40 * 40, n = (size_t)c.views * per;
+        float *got = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
+        for (int idx = 0; idx < 60; idx++) {
+            CHECK(visc_transform_image(&c, &img, 9, 1, idx, got) == 0);
+            visc_rng r = visc_rng_make(9, VISC_STREAM_AUGMENT + 16, (uint64_t)idx);
+            visc_rect crop[2];
+            int flip[2];
+            for (int v = 0; v < c.views; v++) {
+                crop[v] = visc_rrc_params(&r, img.width, img.height, c.scale, c.ratio);
+                flip[v] = visc_rng_uniform(&r) < c.hflip;
+            }
+            for (int v = 0; v < c.views; v++) {
+                visc_image view = visc_image_view(&img, crop[v]), res;
+                visc_transform_image_alloc(&res, 40, 40);
+                visc_resize_flip(&view, NULL, c.interp, flip[v], &res);
+                int steps = 0;
+                if (!(c.jitter_p < visc_rng_uniform(&r))) {
+                    visc_jitter_draw d;
+                    visc_color_jitter_draw(&c.jitter, &r, &d);
+                    visc_color_jitter_apply(&d, &res);
+                    steps += d.enabled[0] || d.enabled[1] || d.enabled[2] || d.enabled[3];
+                }
+                if (visc_rng_uniform(&r) < c.gray_p) {
+                    visc_grayscale(&res);
+                    steps++;
+                }
+                if (!(c.blur_p < visc_rng_uniform(&r))) {
+                    float sigma = c.blur_sigma[0] +
+                                  (c.blur_sigma[1] - c.blur_sigma[0]) * visc_rng_uniform(&r);
+                    visc_gaussian_blur(&res, 5, sigma); /* (int)(0.1 * 40) = 4 -> 5 */
+                    steps++;
+                }
+                if (visc_rng_uniform(&r) < c.solarize_p) steps++;
+                visc_to_tensor_normalize(&res, c.mean, c.std, want + v * per);
+                if (steps) unfolded++;
+                else folded++;
+                visc_transform_image_free(&res);
+            }
+            CHECK_MSG(memcmp(got, want, sizeof(float) * n) == 0, "%s idx %d differs from the steps",
+                      presets[p], idx);
+        }
+        free(got);
+        free(want);
+    }
+    CHECK(folded > 60 && unfolded > 20); /* both kinds of views were tried */
+    visc_transform_image_free(&img);
+}

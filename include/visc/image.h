@@ -80,6 +80,14 @@ typedef struct {
     int scale_num, scale_denom;
     int fast;
     int whole_file;
+    /* JPEG (3-component files): a buffer of into_size bytes that the
+     * caller owns, e.g. per-thread scratch. When the rows libjpeg produces
+     * fit (decoded width x 3 x height bytes), they are written there and
+     * the image points into it, its stride possibly wider than 3 * width
+     * (the decoder's side margins stay in the buffer): no allocation and no
+     * copy. visc_decoded.borrowed says so; such an image is not freed. */
+    uint8_t *into;
+    size_t into_size;
 } visc_decode_options;
 
 /* The arithmetic of a reply, exact for every size, with the scale
@@ -101,6 +109,7 @@ typedef struct {
     int source_width; /* full source size */
     int source_height;
     int scale_num; /* 1 unless an M/8 scale was asked for (visc_decode_options) */
+    int borrowed;  /* 1: image.data lies in visc_decode_options.into (do not free it) */
 } visc_decoded;
 
 /* Format by content (magic bytes), whatever the file name says. */

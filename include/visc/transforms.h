@@ -56,6 +56,13 @@ void visc_resize(const visc_image *src, const float *box, visc_interp interp, vi
  * visc_resize + visc_hflip; the flip is folded into the horizontal pass). */
 void visc_resize_flip(const visc_image *src, const float *box, visc_interp interp, int flip,
                       visc_image *dst);
+/* visc_resize_flip to ow x oh, then visc_to_tensor_normalize into chw
+ * (3 x oh x ow floats): the same floats. Where both filter passes run
+ * (bilinear / bicubic, both sides changed) the normalization is folded into
+ * the last pass and no resized image is stored. */
+void visc_resize_flip_normalize(const visc_image *src, const float *box, visc_interp interp,
+                                int flip, int ow, int oh, const float mean[3], const float std[3],
+                                float *chw);
 /* A buffer of at least `bytes` owned by the calling thread, kept and grown
  * on demand (freed when the thread exits): the per-sample work allocates
  * nothing once warm. Each slot has one user at a time; contents are
@@ -63,10 +70,13 @@ void visc_resize_flip(const visc_image *src, const float *box, visc_interp inter
 enum {
     VISC_SCRATCH_TAPS_H,
     VISC_SCRATCH_TAPS_V,
+    VISC_SCRATCH_TAPS_PACKED, /* resample.c: 16-bit weights of the horizontal pass */
     VISC_SCRATCH_WEIGHTS,
     VISC_SCRATCH_RESIZE_TMP,
     VISC_SCRATCH_ROWS,
-    VISC_SCRATCH_VIEW, /* pipeline.c: the resized view */
+    VISC_SCRATCH_VIEW,      /* pipeline.c: the resized view */
+    VISC_SCRATCH_NORMALIZE, /* visc_resize_flip_normalize when not folded */
+    VISC_SCRATCH_DECODE,    /* pipeline.c: the decoded crops (visc_decode_options.into) */
     VISC_SCRATCH_SLOTS
 };
 void *visc_transform_scratch(int slot, size_t bytes);

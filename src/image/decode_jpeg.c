@@ -132,7 +132,7 @@ int visc_jpeg_decode(const uint8_t *buf, size_t size, const visc_decode_request 
         memset(out, 0, sizeof *out);
         return visc_set_error("decode request: scale_denom %d is not 1, 2, 4 or 8", d);
     }
-    visc_decode_options opt = {req->region, 1, d, 0, 0};
+    visc_decode_options opt = {req->region, 1, d, 0, 0, NULL, 0};
     return visc_jpeg_decode_ex(buf, size, &opt, out);
 }
 
@@ -213,12 +213,18 @@ int visc_jpeg_decode_ex(const uint8_t *buf, size_t size, const visc_decode_optio
         fail_with((j_common_ptr)&cinfo, "truncated JPEG: rows missing above the region");
 
     /* Rows go straight into the image when nothing needs converting or
-     * cutting; otherwise through one row buffer. */
-    const int channels = cmyk ? 4 : 3, direct = !cmyk && dw == w;
-    st.pixels = visc_malloc((size_t)w * h * 3, "decoded JPEG");
+     * cutting, or into the caller's buffer whole (the image is then the
+     * part [x0, x1) of each row); otherwise through one row buffer. */
+    const int channels = cmyk ? 4 : 3;
+    const size_t wide = (size_t)dw * 3;
+    const int borrow = !cmyk && opt && opt->into && opt->into_size / wide >= (size_t)h;
+    const int direct = borrow || (!cmyk && dw == w);
+    uint8_t *pixels = borrow ? opt->into : NULL;
+    if (!borrow) pixels = st.pixels = visc_malloc((size_t)w * h * 3, "decoded JPEG");
+    const size_t stride = borrow ? wide : (size_t)w * 3;
     if (!direct) st.row = visc_malloc((size_t)dw * channels, "JPEG row");
     for (int y = 0; y < h; y++) {
-        uint8_t *dst = st.pixels + (size_t)y * w * 3;
+        uint8_t *dst = pixels + (size_t)y * stride;
         JSAMPROW row = direct ? dst : st.row;
         if (jpeg_read_scanlines(&cinfo, &row, 1) != 1)
             fail_with((j_common_ptr)&cinfo, "truncated JPEG: scanline missing");
@@ -258,7 +264,9 @@ int visc_jpeg_decode_ex(const uint8_t *buf, size_t size, const visc_decode_optio
     jpeg_destroy_decompress(&cinfo);
     free(st.row);
 
-    out->image = (visc_image){st.pixels, w, h, 3 * w};
+    out->image = borrow ? (visc_image){pixels + (size_t)(x0 - dx0) * 3, w, h, (int)wide}
+                        : (visc_image){st.pixels, w, h, 3 * w};
+    out->borrowed = borrow;
     out->scale_num = num;
     out->scale_denom = s;
     out->source_width = src_w;
