@@ -8,8 +8,9 @@
 #
 # The full preset is a GPU job (200 epochs of 50,000 images). Scaled down to
 # fit a CPU here: EPOCHS (default 200) epochs over SUBSET images per class
-# (default all 5,000), e.g.
-#   EPOCHS=5 SUBSET=500 EVALS=knn bench/ssl_cifar10.sh     # ~10 min on 2 cores
+# (default all 5,000), LINEAR_EPOCHS / FINETUNE_EPOCHS (default the
+# protocol's 90 / 30), e.g.
+#   EPOCHS=3 SUBSET=500 LINEAR_EPOCHS=3 FINETUNE_EPOCHS=1 bench/ssl_cifar10.sh  # ~6 min, 2 cores
 # Under mpirun: MPI="mpirun -np 2" bench/ssl_cifar10.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +24,8 @@ make -s -j2 all
 args=(--preset mocov2_resnet18_cifar10 --data "imagenet:$DATA" --epochs "$EPOCHS"
       --eval "$EVALS" --output "$OUT" --print-freq 50)
 [ "$SUBSET" -gt 0 ] && args+=(--subset "$SUBSET")
+[ -n "${LINEAR_EPOCHS:-}" ] && args+=(--linear-epochs "$LINEAR_EPOCHS")
+[ -n "${FINETUNE_EPOCHS:-}" ] && args+=(--finetune-epochs "$FINETUNE_EPOCHS")
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 start=$(date +%s)
 ${MPI:-} build/visc bench-ssl "${args[@]}" | tail -8

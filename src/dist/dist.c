@@ -4,11 +4,12 @@
  * work (gradient buckets during backward). The backend is driven by one
  * thread only, which keeps MPI at MPI_THREAD_FUNNELED and gives every
  * rank the same order of collectives: the order of submission. The thread
- * starts one collective at a time and polls it with short sleeps, so a
- * rank that waits for a slower one does not spin on a core the slower one
- * needs. It is also where timeouts are caught: a collective that runs past
- * the group's timeout (a peer died or hangs) breaks the group, which wakes
- * every waiter with an error instead of a hang. */
+ * runs one collective at a time (a backend may block in it, as the MPI one
+ * does; a non-blocking one is polled with short sleeps). Timeouts: a
+ * waiter that sees no completion within the group's timeout (a peer died
+ * or hangs) breaks the group and gets an error instead of a hang; the
+ * process then ends the job (visc_dist_abort). */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,8 +296,24 @@ static int64_t submit(visc_dist *d, const coll_op *op) {
 int visc_dist_wait(visc_dist *d, int64_t ticket) {
     if (!d->thread_started) return 0;
     double t0 = visc_now();
+    /* The backend may block inside a collective whose peer never comes:
+     * the waiter keeps the clock. */
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += (time_t)d->timeout_s;
+    deadline.tv_nsec += (long)((d->timeout_s - (double)(time_t)d->timeout_s) * 1e9);
+    if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
     pthread_mutex_lock(&d->mu);
-    while (d->completed <= ticket && !d->broken) pthread_cond_wait(&d->cv, &d->mu);
+    while (d->completed <= ticket && !d->broken) {
+        if (pthread_cond_timedwait(&d->cv, &d->mu, &deadline) != ETIMEDOUT) continue;
+        if (d->completed <= ticket && !d->broken) {
+            snprintf(d->error, sizeof d->error,
+                     "%s did not complete within %.0f s: a peer process died or hangs "
+                     "(--dist-timeout)",
+                     op_name(d->queue[d->completed % QUEUE_CAP].kind), d->timeout_s);
+            d->broken = 1;
+        }
+    }
     int broken = d->broken;
     pthread_mutex_unlock(&d->mu);
     d->wait_seconds += visc_now() - t0;

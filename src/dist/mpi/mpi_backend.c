@@ -2,10 +2,13 @@
  *
  * Only the communication thread calls in here, so MPI is initialized by
  * that thread with MPI_THREAD_FUNNELED (the thread that called
- * MPI_Init_thread is MPI's "main" thread). Collectives are the
- * non-blocking MPI-3 ones: the caller polls test() with short sleeps
- * instead of blocking inside MPI, whose busy-wait would take a core away
- * from the compute threads of this process and of its neighbours. */
+ * MPI_Init_thread is MPI's "main" thread). The collectives are MPI's
+ * blocking ones, run on that thread while the compute threads go on: Open
+ * MPI's non-blocking all-reduce (libnbc) took 37 ms for 45 MB between two
+ * processes here where the blocking one takes 19 ms. A call returns when
+ * the collective is done; test() then reports it done at once. The caller
+ * enforces the timeout (a peer that never arrives leaves this thread in
+ * MPI, and the job is aborted from outside). */
 #include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -24,11 +27,8 @@ static int fail(char *err, size_t size, const char *what, int code) {
     return -1;
 }
 
-static MPI_Request *new_request(char *err, size_t size) {
-    MPI_Request *r = malloc(sizeof *r);
-    if (!r) snprintf(err, size, "out of memory for an MPI request");
-    return r;
-}
+/* The handle of a collective that already completed (they all block). */
+static int done_marker;
 
 static int too_large(size_t count, char *err, size_t size) {
     if (count <= (size_t)INT_MAX) return 0;
@@ -50,67 +50,40 @@ static MPI_Datatype mpi_type(int dtype) {
     return dtype == 1 ? MPI_DOUBLE : dtype == 2 ? MPI_INT64_T : MPI_FLOAT;
 }
 
+static int finish(int rc, const char *what, void **req, char *err, size_t size) {
+    if (rc != MPI_SUCCESS) return fail(err, size, what, rc);
+    *req = &done_marker;
+    return 0;
+}
+
 static int mpi_iallreduce(void *buf, size_t count, int dtype, int op, void **req, char *err,
                           size_t size) {
     if (too_large(count, err, size)) return -1;
-    MPI_Request *r = new_request(err, size);
-    if (!r) return -1;
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dtype),
-                            op == 1 ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD, r);
-    if (rc != MPI_SUCCESS) {
-        free(r);
-        return fail(err, size, "all-reduce", rc);
-    }
-    *req = r;
-    return 0;
+    int rc = MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, mpi_type(dtype),
+                           op == 1 ? MPI_MAX : MPI_SUM, MPI_COMM_WORLD);
+    return finish(rc, "all-reduce", req, err, size);
 }
 
 static int mpi_iallgather(const void *send, void *recv, size_t bytes, void **req, char *err,
                           size_t size) {
     if (too_large(bytes, err, size)) return -1;
-    MPI_Request *r = new_request(err, size);
-    if (!r) return -1;
-    int rc =
-        MPI_Iallgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, MPI_COMM_WORLD, r);
-    if (rc != MPI_SUCCESS) {
-        free(r);
-        return fail(err, size, "all-gather", rc);
-    }
-    *req = r;
-    return 0;
+    int rc = MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, MPI_COMM_WORLD);
+    return finish(rc, "all-gather", req, err, size);
 }
 
 static int mpi_ibroadcast(void *buf, size_t bytes, int root, void **req, char *err, size_t size) {
     if (too_large(bytes, err, size)) return -1;
-    MPI_Request *r = new_request(err, size);
-    if (!r) return -1;
-    int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD, r);
-    if (rc != MPI_SUCCESS) {
-        free(r);
-        return fail(err, size, "broadcast", rc);
-    }
-    *req = r;
-    return 0;
+    int rc = MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD);
+    return finish(rc, "broadcast", req, err, size);
 }
 
 static int mpi_ibarrier(void **req, char *err, size_t size) {
-    MPI_Request *r = new_request(err, size);
-    if (!r) return -1;
-    int rc = MPI_Ibarrier(MPI_COMM_WORLD, r);
-    if (rc != MPI_SUCCESS) {
-        free(r);
-        return fail(err, size, "barrier", rc);
-    }
-    *req = r;
-    return 0;
+    return finish(MPI_Barrier(MPI_COMM_WORLD), "barrier", req, err, size);
 }
 
 static int mpi_test(void *req, int *done, char *err, size_t size) {
-    MPI_Request *r = req;
-    int flag = 0, rc = MPI_Test(r, &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return fail(err, size, "test", rc);
-    *done = flag;
-    if (flag) free(r);
+    (void)err, (void)size;
+    *done = req == &done_marker;
     return 0;
 }
 
