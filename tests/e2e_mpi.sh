@@ -90,6 +90,7 @@ sslequiv() { # name rtol args...
         --base "$tmp/$name-w0/model_last.safetensors" --rtol "$rtol" --atol 0
 }
 sslequiv mocov2-gather 1e-5 --method mocov2
+sslequiv mocov2-symmetric 1e-5 --method mocov2 --symmetric
 sslequiv simclr-gather 1e-5 --method simclr --sync-bn
 if sslequiv simclr-no-gather 1e-5 --method simclr --sync-bn --no-gather; then
     fail "SimCLR without gathered negatives matched 1 process"

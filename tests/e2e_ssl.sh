@@ -46,6 +46,13 @@ grep -q "resumed from" "$tmp/resume.log" || fail "no resume"
 "$V" pretrain "${common[@]}" --epochs 1 --max-steps 2 --momentum-cosine --output "$tmp/cos" \
     >/dev/null
 
+# symmetric loss: both views' keys enter the bank once per step (2 x 20 per
+# step: the pointer is at 80 after 2 steps; asymmetric: 40)
+"$V" pretrain "${common[@]}" --epochs 1 --max-steps 2 --symmetric --output "$tmp/sym" >/dev/null
+grep -aq 'bank_ptr\\":80,' "$tmp/sym/checkpoint_last.safetensors" || fail "symmetric enqueue"
+grep -aq 'bank_ptr\\":40,' "$tmp/cos/checkpoint_last.safetensors" || fail "asymmetric enqueue"
+grep -q '"symmetric":1' "$tmp/sym/log.jsonl" || fail "symmetric in the config"
+
 # --- SimCLR ---
 "$V" pretrain "${common[@]}" --method simclr --epochs 1 --output "$tmp/simclr" | tail -1
 grep -q '"val_online_cls_top1"' "$tmp/simclr/log.jsonl" || fail "SimCLR online classifier"

@@ -28,6 +28,7 @@ typedef struct {
     float momentum;      /* MoCo: key encoder momentum m0 (0.999) */
     int momentum_cosine; /* MoCo: cosine schedule from m0 to 1 */
     int fresh_key_head;  /* MoCo: the key head starts random (the reference library's way) */
+    int symmetric;       /* MoCo: symmetric loss (both views as queries) */
     int no_gather;       /* each process keeps its own keys / negatives */
     char preset[48];     /* mocov2_resnet50_imagenet | mocov2_resnet18_cifar10 */
 } visc_ssl_config;

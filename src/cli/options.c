@@ -107,6 +107,8 @@ static const option options[] = {
      "MoCo: momentum follows a cosine from its value to 1"},
     {"fresh-key-head", NULL, FLAG, O(ssl.fresh_key_head),
      "MoCo: random key head (the reference library) instead of a copy"},
+    {"symmetric", NULL, FLAG, O(ssl.symmetric),
+     "MoCo: symmetric loss (each view also as the query); keys of both views enqueued once"},
     {"no-gather", NULL, FLAG, O(ssl.no_gather),
      "each process keeps its own keys / negatives (no all-gather)"},
     {"bucket-cap-mb", NULL, FLOAT, O(bucket_cap_mb),

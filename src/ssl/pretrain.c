@@ -102,6 +102,11 @@ int visc_ssl_resolve(visc_train_config *c) {
     return 0;
 }
 
+typedef struct {
+    float loss, cls_loss;
+    int top1, count;
+} step_stats;
+
 /* Everything a step touches, allocated before the first one. */
 typedef struct {
     const visc_train_config *c;
@@ -123,18 +128,16 @@ typedef struct {
     int shuffle_bn;        /* MoCo, several ranks, BatchNorm in the key encoder */
     float *z, *znorm, *dz, *kz, *knorm, *scratch, *gathered;
     float *probs, *dlogits, *xall, *xk, *kall;
+    float *grad_acc, *head_grad_acc; /* MoCo --symmetric: the first pass's gradients */
     int32_t *labels, *perm;
+    const int32_t *batch_labels; /* this step's labels (the online classifier's) */
+    step_stats *stats;           /* this step's numbers */
     int64_t steps_per_epoch, total_steps;
     visc_train_state state;
     FILE *log;
     visc_tb_writer *tb;
     char *config_text;
 } pretrainer;
-
-typedef struct {
-    float loss, cls_loss;
-    int top1, count;
-} step_stats;
 
 /* The online classifier: cross-entropy of the backbone's classifier on
  * the (detached) features of n samples. */
@@ -159,19 +162,19 @@ static int update(pretrainer *p, float lr) {
     return 0;
 }
 
-/* MoCo's keys for this rank's view-0 images x0, normalized, into p->kz.
+/* MoCo's keys for this rank's images x (one view), normalized, into kz.
  * With shuffle-BN the key encoder sees a batch drawn across all ranks
  * (the same permutation everywhere, from the seed and step), so that its
  * BatchNorm statistics cannot tell which keys belong to which queries. */
-static int moco_keys(pretrainer *p, const float *x0) {
+static int moco_keys(pretrainer *p, const float *x, int view, float *kz) {
     visc_model *k = p->key;
     const int B = p->B, D = p->head.out;
     const size_t img = (size_t)k->cfg.in_channels * k->cfg.image_size * k->cfg.image_size;
-    const float *in = x0;
+    const float *in = x;
     if (p->shuffle_bn) {
-        if (visc_dist_allgather(p->dist, x0, p->xall, (size_t)B * img * sizeof(float))) return -1;
+        if (visc_dist_allgather(p->dist, x, p->xall, (size_t)B * img * sizeof(float))) return -1;
         visc_rng_permutation(p->perm, B * p->world, p->c->seed, VISC_STREAM_SSL,
-                             (uint64_t)p->state.step);
+                             2 * (uint64_t)p->state.step + (uint64_t)view);
         for (int i = 0; i < B; i++)
             memcpy(p->xk + (size_t)i * img, p->xall + (size_t)p->perm[p->rank * B + i] * img,
                    img * sizeof(float));
@@ -179,55 +182,84 @@ static int moco_keys(pretrainer *p, const float *x0) {
     }
     k->forward(k, in, 1);
     visc_proj_head_forward(&p->key_head, k->features, 1);
-    visc_l2_normalize_forward(p->kz, p->knorm, p->key_head.output, B, D);
+    visc_l2_normalize_forward(kz, p->knorm, p->key_head.output, B, D);
     if (p->shuffle_bn) {
         /* every rank's shuffled keys, then each rank takes back its own */
-        if (visc_dist_allgather(p->dist, p->kz, p->kall, (size_t)B * D * sizeof(float))) return -1;
+        if (visc_dist_allgather(p->dist, kz, p->kall, (size_t)B * D * sizeof(float))) return -1;
         for (int j = 0; j < B * p->world; j++) {
             int g = p->perm[j] - p->rank * B;
             if (g >= 0 && g < B)
-                memcpy(p->kz + (size_t)g * D, p->kall + (size_t)j * D, (size_t)D * sizeof(float));
+                memcpy(kz + (size_t)g * D, p->kall + (size_t)j * D, (size_t)D * sizeof(float));
         }
     }
     return 0;
 }
 
-/* One MoCo v2 step (asymmetric loss): queries from view 1, keys from
- * view 0 through the momentum encoder, InfoNCE against the bank as it was
- * before this step, then the keys are enqueued. */
+/* The query side of one pair: queries from images x, InfoNCE against keys
+ * kz and the bank as it was before this step, and backward with the loss
+ * weighted by `weight` into the query encoder's and head's gradients. The
+ * online classifier's gradient goes along when dlogits is given. Returns
+ * the (unweighted) loss. */
+static float moco_query_pass(pretrainer *p, const float *x, const float *kz, float weight,
+                             const float *dlogits) {
+    visc_model *q = p->query;
+    const int B = p->B, D = p->head.out;
+    q->forward(q, x, 1);
+    visc_proj_head_forward(&p->head, q->features, 1);
+    visc_l2_normalize_forward(p->z, p->znorm, p->head.output, B, D);
+    float loss = visc_infonce_forward_backward(p->dz, p->z, kz, &p->bank, B, p->c->ssl.temperature,
+                                               p->scratch);
+    if (dlogits) online_classifier(p, p->batch_labels, B, p->stats);
+    for (size_t i = 0; weight != 1.0f && i < (size_t)B * D; i++) p->dz[i] *= weight;
+    visc_l2_normalize_backward(p->dz, p->dz, p->z, p->znorm, B, D);
+    visc_proj_head_backward(&p->head, p->dz, p->scratch);
+    q->backward_features(q, p->scratch, dlogits ? p->dlogits : NULL);
+    return loss;
+}
+
+/* One MoCo v2 step. Asymmetric (the default, as the reference): queries
+ * from view 1, keys from view 0 through the momentum encoder. Symmetric
+ * (--symmetric): the mean of that loss and the one with the views swapped,
+ * both against the same bank; the keys of both views go into the bank
+ * once, after both losses (never one pair's keys as the other's
+ * negatives). The bank moves on only after the step. */
 static int moco_step(pretrainer *p, const visc_batch *batch, float lr, step_stats *st) {
     const visc_train_config *c = p->c;
     visc_model *q = p->query;
     const int B = p->B, D = p->head.out;
     const size_t img = (size_t)q->cfg.in_channels * q->cfg.image_size * q->cfg.image_size;
     const float *x0 = batch->x, *x1 = batch->x + (size_t)B * img;
-
-    q->forward(q, x1, 1);
-    visc_proj_head_forward(&p->head, q->features, 1);
-    visc_l2_normalize_forward(p->z, p->znorm, p->head.output, B, D);
+    const int symmetric = c->ssl.symmetric;
 
     float m =
         visc_momentum_at(c->ssl.momentum, c->ssl.momentum_cosine, p->state.step, p->total_steps);
     visc_ema_update(p->key->params.data, q->params.data, q->params.total, m);
     visc_ema_update(p->key_head.params.data, p->head.params.data, p->head.params.total, m);
-    if (moco_keys(p, x0)) return -1;
+    if (moco_keys(p, x0, 0, p->kz)) return -1;
+    if (symmetric && moco_keys(p, x1, 1, p->kz + (size_t)B * D)) return -1;
 
-    st->loss = visc_infonce_forward_backward(p->dz, p->z, p->kz, &p->bank, B, c->ssl.temperature,
-                                             p->scratch);
-    online_classifier(p, batch->y, B, st);
-
-    visc_l2_normalize_backward(p->dz, p->dz, p->z, p->znorm, B, D);
+    p->batch_labels = batch->y;
+    p->stats = st;
     if (p->gsync) {
         visc_grad_sync_begin(p->head_gsync);
         visc_grad_sync_begin(p->gsync);
     }
-    visc_proj_head_backward(&p->head, p->dz, p->scratch);
-    q->backward_features(q, p->scratch, p->dlogits);
+    if (!symmetric) {
+        st->loss = moco_query_pass(p, x1, p->kz, 1.0f, p->dlogits);
+    } else {
+        /* two backward passes: the first one's gradients are kept aside
+         * (no bucket is all-reduced during them: see setup) */
+        float a = moco_query_pass(p, x1, p->kz, 0.5f, p->dlogits);
+        memcpy(p->grad_acc, q->grads, q->params.total * sizeof(float));
+        memcpy(p->head_grad_acc, p->head.grads, p->head.params.total * sizeof(float));
+        float b = moco_query_pass(p, x0, p->kz + (size_t)B * D, 0.5f, NULL);
+        visc_add_inplace(q->grads, p->grad_acc, q->params.total);
+        visc_add_inplace(p->head.grads, p->head_grad_acc, p->head.params.total);
+        st->loss = 0.5f * (a + b);
+    }
     if (update(p, lr)) return -1;
-
-    /* the bank moves on only now: this step's keys were not its negatives */
-    return visc_memory_bank_enqueue_gathered(&p->bank, c->ssl.no_gather ? NULL : p->dist, p->kz, B,
-                                             p->gathered);
+    return visc_memory_bank_enqueue_gathered(&p->bank, c->ssl.no_gather ? NULL : p->dist, p->kz,
+                                             symmetric ? 2 * B : B, p->gathered);
 }
 
 /* One SimCLR step: both views through one forward (the reference
@@ -525,9 +557,16 @@ static int setup(pretrainer *p) {
     size_t scratch = (size_t)rows * q->feature_dim;
     if (p->moco) {
         visc_memory_bank_init(&p->bank, c->ssl.bank_size, D, c->seed);
-        p->kz = visc_alloc_aligned((size_t)B * D * sizeof(float), "keys");
+        int sets = c->ssl.symmetric ? 2 : 1; /* key sets per step */
+        p->kz = visc_alloc_aligned((size_t)sets * B * D * sizeof(float), "keys");
+        if (c->ssl.symmetric) {
+            p->grad_acc = visc_alloc_aligned(q->params.total * sizeof(float), "gradients");
+            p->head_grad_acc =
+                visc_alloc_aligned(p->head.params.total * sizeof(float), "gradients");
+        }
         p->knorm = visc_alloc_aligned((size_t)B * sizeof(float), "key norms");
-        p->gathered = visc_alloc_aligned((size_t)p->world * B * D * sizeof(float), "gathered keys");
+        p->gathered =
+            visc_alloc_aligned((size_t)sets * p->world * B * D * sizeof(float), "gathered keys");
         size_t logits = (size_t)B * (size_t)(c->ssl.bank_size + 1);
         if (logits > scratch) scratch = logits;
         if (p->shuffle_bn) {
@@ -547,8 +586,12 @@ static int setup(pretrainer *p) {
         size_t bucket = (size_t)((c->bucket_cap_mb >= 0 ? c->bucket_cap_mb : 25.0f) * 1048576.0f);
         p->gsync = visc_grad_sync_new(p->dist, &q->params, q->grads, bucket);
         p->head_gsync = visc_grad_sync_new(p->dist, &p->head.params, p->head.grads, 0);
-        q->grad_ready = visc_grad_sync_ready;
-        q->grad_ready_ctx = p->gsync;
+        /* buckets all-reduced during backward; not with two backward
+         * passes per step (symmetric MoCo), whose sum is what counts */
+        if (!(p->moco && c->ssl.symmetric)) {
+            q->grad_ready = visc_grad_sync_ready;
+            q->grad_ready_ctx = p->gsync;
+        }
         if (c->sync_bn) {
             if (!q->set_bn_sync && !p->head.batchnorm)
                 return visc_set_error("--sync-bn: neither %s nor the projection head has "
@@ -596,6 +639,8 @@ static void pretrainer_free(pretrainer *p) {
     visc_free_aligned(p->xall);
     visc_free_aligned(p->xk);
     visc_free_aligned(p->kall);
+    visc_free_aligned(p->grad_acc);
+    visc_free_aligned(p->head_grad_acc);
     free(p->labels);
     free(p->perm);
     free(p->config_text);
@@ -607,14 +652,15 @@ static char *describe(const visc_train_config *c) {
              "{\"method\":\"%s\",\"model\":\"%s\",\"data\":\"%s\",\"epochs\":%d,\"batch_size\":%d,"
              "\"opt\":\"%s\",\"lr\":%g,\"min_lr\":%g,\"momentum\":%g,\"weight_decay\":%g,"
              "\"warmup_epochs\":%g,\"temperature\":%g,\"bank_size\":%lld,\"proj_dim\":%d,"
-             "\"moco_momentum\":%g,\"momentum_cosine\":%d,\"fresh_key_head\":%d,\"gather\":%d,"
+             "\"moco_momentum\":%g,\"momentum_cosine\":%d,\"fresh_key_head\":%d,\"symmetric\":%d,"
+             "\"gather\":%d,"
              "\"aug\":\"%s\",\"image_size\":%d,\"seed\":%llu,\"preset\":\"%s\"}",
              c->ssl.method, c->model.arch, c->data_dir, c->epochs, c->batch_size, c->opt,
              (double)c->lr, (double)c->min_lr, (double)c->momentum, (double)c->weight_decay,
              (double)c->warmup_epochs, (double)c->ssl.temperature, (long long)c->ssl.bank_size,
              c->ssl.proj_dim, (double)c->ssl.momentum, c->ssl.momentum_cosine,
-             c->ssl.fresh_key_head, !c->ssl.no_gather, c->aug, c->model.image_size,
-             (unsigned long long)c->seed, c->ssl.preset);
+             c->ssl.fresh_key_head, c->ssl.symmetric, !c->ssl.no_gather, c->aug,
+             c->model.image_size, (unsigned long long)c->seed, c->ssl.preset);
     return s;
 }
 
