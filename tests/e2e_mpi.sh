@@ -37,6 +37,14 @@ export VISC_CACHE_DIR="$tmp/cache" OMP_WAIT_POLICY=passive
 MPI=(env "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
      mpirun --allow-run-as-root --oversubscribe -np 2)
 fail() { echo "FAIL: $*"; exit 1; }
+# rank1_of OUTDIR: the pid of rank 1 of the job writing to OUTDIR
+rank1_of() {
+    local p
+    for p in $(pgrep -f "$1"); do
+        grep -qz '^OMPI_COMM_WORLD_RANK=1$' "/proc/$p/environ" 2>/dev/null && { echo "$p"; return 0; }
+    done
+    return 1
+}
 
 # --- equivalence: 1 process x batch B against 2 processes x B/2 ---
 equiv() { # name rtol train-args...
@@ -124,11 +132,7 @@ grep -q '"type":"val"' "$tmp/full/log.jsonl" || fail "no validation in the log"
 job=$!
 for _ in $(seq 600); do [ -f "$tmp/kill/checkpoint_last.safetensors" ] && break; sleep 0.1; done
 [ -f "$tmp/kill/checkpoint_last.safetensors" ] || fail "no checkpoint to protect"
-victim=""
-for p in $(pgrep -f "$tmp/kill"); do
-    grep -qz '^OMPI_COMM_WORLD_RANK=1$' "/proc/$p/environ" 2>/dev/null && victim=$p
-done
-[ -n "$victim" ] || fail "rank 1 not found"
+victim=$(rank1_of "$tmp/kill") || fail "rank 1 not found"
 kill -KILL "$victim"
 start=$(date +%s)
 status=0
@@ -144,11 +148,7 @@ echo "rank 1 killed: job ended with status $status after $(($(date +%s) - start)
     >"$tmp/hang.log" 2>&1 &
 job=$!
 for _ in $(seq 600); do [ -f "$tmp/hang/checkpoint_last.safetensors" ] && break; sleep 0.1; done
-victim=""
-for p in $(pgrep -f "$tmp/hang"); do
-    grep -qz '^OMPI_COMM_WORLD_RANK=1$' "/proc/$p/environ" 2>/dev/null && victim=$p
-done
-[ -n "$victim" ] || fail "rank 1 not found"
+victim=$(rank1_of "$tmp/hang") || fail "rank 1 not found"
 kill -STOP "$victim"
 timeout 60 tail --pid=$job -f /dev/null || fail "the job still runs 60 s after a rank hung"
 status=0

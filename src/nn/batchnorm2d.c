@@ -229,6 +229,30 @@ void visc_batchnorm2d_set_sync(visc_batchnorm2d *b, visc_bn_sync_fn fn, void *ct
     if (fn && !b->impl) b->impl = visc_calloc(2 * (size_t)b->C + 1, sizeof(double), "SyncBN sums");
 }
 
+/* One channel of the row path, from its mean (double), the float mean the
+ * squared deviations ss (over M values) were taken around: the saved
+ * statistics, the running ones, and the normalized output. The float
+ * mean's error, (mean - fmean)^2 * M, is folded out of the variance. */
+static void finish_channel(const visc_batchnorm2d *b, int c, double mean, float fmean, double ss,
+                           double M, float *out, const float *in, const float *gamma,
+                           const float *beta, float *save_mean, float *save_rstd,
+                           float *running_mean, float *running_var) {
+    const size_t plane = (size_t)b->C * b->HW, off = (size_t)c * b->HW;
+    double dm = mean - (double)fmean;
+    double var = ss / M - dm * dm;
+    if (var < 0) var = 0;
+    double rstd = 1.0 / sqrt(var + b->eps);
+    save_mean[c] = fmean;
+    save_rstd[c] = (float)rstd;
+    double unbiased = M > 1 ? var * M / (M - 1) : var;
+    running_mean[c] = (float)((1.0 - b->momentum) * running_mean[c] + b->momentum * mean);
+    running_var[c] = (float)((1.0 - b->momentum) * running_var[c] + b->momentum * unbiased);
+    float scale = (float)(gamma[c] * rstd);
+    for (int n = 0; n < b->N; n++)
+        row_affine(out + off + n * plane, in + off + n * plane, b->HW, fmean, scale, beta[c],
+                   b->relu);
+}
+
 /* Synchronized statistics: the row path with the per-channel sums reduced
  * over the processes between the passes (sums, then squared deviations
  * around the global mean: the same two-pass accuracy as one process). */
@@ -257,20 +281,9 @@ static void sync_forward_train(visc_batchnorm2d *b, float *out, float *save_mean
     }
     b->sync(b->sync_ctx, acc + C + 1, C);
 #pragma omp parallel for schedule(static)
-    for (int c = 0; c < C; c++) {
-        double mean = acc[c] / M, dm = mean - (double)save_mean[c];
-        double var = acc[C + 1 + c] / M - dm * dm;
-        if (var < 0) var = 0;
-        double rstd = 1.0 / sqrt(var + b->eps);
-        save_rstd[c] = (float)rstd;
-        double unbiased = M > 1 ? var * M / (M - 1) : var;
-        running_mean[c] = (float)((1.0 - b->momentum) * running_mean[c] + b->momentum * mean);
-        running_var[c] = (float)((1.0 - b->momentum) * running_var[c] + b->momentum * unbiased);
-        float scale = (float)(gamma[c] * rstd);
-        for (int n = 0; n < N; n++)
-            row_affine(out + (size_t)c * HW + n * plane, in + (size_t)c * HW + n * plane, HW,
-                       save_mean[c], scale, beta[c], b->relu);
-    }
+    for (int c = 0; c < C; c++)
+        finish_channel(b, c, acc[c] / M, save_mean[c], acc[C + 1 + c], M, out, in, gamma, beta,
+                       save_mean, save_rstd, running_mean, running_var);
 }
 
 void visc_batchnorm2d_forward_train(visc_batchnorm2d *b, float *out, float *save_mean,
@@ -299,20 +312,8 @@ void visc_batchnorm2d_forward_train(visc_batchnorm2d *b, float *out, float *save
         double mean = s / M;
         double ss = 0;
         for (int n = 0; n < N; n++) ss += row_sqdev(xc + n * plane, HW, (float)mean);
-        /* the float mean's error, (mean - (float)mean)^2 * M, is folded out: */
-        double dm = mean - (double)(float)mean;
-        double var = ss / M - dm * dm;
-        if (var < 0) var = 0;
-        double rstd = 1.0 / sqrt(var + b->eps);
-        save_mean[c] = (float)mean;
-        save_rstd[c] = (float)rstd;
-        double unbiased = M > 1 ? var * M / (M - 1) : var;
-        running_mean[c] = (float)((1.0 - b->momentum) * running_mean[c] + b->momentum * mean);
-        running_var[c] = (float)((1.0 - b->momentum) * running_var[c] + b->momentum * unbiased);
-        float scale = (float)(gamma[c] * rstd);
-        for (int n = 0; n < N; n++)
-            row_affine(out + (size_t)c * HW + n * plane, xc + n * plane, HW, (float)mean, scale,
-                       beta[c], b->relu);
+        finish_channel(b, c, mean, (float)mean, ss, M, out, in, gamma, beta, save_mean, save_rstd,
+                       running_mean, running_var);
     }
 }
 
