@@ -34,4 +34,9 @@ typedef struct {
 
 typedef const visc_dist_backend *(*visc_dist_backend_get_fn)(void);
 
+typedef struct visc_dist visc_dist;
+/* A process group on the given backend (tests drive the group with a fake
+ * one); not the process's job: visc_dist_close finalizes and frees it. */
+visc_dist *visc_dist_open_backend(const visc_dist_backend *be, double timeout_s);
+
 #endif

@@ -168,25 +168,65 @@ static void *comm_main(void *arg) {
     return NULL;
 }
 
+static visc_dist *new_group(double timeout_s) {
+    visc_dist *d = visc_calloc(1, sizeof *d, "process group");
+    d->world = 1;
+    d->local_world = 1;
+    d->timeout_s = timeout_s > 0 ? timeout_s : 600;
+    pthread_mutex_init(&d->mu, NULL);
+    pthread_cond_init(&d->cv, NULL);
+    return d;
+}
+
+/* Ends the communication thread (which finalizes the backend) and frees d;
+ * a broken group's thread may sit in a collective for good: it is left. */
 static void free_group(visc_dist *d) {
+    if (d->thread_started) {
+        pthread_mutex_lock(&d->mu);
+        int broken = d->broken;
+        d->stop = 1;
+        pthread_cond_broadcast(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+        if (broken) return;
+        pthread_join(d->thread, NULL);
+    }
     pthread_mutex_destroy(&d->mu);
     pthread_cond_destroy(&d->cv);
     free(d);
 }
 
-/* At exit: the communication thread finalizes the backend and ends. */
+/* At exit: the job's communication thread finalizes the backend and ends. */
 static void leave_job(void) {
     visc_dist *d = g_job;
-    if (!d) return;
     g_job = NULL;
+    if (d) free_group(d);
+}
+
+/* Starts the communication thread on backend be and waits for its init;
+ * NULL (d freed) with the backend's error when it fails. */
+static visc_dist *start_group(visc_dist *d, const visc_dist_backend *be) {
+    d->be = be;
+    if (pthread_create(&d->thread, NULL, comm_main, d)) {
+        visc_set_error("cannot start the communication thread");
+        free_group(d);
+        return NULL;
+    }
     pthread_mutex_lock(&d->mu);
-    int broken = d->broken;
-    d->stop = 1;
-    pthread_cond_broadcast(&d->cv);
+    while (!d->init_done) pthread_cond_wait(&d->cv, &d->mu);
+    int failed = d->broken;
     pthread_mutex_unlock(&d->mu);
-    if (broken) return; /* its peers are gone: nothing to finalize with */
-    pthread_join(d->thread, NULL);
-    free_group(d);
+    if (failed) { /* the thread has ended: the backend never came up */
+        visc_set_error("%s", d->error);
+        pthread_join(d->thread, NULL);
+        free_group(d);
+        return NULL;
+    }
+    d->thread_started = 1;
+    return d;
+}
+
+visc_dist *visc_dist_open_backend(const visc_dist_backend *be, double timeout_s) {
+    return start_group(new_group(timeout_s), be);
 }
 
 visc_dist *visc_dist_open(const char *backend, double timeout_s) {
@@ -195,55 +235,29 @@ visc_dist *visc_dist_open(const char *backend, double timeout_s) {
         visc_set_error("--dist-backend: expected auto, none or mpi, got '%s'", backend);
         return NULL;
     }
-    visc_dist *d = visc_calloc(1, sizeof *d, "process group");
-    d->world = 1;
-    d->local_world = 1;
-    d->timeout_s = timeout_s > 0 ? timeout_s : 600;
-    pthread_mutex_init(&d->mu, NULL);
-    pthread_cond_init(&d->cv, NULL);
     int launched = launched_world();
-    if (!strcmp(backend, "none") || (!strcmp(backend, "auto") && launched == 0)) return d;
+    if (!strcmp(backend, "none") || (!strcmp(backend, "auto") && launched == 0))
+        return new_group(timeout_s);
     if (g_job && launched) { /* joined already: the same group, this caller's timeout */
-        visc_dist_close(d);
         g_job->timeout_s = timeout_s > 0 ? timeout_s : 600;
         return g_job;
     }
     if (launched == 0) {
         visc_set_error("--dist-backend mpi: not started by a launcher (run it with mpirun -np N)");
-        visc_dist_close(d);
         return NULL;
     }
-    d->be = visc_dist_load_plugin("mpi");
-    if (!d->be) {
+    const visc_dist_backend *be = visc_dist_load_plugin("mpi");
+    if (!be) {
         visc_set_error("started by a launcher with %d processes, but %s", launched,
                        visc_last_error());
-        visc_dist_close(d);
         return NULL;
     }
+    visc_dist *d = start_group(new_group(timeout_s), be);
+    if (!d) return NULL;
     static const char *const local_vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
                                              "SLURM_NTASKS_PER_NODE", NULL};
     d->local_world = env_int(local_vars, 1);
     if (d->local_world < 1) d->local_world = 1;
-    if (pthread_create(&d->thread, NULL, comm_main, d)) {
-        visc_set_error("cannot start the communication thread");
-        d->be = NULL;
-        visc_dist_close(d);
-        return NULL;
-    }
-    d->thread_started = 1;
-    pthread_mutex_lock(&d->mu);
-    while (!d->init_done) pthread_cond_wait(&d->cv, &d->mu);
-    int failed = d->broken;
-    pthread_mutex_unlock(&d->mu);
-    if (failed) {
-        visc_set_error("%s", d->error);
-        pthread_join(d->thread, NULL);
-        d->thread_started = 0;
-        d->broken = 0; /* nothing to abort: the backend never came up */
-        d->be = NULL;
-        visc_dist_close(d);
-        return NULL;
-    }
     g_job = d;
     atexit(leave_job);
     return d;
@@ -267,13 +281,11 @@ void visc_dist_abort(visc_dist *d) {
 
 void visc_dist_close(visc_dist *d) {
     if (!d) return;
-    if (d == g_job) {
-        if (d->broken) {
-            fprintf(stderr, "visc: rank %d: %s\n", d->rank, d->error);
-            visc_dist_abort(d);
-        }
-        return; /* finalized at exit (leave_job) */
+    if (d->broken && d->thread_started) {
+        fprintf(stderr, "visc: rank %d: %s\n", d->rank, d->error);
+        visc_dist_abort(d);
     }
+    if (d == g_job) return; /* finalized at exit (leave_job) */
     free_group(d);
 }
 
