@@ -14,9 +14,26 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE -Iinclude -fopenmp $(OPT) $(WARN) $(SANFLAGS) 
 LDLIBS  += -ldnnl -ljpeg -lpng -lz -lm -lpthread -ldl
 LDFLAGS += -fopenmp $(SANFLAGS)
 
-LIB_SRC   := $(shell find src -name '*.c' ! -path 'src/cli/*' ! -path 'src/dist/mpi/*' | sort)
+LIB_SRC   := $(shell find src -name '*.c' ! -path 'src/cli/*' ! -path 'src/dist/mpi/*' ! -path 'src/swarm/*' | sort)
 CLI_SRC   := $(sort $(wildcard src/cli/*.c))
 TEST_SRC  := $(sort $(wildcard tests/test_*.c))
+
+# The swarm (src/swarm/) is a library of its own, build/libvisc_swarm.a,
+# because its DHT links OpenDHT, which is GPL-3 (libsodium is ISC). It is
+# built when both are installed (libopendht-c-dev, libsodium-dev); SWARM=0
+# builds visc without it (no `visc swarm`, no --swarm).
+ifndef SWARM
+SWARM := $(shell test -f /usr/include/opendht/opendht_c.h && test -f /usr/include/sodium.h && echo 1 || echo 0)
+endif
+ifeq ($(SWARM),1)
+SWARM_SRC := $(sort $(wildcard src/swarm/*.c))
+SWARM_LIB := $(BUILD)/libvisc_swarm.a
+CFLAGS    += -DVISC_WITH_SWARM
+LDLIBS    += -lopendht-c -lsodium
+else
+TEST_SRC  := $(filter-out tests/test_swarm_%,$(TEST_SRC))
+endif
+SWARM_OBJ := $(SWARM_SRC:%.c=$(BUILD)/%.o)
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
@@ -49,16 +66,28 @@ $(BUILD)/libvisc.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/visc: $(CLI_OBJ) $(BUILD)/libvisc.a
+$(BUILD)/libvisc_swarm.a: $(SWARM_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/visc: $(CLI_OBJ) $(SWARM_LIB) $(BUILD)/libvisc.a
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/harness.o $(BUILD)/libvisc.a
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/harness.o $(SWARM_LIB) $(BUILD)/libvisc.a
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+
+# Programs that are not suites but that the multi-process swarm tests and
+# benchmarks start (tests/swarm_*.c: a peer, a DHT node).
+ifeq ($(SWARM),1)
+TOOL_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(sort $(wildcard tests/swarm_*.c)))
+$(TOOL_BIN): $(BUILD)/tests/%: $(BUILD)/tests/%.o $(SWARM_LIB) $(BUILD)/libvisc.a
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+endif
 
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libvisc.a
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-tests: $(TEST_BIN) $(BUILD)/visc $(MPI_PLUGIN)
+tests: $(TEST_BIN) $(TOOL_BIN) $(BUILD)/visc $(MPI_PLUGIN)
 
 # Missing Debian packages are installed first (tools/install_deps.sh).
 deps:

@@ -30,6 +30,9 @@ gates:
 FUZZ_BUILD := build-fuzz
 FUZZ_SAN   := -fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined
 FUZZ_SRC   := $(sort $(wildcard fuzz/fuzz_*.c))
+ifneq ($(SWARM),1)
+FUZZ_SRC   := $(filter-out fuzz/fuzz_swarm_%,$(FUZZ_SRC))
+endif
 FUZZ_BIN   := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
 
 fuzz:
@@ -39,5 +42,5 @@ fuzz:
 fuzz-bins: $(FUZZ_BIN)
 
 # A static pattern rule, so it cannot be mistaken for the rule of the objects.
-$(FUZZ_BIN): $(BUILD)/fuzz/%: $(BUILD)/fuzz/%.o $(BUILD)/libvisc.a
+$(FUZZ_BIN): $(BUILD)/fuzz/%: $(BUILD)/fuzz/%.o $(SWARM_LIB) $(BUILD)/libvisc.a
 	$(CC) $(LDFLAGS) -fsanitize=fuzzer $^ -o $@ $(LDLIBS)

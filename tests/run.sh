@@ -19,8 +19,15 @@ for bin in "$dir"/test_*; do
     passed=$((passed + p)); failed=$((failed + f))
     printf '# %s: %d ok, %d failed, %.1fs\n' "$(basename "$bin")" "$p" "$f" "$(echo "$(date +%s.%N) - $start" | bc)"
 done
+# A build without the swarm (make SWARM=0: no libsodium / OpenDHT) has no
+# swarm to test; every other build runs the swarm scripts.
+has_swarm=1
+"${VISC:-build/visc}" swarm --help >/dev/null 2>&1 || has_swarm=0
 for script in tests/e2e_*.sh; do
     [ -f "$script" ] || continue
+    case "$(basename "$script")" in
+        e2e_swarm_*) if [ $has_swarm -eq 0 ]; then echo "# $(basename "$script"): not built (SWARM=0)"; continue; fi;;
+    esac
     # VISC_SKIP_E2E=1 skips every script; a list of names skips those
     # (the coverage gate leaves out the long training run that `make test` has run).
     case " ${VISC_SKIP_E2E:-} " in

@@ -4,6 +4,7 @@
 # arguments (CI adds the quality-gate tools).
 set -euo pipefail
 packages=(build-essential libdnnl-dev libjpeg62-turbo-dev libpng-dev zlib1g-dev libopenmpi-dev openmpi-bin
+          libsodium-dev libopendht-c-dev iproute2
           dataset-fashion-mnist bc "$@")
 missing=()
 for p in "${packages[@]}"; do

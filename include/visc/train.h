@@ -79,6 +79,10 @@ typedef struct {
     /* --weights as a backbone: its classifier (m->head_prefix tensors) is
      * not loaded (may be absent) and starts fresh (finetune evaluation) */
     int reset_head;
+    /* step coordination (NULL: every batch steps); data shard of this
+     * process when not under a launcher (shard_count 0: all the data) */
+    const struct visc_step_hooks *hooks;
+    int shard_index, shard_count;
 } visc_train_config;
 
 void visc_train_config_defaults(visc_train_config *c);
@@ -129,6 +133,47 @@ typedef struct {
     int world;
     int64_t rank_pos[VISC_MAX_SAVED_RANKS];
 } visc_train_state;
+
+/* Step coordination: who decides when the optimizer steps. NULL hooks (the
+ * default): every batch steps, alone or with the MPI group's averaged
+ * gradient. The swarm's collaborative optimizer (src/swarm/collab.h) sets
+ * them: batches accumulate until the swarm has processed its target batch,
+ * then the averaged gradient is applied by every peer at the same global
+ * step. The trainer stays the same; only these calls are added. */
+typedef struct visc_train_access visc_train_access;
+typedef struct visc_step_hooks {
+    void *ctx;
+    /* Once, when model, optimizer and state exist (after --resume), before
+     * the first batch: the hooks may replace the state (a newcomer
+     * downloads the swarm's). steps_per_epoch of the LR schedule: the
+     * hooks' (e.g. dataset size / target batch) when > 0. */
+    int (*start)(void *ctx, visc_train_access *a, int64_t *schedule_steps_per_epoch);
+    /* After the backward pass of a batch of n samples (m->grads: the mean
+     * over them). Returns 1: step now, with m->grads replaced by the
+     * gradient to apply and *global_step the step whose learning rate
+     * applies; 0: no step (the gradient is kept by the hooks); -1: error. */
+    int (*after_backward)(void *ctx, int n, float loss, int64_t *global_step);
+    /* After an optimizer step: the hooks may average parameters etc.
+     * -1: error. */
+    int (*after_step)(void *ctx);
+    /* 1: stop training now (e.g. the swarm reached its last step). */
+    int (*should_stop)(void *ctx);
+    void (*finish)(void *ctx);
+} visc_step_hooks;
+
+/* What the hooks may reach of a running trainer. */
+struct visc_train_access {
+    visc_model *model;
+    visc_optimizer *opt;
+    visc_train_state *state;
+    float *ema_params, *ema_buffers; /* NULL without --model-ema */
+    int64_t train_size;              /* samples in the training set (all shards) */
+    int batch_size;                  /* this process's batch */
+    /* The full training state as a checkpoint file, and back (atomic). */
+    int (*save)(visc_train_access *a, const char *path);
+    int (*load)(visc_train_access *a, const char *path);
+    void *trainer;
+};
 
 /* Model-only file with torchvision/timm state_dict keys (PyTorch loads it
  * with strict=True). */

@@ -10,6 +10,7 @@
 #include "options.h"
 #include "pack.h"
 #include "plot.h"
+#include "swarm.h"
 #include "visc/model.h"
 #include "visc/ssl.h"
 #include "visc/train.h"
@@ -24,6 +25,7 @@ static void usage(FILE *f) {
           "  plot      draw a run's curves (loss, accuracy, LR) as a PNG\n"
           "  pack      pack an image folder into shards (fast loading)\n"
           "  diff      compare the tensors of two safetensors files\n"
+          "  swarm     keys, access tokens and DHT nodes for training in a swarm\n"
           "  models    list the architectures\n"
           "  version   print the version\n\n"
           "`visc train --help` lists the training options.\n",
@@ -84,6 +86,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "plot") == 0) return visc_cmd_plot(argc - 2, argv + 2);
     if (strcmp(cmd, "pack") == 0) return visc_cmd_pack(argc - 2, argv + 2);
     if (strcmp(cmd, "diff") == 0) return visc_cmd_diff(argc - 2, argv + 2);
+    if (strcmp(cmd, "swarm") == 0) return visc_cmd_swarm(argc - 2, argv + 2);
     if (strcmp(cmd, "models") == 0) {
         for (const char *const *n = visc_model_names(); *n; n++) puts(*n);
         return 0;

@@ -1,0 +1,631 @@
+/* collab.c: the collaborative optimizer (collab.h): the trainer's step
+ * hooks on top of progress tracking, matchmaking, the all-reduce and state
+ * download. Everything here runs on the training thread except the state
+ * server's snapshot callback, which only copies the cached blob. */
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <sodium.h>
+
+#include "collab.h"
+#include "matchmaking.h"
+#include "visc/core.h"
+
+#define MAX_RECORDS 256
+#define DOWNLOAD_BACKOFF_S 2.0 /* a failed download is retried after this */
+#define START_DOWNLOAD_TRIES 3
+#define STEP_SCALE 1024.0 /* parameter mode averages optimizer step / this */
+
+struct visc_collab {
+    visc_collab_config cfg;
+    visc_step_hooks hooks;
+    visc_train_access *a;
+    visc_progress_tracker *tracker;
+    visc_state_server *server;
+    visc_collab_layout layout;
+    size_t state_bytes;
+    size_t n_vec;      /* floats one round averages */
+    float *acc;        /* gradient mode: running mean of this peer's gradients */
+    float *vec;        /* the round's vector (the all-reduce overwrites it) */
+    uint64_t samples;  /* in acc (gradient mode) / since the last average
+                          (parameters) */
+    uint64_t epoch;    /* global steps done */
+    int publish_epoch; /* a step was handed to the trainer: after_step publishes
+                          it */
+    visc_swarm_progress_view view;
+    visc_progress_record *recs;
+    int n_recs;
+    double next_download; /* monotonic time before which no download is tried */
+    uint64_t downloads_tried;
+    /* the served state: the blob of `snap_epoch`, rebuilt on the training
+     * thread, copied by the server's threads */
+    pthread_mutex_t mu;
+    uint8_t *snap;
+    uint64_t snap_epoch;
+    uint8_t snap_hash[32];
+    int have_snap;
+    visc_collab_stats stats;
+    int started, finished;
+};
+
+void visc_collab_config_default(visc_collab_config *c) {
+    memset(c, 0, sizeof *c);
+    c->mode = VISC_COLLAB_GRADIENTS;
+    c->role = VISC_ROLE_FULL;
+    c->target_group_size = 16;
+    c->min_group_size = 2;
+    c->matchmaking_time_s = 5;
+    c->averaging_timeout_s = 60;
+    c->step_deadline_s = 15;
+    c->on_failure = VISC_COLLAB_SKIP;
+    c->compression = VISC_COMP_NONE;
+    visc_aggregate_config_default(&c->aggregate);
+}
+
+/* ---- the state: layout, snapshot, download ---- */
+
+/* What peers must share to average together and to trade state: the mode,
+ * every tensor's name and size, the optimizer and whether EMA is in the
+ * state. */
+static void schema_hash(visc_collab *c, uint8_t out[32]) {
+    const visc_train_access *a = c->a;
+    crypto_generichash_state h;
+    crypto_generichash_init(&h, NULL, 0, 32);
+    char line[VISC_MAX_NAME + 64];
+    int n = snprintf(line, sizeof line, "visc-collab-v1 mode %d opt %s slots %d ema %d",
+                     (int)c->cfg.mode, visc_opt_kind_name(a->opt->cfg.kind), a->opt->slots,
+                     c->layout.ema);
+    crypto_generichash_update(&h, (const uint8_t *)line, (size_t)n + 1);
+    const visc_table *tables[2] = {&a->model->params, &a->model->buffers};
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < tables[t]->count; i++) {
+            const visc_tensor_entry *e = &tables[t]->entries[i];
+            n = snprintf(line, sizeof line, "%d %s %zu", t, e->name, e->numel);
+            crypto_generichash_update(&h, (const uint8_t *)line, (size_t)n + 1);
+        }
+    crypto_generichash_final(&h, out, 32);
+}
+
+/* Rebuilds the served blob for the current epoch and publishes its hash.
+ * blob: an already built one to take over (a download), or NULL. */
+static int snapshot(visc_collab *c, uint8_t *blob, const uint8_t *hash) {
+    if (c->cfg.role != VISC_ROLE_FULL) {
+        free(blob);
+        return 0;
+    }
+    visc_train_access *a = c->a;
+    uint8_t h[32];
+    if (!blob) {
+        blob = visc_malloc(c->state_bytes, "swarm state snapshot");
+        if (!blob) return -1;
+        visc_collab_state_encode(&c->layout, (uint64_t)a->state->step, (uint64_t)a->opt->step,
+                                 a->model->params.data, a->model->buffers.data, a->opt->state,
+                                 a->ema_params, a->ema_buffers, blob);
+        visc_state_hash(blob, c->state_bytes, h);
+        hash = h;
+    }
+    pthread_mutex_lock(&c->mu);
+    free(c->snap);
+    c->snap = blob;
+    c->snap_epoch = (uint64_t)a->state->step;
+    memcpy(c->snap_hash, hash, 32);
+    c->have_snap = 1;
+    pthread_mutex_unlock(&c->mu);
+    visc_progress_set_state_hash(c->tracker, hash);
+    return 0;
+}
+
+/* The state server's callback (its threads): a copy of the cached blob. */
+static int serve_snapshot(void *ctx, uint8_t **blob, size_t *n, uint64_t *epoch, uint8_t hash[32]) {
+    visc_collab *c = ctx;
+    int rc = -1;
+    pthread_mutex_lock(&c->mu);
+    if (c->have_snap && (*blob = malloc(c->state_bytes)) != NULL) {
+        memcpy(*blob, c->snap, c->state_bytes);
+        *n = c->state_bytes;
+        *epoch = c->snap_epoch;
+        memcpy(hash, c->snap_hash, 32);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+static void copy_floats(float *dst, const uint8_t *src, size_t n) {
+    if (n) memcpy(dst, src, n * sizeof(float));
+}
+
+/* Replaces the trainer's state by a parsed blob. The data cursor stays. */
+static void apply_state(visc_collab *c, const visc_collab_state_view *v) {
+    visc_train_access *a = c->a;
+    size_t P = (size_t)c->layout.n_params, B = (size_t)c->layout.n_buffers;
+    copy_floats(a->model->params.data, v->params, P);
+    copy_floats(a->model->buffers.data, v->buffers, B);
+    copy_floats(a->opt->state, v->opt, (size_t)c->layout.slots * P);
+    if (a->ema_params) {
+        /* without EMA in the blob (parameter mode) the EMA restarts here */
+        copy_floats(a->ema_params, v->ema_params ? v->ema_params : v->params, P);
+        copy_floats(a->ema_buffers, v->ema_buffers ? v->ema_buffers : v->buffers, B);
+    }
+    a->opt->step = (int64_t)v->opt_step;
+    a->state->step = (int64_t)v->step;
+}
+
+/* Downloads the swarm's state from the last read records and takes it.
+ * 0, or -1 with what failed (not fatal for the caller: it trains on). */
+static int download_state(visc_collab *c) {
+    visc_state_download_config dc = visc_state_download_defaults(c->state_bytes);
+    dc.timeout_s = c->cfg.averaging_timeout_s;
+    dc.seed = c->cfg.seed ? c->cfg.seed + c->downloads_tried : 0;
+    c->downloads_tried++;
+    uint8_t *blob = NULL, hash[32];
+    size_t size = 0;
+    uint64_t epoch = 0;
+    if (visc_state_download(c->cfg.node, c->recs, c->n_recs, &dc, &blob, &size, &epoch, hash))
+        return -1;
+    visc_collab_state_view v;
+    if (visc_collab_state_parse(blob, size, &c->layout, &v) != 0) {
+        free(blob);
+        return -1;
+    }
+    if (v.step != epoch) {
+        free(blob);
+        return visc_set_error("swarm state: the donor's state is of step %" PRIu64
+                              ", it advertised %" PRIu64,
+                              v.step, epoch);
+    }
+    apply_state(c, &v);
+    c->epoch = epoch;
+    c->stats.epoch = epoch;
+    c->samples = 0; /* the gradient so far was of parameters that are gone */
+    c->stats.state_downloads++;
+    c->stats.bytes_received += size;
+    visc_progress_set_epoch(c->tracker, epoch);
+    if (snapshot(c, blob, hash)) return -1;
+    if (c->cfg.verbose)
+        fprintf(stderr, "visc: swarm: took the swarm's state at step %" PRIu64 "\n", epoch);
+    return 0;
+}
+
+/* Reads the swarm (force: now, else when due); the view and records. */
+static int refresh(visc_collab *c, int force) {
+    return visc_progress_refresh(c->tracker, force, &c->view, c->recs, MAX_RECORDS, &c->n_recs);
+}
+
+/* This peer missed a step of the swarm: take the swarm's state (at most
+ * once per backoff period). 1 when it was taken. */
+static int catch_up(visc_collab *c) {
+    double now = visc_now();
+    if (now < c->next_download) return 0;
+    if (download_state(c) == 0) return 1;
+    fprintf(stderr,
+            "visc: swarm: at step %" PRIu64 " behind the swarm's %" PRIu64
+            ", and the state download failed: %s (retrying in %.0f s)\n",
+            c->epoch, c->view.epoch, visc_last_error(), DOWNLOAD_BACKOFF_S);
+    c->next_download = now + DOWNLOAD_BACKOFF_S;
+    return 0;
+}
+
+/* ---- one averaging round ---- */
+
+/* Fills the round's vector with what this peer averages. */
+static void pack(visc_collab *c) {
+    visc_train_access *a = c->a;
+    size_t P = (size_t)c->layout.n_params, B = (size_t)c->layout.n_buffers;
+    float *v = c->vec;
+    if (c->cfg.mode == VISC_COLLAB_GRADIENTS) {
+        memcpy(v, c->acc, P * sizeof *v);
+        if (B) memcpy(v + P, a->model->buffers.data, B * sizeof *v);
+        return;
+    }
+    size_t S = (size_t)c->layout.slots;
+    memcpy(v, a->model->params.data, P * sizeof *v);
+    if (S) memcpy(v + P, a->opt->state, S * P * sizeof *v);
+    if (B) memcpy(v + P + S * P, a->model->buffers.data, B * sizeof *v);
+    /* scaled: validation caps |values| at max_abs (1e6), steps may exceed it */
+    v[P + S * P + B] = (float)((double)a->opt->step / STEP_SCALE);
+}
+
+/* Takes the averaged vector (gradient mode: into m->grads). */
+static void unpack(visc_collab *c) {
+    visc_train_access *a = c->a;
+    size_t P = (size_t)c->layout.n_params, B = (size_t)c->layout.n_buffers;
+    const float *v = c->vec;
+    if (c->cfg.mode == VISC_COLLAB_GRADIENTS) {
+        memcpy(a->model->grads, v, P * sizeof *v);
+        if (B) memcpy(a->model->buffers.data, v + P, B * sizeof *v);
+        return;
+    }
+    size_t S = (size_t)c->layout.slots;
+    memcpy(a->model->params.data, v, P * sizeof *v);
+    if (S) memcpy(a->opt->state, v + P, S * P * sizeof *v);
+    if (B) memcpy(a->model->buffers.data, v + P + S * P, B * sizeof *v);
+    double steps = (double)v[P + S * P + B] * STEP_SCALE;
+    a->opt->step = steps > 0 ? (int64_t)llround(steps) : 0;
+}
+
+typedef enum { ROUND_DONE, ROUND_ALONE, ROUND_BEHIND, ROUND_FAILED } round_outcome;
+
+/* One attempt: matchmaking for round = epoch, then the all-reduce of the
+ * packed vector. why: what failed. */
+static round_outcome attempt(visc_collab *c, char *why, size_t cap) {
+    visc_matchmaking_config mc = {.round = c->epoch,
+                                  .target_group_size = c->cfg.target_group_size,
+                                  .min_group_size = c->cfg.min_group_size,
+                                  .matchmaking_time_s = c->cfg.matchmaking_time_s};
+    memcpy(mc.schema_hash, c->layout.schema, 32);
+    visc_group g;
+    double t0 = visc_now();
+    c->stats.rounds++;
+    if (visc_matchmake(c->cfg.node, &mc, &g) != 0) {
+        snprintf(why, cap, "%s", visc_last_error());
+        c->stats.rounds_failed++;
+        c->stats.averaging_seconds += visc_now() - t0;
+        return ROUND_FAILED;
+    }
+    visc_allreduce_config ac;
+    visc_allreduce_config_default(&ac);
+    ac.compression = c->cfg.compression;
+    ac.round_timeout_s = c->cfg.averaging_timeout_s;
+    ac.agg = c->cfg.aggregate;
+    memcpy(ac.schema_hash, c->layout.schema, 32);
+    pack(c);
+    visc_allreduce_report rep;
+    memset(&rep, 0, sizeof rep);
+    double weight = (double)c->samples;
+    int rc = visc_allreduce(c->cfg.node, &g, &ac, c->vec, c->n_vec, weight, NULL, &rep);
+    c->stats.bytes_sent += rep.bytes_sent;
+    c->stats.bytes_received += rep.bytes_received;
+    c->stats.averaging_seconds += visc_now() - t0;
+    char line[768];
+    if (rc == 0 && rep.averaged_fraction >= 1.0) {
+        if (c->cfg.verbose) {
+            visc_allreduce_report_line(&rep, line, sizeof line);
+            fprintf(stderr, "visc: swarm: step %" PRIu64 ": %s\n", c->epoch, line);
+        }
+        return ROUND_DONE;
+    }
+    if (rc < 0) {
+        snprintf(why, cap, "all-reduce failed: %s", visc_last_error());
+        c->stats.rounds_failed++;
+    } else {
+        int k = snprintf(why, cap, "partial ");
+        if (k > 0 && (size_t)k < cap) visc_allreduce_report_line(&rep, why + k, cap - (size_t)k);
+        c->stats.rounds_partial++;
+    }
+    return ROUND_FAILED;
+}
+
+/* Rounds until one succeeds, the peer turns out alone or behind, or the
+ * step's deadline passes. */
+static round_outcome run_round(visc_collab *c, char *why, size_t cap) {
+    double deadline = visc_now() + c->cfg.step_deadline_s;
+    round_outcome out = ROUND_FAILED;
+    visc_progress_pause(c->tracker);
+    for (int tries = 1;; tries++) {
+        /* a fresh look: alone (a swarm of one steps by itself), or behind
+         * (the swarm stepped without this peer) */
+        if (c->view.peers <= 1 || tries > 1) refresh(c, 1);
+        if (c->view.epoch > c->epoch) {
+            out = ROUND_BEHIND;
+            break;
+        }
+        if (c->view.peers <= 1 && c->view.distrusted == 0) {
+            out = ROUND_ALONE;
+            break;
+        }
+        out = attempt(c, why, cap);
+        if (out == ROUND_DONE) break;
+        double left = deadline - visc_now();
+        fprintf(stderr, "visc: swarm: round %d for step %" PRIu64 " failed: %s%s\n", tries,
+                c->epoch, why, left > 0 ? "; retrying" : "");
+        if (left <= 0) break;
+    }
+    visc_progress_resume(c->tracker);
+    return out;
+}
+
+/* After a step of the swarm (or alone): the new epoch, its state, its record.
+ */
+static int advance(visc_collab *c) {
+    c->epoch++;
+    c->stats.epoch = c->epoch;
+    c->samples = 0;
+    c->a->state->step = (int64_t)c->epoch;
+    visc_progress_set_epoch(c->tracker, c->epoch);
+    if (snapshot(c, NULL, NULL)) return -1;
+    refresh(c, 0); /* publishes the new epoch (a failed put is retried at the next) */
+    return 0;
+}
+
+/* ---- the hooks ---- */
+
+static int gradient_round(visc_collab *c, int64_t *global_step) {
+    char why[640] = "";
+    round_outcome out = run_round(c, why, sizeof why);
+    if (out == ROUND_BEHIND) {
+        catch_up(c);
+        return 0;
+    }
+    if (out == ROUND_DONE || out == ROUND_ALONE) {
+        if (out == ROUND_ALONE)
+            memcpy(c->a->model->grads, c->acc, c->layout.n_params * sizeof(float));
+        else unpack(c);
+        *global_step = (int64_t)c->epoch;
+        c->publish_epoch = 1;
+        return 1;
+    }
+    if (c->cfg.on_failure == VISC_COLLAB_STEP_LOCAL) {
+        fprintf(stderr, "visc: swarm: step %" PRIu64 " taken alone: %s (--on-failure local)\n",
+                c->epoch, why);
+        c->stats.steps_local++;
+        memcpy(c->a->model->grads, c->acc, c->layout.n_params * sizeof(float));
+        *global_step = (int64_t)c->epoch;
+        c->publish_epoch = 1;
+        return 1;
+    }
+    fprintf(stderr,
+            "visc: swarm: step %" PRIu64 " skipped: %s (--on-failure skip: the gradient of %" PRIu64
+            " samples is kept for the next round)\n",
+            c->epoch, why, c->samples);
+    c->stats.steps_skipped++;
+    return 0;
+}
+
+static int after_backward(void *ctx, int n, float loss, int64_t *global_step) {
+    visc_collab *c = ctx;
+    if (n <= 0) return 0;
+    *global_step = (int64_t)c->epoch;
+    visc_progress_add_samples(c->tracker, (uint64_t)n, loss);
+    if (c->cfg.mode == VISC_COLLAB_PARAMETERS) {
+        c->samples += (uint64_t)n;
+        return 1; /* a local step with the local gradient, at the global step's lr
+                   */
+    }
+    /* acc: the running mean, so that one batch alone is its gradient exactly */
+    const float *g = c->a->model->grads;
+    float w = (float)((double)n / (double)(c->samples + (uint64_t)n));
+    size_t P = (size_t)c->layout.n_params;
+    if (c->samples == 0) memcpy(c->acc, g, P * sizeof *g);
+    else
+        for (size_t i = 0; i < P; i++) c->acc[i] += w * (g[i] - c->acc[i]);
+    c->samples += (uint64_t)n;
+    if (!c->cfg.lockstep) {
+        refresh(c, 0);
+        if (c->view.epoch > c->epoch) {
+            catch_up(c);
+            return 0;
+        }
+        if (!c->view.ready) return 0;
+    }
+    return gradient_round(c, global_step);
+}
+
+static int parameter_round(visc_collab *c) {
+    refresh(c, 0);
+    if (c->view.epoch > c->epoch) {
+        catch_up(c);
+        return 0;
+    }
+    if (!(c->cfg.lockstep || c->view.ready) || c->samples == 0) return 0;
+    char why[640] = "";
+    round_outcome out = run_round(c, why, sizeof why);
+    if (out == ROUND_BEHIND) {
+        catch_up(c);
+        return 0;
+    }
+    if (out == ROUND_DONE) unpack(c);
+    if (out == ROUND_FAILED) {
+        if (c->cfg.on_failure == VISC_COLLAB_SKIP) {
+            fprintf(stderr,
+                    "visc: swarm: step %" PRIu64 " skipped: %s (--on-failure skip: "
+                    "parameters stay local until the next round)\n",
+                    c->epoch, why);
+            c->stats.steps_skipped++;
+            return 0;
+        }
+        fprintf(stderr, "visc: swarm: step %" PRIu64 " taken alone: %s (--on-failure local)\n",
+                c->epoch, why);
+        c->stats.steps_local++;
+    }
+    return advance(c);
+}
+
+static int after_step(void *ctx) {
+    visc_collab *c = ctx;
+    if (c->cfg.mode == VISC_COLLAB_PARAMETERS) {
+        /* local steps do not advance the global step */
+        c->a->state->step = (int64_t)c->epoch;
+        return parameter_round(c);
+    }
+    if (!c->publish_epoch) return 0;
+    c->publish_epoch = 0;
+    return advance(c);
+}
+
+static int should_stop(void *ctx) {
+    (void)ctx;
+    return 0; /* --max-steps and --epochs bound the run */
+}
+
+/* Validates the model against what collab.c assumes, sizes the buffers. */
+static int setup_layout(visc_collab *c) {
+    visc_train_access *a = c->a;
+    if (!a || !a->model || !a->opt || !a->state || !a->model->params.data || !a->model->grads)
+        return visc_set_error("swarm: the trainer gave no model, optimizer or state");
+    if (a->model->buffers.total && !a->model->buffers.data)
+        return visc_set_error("swarm: the model's buffers are not allocated");
+    visc_collab_layout *l = &c->layout;
+    l->mode = c->cfg.mode;
+    l->n_params = a->model->params.total;
+    l->n_buffers = a->model->buffers.total;
+    l->slots = (uint32_t)a->opt->slots;
+    l->ema = c->cfg.mode == VISC_COLLAB_GRADIENTS && a->ema_params != NULL;
+    schema_hash(c, l->schema);
+    c->state_bytes = visc_collab_state_size(l);
+    size_t P = (size_t)l->n_params, B = (size_t)l->n_buffers, S = l->slots;
+    c->n_vec = c->cfg.mode == VISC_COLLAB_GRADIENTS ? P + B : P + S * P + B + 1;
+    if (c->state_bytes == 0) return visc_set_error("swarm: the model is too large");
+    c->vec = visc_malloc(c->n_vec * sizeof(float), "swarm averaging vector");
+    if (c->cfg.mode == VISC_COLLAB_GRADIENTS)
+        c->acc = visc_calloc(P, sizeof(float), "swarm gradient accumulator");
+    c->recs = visc_calloc(MAX_RECORDS, sizeof *c->recs, "progress records");
+    if (!c->vec || !c->recs || (c->cfg.mode == VISC_COLLAB_GRADIENTS && !c->acc)) return -1;
+    return 0;
+}
+
+/* At start: the swarm ahead of this peer, or at its step with a state that
+ * other peers corroborate and this peer does not hold. */
+static int needs_state(visc_collab *c) {
+    if (c->view.epoch > c->epoch) return 1;
+    int order[MAX_RECORDS];
+    const uint8_t *self = visc_swarm_node_auth(c->cfg.node)->self.public_key;
+    int k = visc_state_donor_order(c->recs, c->n_recs, self, 1, 1, order);
+    if (k == 0 || c->recs[order[0]].epoch != c->epoch) return 0;
+    uint8_t mine[32];
+    if (c->have_snap) memcpy(mine, c->snap_hash, 32);
+    else {
+        uint8_t *blob = visc_malloc(c->state_bytes, "swarm state");
+        if (!blob) return 0;
+        visc_train_access *a = c->a;
+        visc_collab_state_encode(&c->layout, c->epoch, (uint64_t)a->opt->step,
+                                 a->model->params.data, a->model->buffers.data, a->opt->state,
+                                 a->ema_params, a->ema_buffers, blob);
+        visc_state_hash(blob, c->state_bytes, mine);
+        free(blob);
+    }
+    for (int i = 0; i < k; i++)
+        if (c->recs[order[i]].epoch == c->epoch &&
+            memcmp(c->recs[order[i]].state_hash, mine, 32) == 0)
+            return 0;
+    return 1;
+}
+
+static int start(void *ctx, visc_train_access *a, int64_t *schedule_steps_per_epoch) {
+    visc_collab *c = ctx;
+    if (c->started) return visc_set_error("swarm: the collaborative optimizer started twice");
+    c->started = 1;
+    c->a = a;
+    if (setup_layout(c)) return -1;
+    visc_dht *dht = visc_swarm_node_dht(c->cfg.node);
+    if (!dht) return visc_set_error("swarm: collaborative training needs the node's DHT");
+    c->epoch = a->state->step > 0 ? (uint64_t)a->state->step : 0;
+    c->stats.epoch = c->epoch;
+    visc_progress_config pc = {
+        .dht = dht,
+        .self_key = visc_swarm_node_auth(c->cfg.node)->self.public_key,
+        .target_batch_size = c->cfg.target_batch_size,
+    };
+    c->tracker = visc_progress_tracker_new(&pc);
+    if (!c->tracker) return -1;
+    int full = c->cfg.role == VISC_ROLE_FULL;
+    visc_progress_set_local(c->tracker, c->cfg.role,
+                            full ? visc_swarm_node_address(c->cfg.node) : "");
+    visc_progress_set_epoch(c->tracker, c->epoch);
+    if (snapshot(c, NULL, NULL)) return -1;
+    if (full) {
+        c->server = visc_state_server_start(c->cfg.node, serve_snapshot, c);
+        if (!c->server) return -1;
+    }
+    if (refresh(c, 1) != 0)
+        fprintf(stderr, "visc: swarm: reading the swarm at start: %s\n", visc_last_error());
+    if (needs_state(c)) {
+        double deadline = visc_now() + c->cfg.averaging_timeout_s;
+        for (int i = 0; i < START_DOWNLOAD_TRIES; i++) {
+            if (download_state(c) == 0) break;
+            fprintf(stderr,
+                    "visc: swarm: downloading the swarm's state (at step %" PRIu64 "): %s\n",
+                    c->view.epoch, visc_last_error());
+            if (visc_now() >= deadline || i + 1 == START_DOWNLOAD_TRIES) {
+                fprintf(stderr,
+                        "visc: swarm: starting from this peer's own state at step %" PRIu64
+                        "; the download is retried during training\n",
+                        c->epoch);
+                c->next_download = visc_now() + DOWNLOAD_BACKOFF_S;
+                break;
+            }
+            struct timespec ts = {1, 0};
+            nanosleep(&ts, NULL);
+            refresh(c, 1);
+        }
+    }
+    if (c->cfg.dataset_size > 0 && c->cfg.target_batch_size > 0)
+        *schedule_steps_per_epoch = (int64_t)((c->cfg.dataset_size + c->cfg.target_batch_size - 1) /
+                                              c->cfg.target_batch_size);
+    return 0;
+}
+
+static void finish(void *ctx) {
+    visc_collab *c = ctx;
+    if (c->finished || !c->started) return;
+    c->finished = 1;
+    visc_state_server_stop(c->server);
+    c->server = NULL;
+    visc_progress_tracker_free(c->tracker);
+    c->tracker = NULL;
+    const visc_collab_stats *s = &c->stats;
+    fprintf(stderr,
+            "visc: swarm: %" PRIu64 " steps, %" PRIu64 " rounds (%" PRIu64 " failed, %" PRIu64
+            " partial), %" PRIu64 " skipped, %" PRIu64 " local, %" PRIu64
+            " state downloads, %.1f MB sent, %.1f MB received, %.1f s averaging\n",
+            s->epoch, s->rounds, s->rounds_failed, s->rounds_partial, s->steps_skipped,
+            s->steps_local, s->state_downloads, (double)s->bytes_sent / 1e6,
+            (double)s->bytes_received / 1e6, s->averaging_seconds);
+}
+
+/* ---- construction ---- */
+
+visc_collab *visc_collab_new(const visc_collab_config *cfg) {
+    const visc_collab_config *k = cfg;
+    if (!k || !k->node)
+        return visc_set_error("swarm: collaborative optimizer without a node"), NULL;
+    if (k->role != VISC_ROLE_FULL && k->role != VISC_ROLE_CLIENT)
+        return visc_set_error("swarm: a training peer is full or client (an auxiliary peer "
+                              "has no data to train on)"),
+               NULL;
+    if (!k->lockstep && k->target_batch_size == 0)
+        return visc_set_error("swarm: a target batch size is needed (or lockstep)"), NULL;
+    if (k->target_group_size < 2 || k->min_group_size < 2 ||
+        k->min_group_size > k->target_group_size || k->target_group_size > VISC_GROUP_MAX)
+        return visc_set_error("swarm: group sizes %d..%d out of range (2..%d)", k->min_group_size,
+                              k->target_group_size, VISC_GROUP_MAX),
+               NULL;
+    if (!(k->matchmaking_time_s > 0) || !(k->averaging_timeout_s > 0) ||
+        !(k->step_deadline_s >= 0) || !isfinite(k->step_deadline_s))
+        return visc_set_error("swarm: matchmaking, averaging and step times must be positive"),
+               NULL;
+    if (k->mode != VISC_COLLAB_GRADIENTS && k->mode != VISC_COLLAB_PARAMETERS)
+        return visc_set_error("swarm: unknown averaging mode %d", (int)k->mode), NULL;
+    if (sodium_init() < 0) return visc_set_error("libsodium failed to initialize"), NULL;
+    visc_collab *c = visc_calloc(1, sizeof *c, "collaborative optimizer");
+    if (!c) return NULL;
+    c->cfg = *k;
+    pthread_mutex_init(&c->mu, NULL);
+    c->hooks = (visc_step_hooks){.ctx = c,
+                                 .start = start,
+                                 .after_backward = after_backward,
+                                 .after_step = after_step,
+                                 .should_stop = should_stop,
+                                 .finish = finish};
+    return c;
+}
+
+const visc_step_hooks *visc_collab_hooks(visc_collab *c) { return &c->hooks; }
+
+void visc_collab_get_stats(visc_collab *c, visc_collab_stats *out) { *out = c->stats; }
+
+void visc_collab_free(visc_collab *c) {
+    if (!c) return;
+    finish(c);
+    pthread_mutex_destroy(&c->mu);
+    free(c->snap);
+    free(c->acc);
+    free(c->vec);
+    free(c->recs);
+    free(c);
+}

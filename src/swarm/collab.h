@@ -1,0 +1,153 @@
+/* collab.h: the collaborative optimizer: one model trained by a swarm
+ * (`visc train --swarm`), as hivemind's Optimizer does, without its
+ * defects. It plugs into the trainer through visc_step_hooks (train.h):
+ * the trainer runs forward/backward on this peer's batches; the hooks
+ * decide when the optimizer steps and with which gradient.
+ *
+ * Gradient mode (default). After each local batch of n samples the hooks
+ * add n x (the batch's mean gradient) to an accumulator and report the
+ * samples to the progress tracker (progress.h). When the swarm's
+ * accumulated samples reach target_batch_size (or, in lockstep, after every
+ * batch), the peer matchmakes for round = its epoch (matchmaking.h) and
+ * all-reduces its mean accumulated gradient with weight = its sample count
+ * (allreduce.h): the group's result is the swarm's mean gradient over all
+ * the samples. Every member then applies the same optimizer step at global
+ * step = epoch, and the epoch advances. The LR schedule follows the global
+ * step (schedule_steps_per_epoch = dataset size / target batch).
+ *
+ * Parameter mode ("local updates"). Every batch steps the local optimizer;
+ * when the swarm reaches the target, parameters, optimizer statistics and
+ * BatchNorm buffers are averaged (weighted by samples since the last
+ * average) and the epoch advances.
+ *
+ * Lockstep. Each peer contributes exactly one batch to every step and
+ * waits for the round: with the data sharded like ranks (--swarm-shard),
+ * N peers with batch B/N end where one process with batch B ends. For
+ * tests and controlled studies; the default is free-running.
+ *
+ * Failures never pass silently. A round that finds no group or whose
+ * all-reduce fails (or averages less than all of the vector) is retried
+ * while the step's deadline allows; then the policy decides: "skip" (the
+ * default: no step, keep the accumulated gradient for the next round) or
+ * "local" (step with this peer's own gradient and flag the divergence).
+ * Either way one line is logged and the counters (visc_collab_stats) say
+ * how often.
+ *
+ * Late joiners and laggards. At start, and whenever the swarm's epoch is
+ * more than one ahead of this peer's, the peer downloads the full training
+ * state (state_sync.h: from a donor at the highest epoch whose hash other
+ * peers corroborate) and loads it through the trainer (checkpoint format:
+ * parameters, optimizer state, EMA, BatchNorm buffers, step and epoch).
+ * Every full peer serves its own state at its epoch; the hash of that state
+ * goes into its progress record. A peer resumed from a checkpoint takes
+ * the swarm's state only when the swarm is ahead of it.
+ *
+ * (collab.c, as built.) The served state is not the checkpoint file but a
+ * canonical blob (below) of what every peer of one epoch holds alike:
+ * parameters, BatchNorm buffers, optimizer state and step, EMA (gradient
+ * mode), and the global step. A checkpoint also holds per-peer fields (the
+ * data cursor, the config text, BatchNorm counters), so peers' hashes would
+ * never agree and no state could be corroborated. To make peers of one
+ * epoch equal, gradient mode averages the BatchNorm buffers in the same
+ * all-reduce as the gradients, and parameter mode averages the optimizer's
+ * step count with the rest. A download replaces those fields and the
+ * trainer's global step; this peer's data cursor (epoch of data, position)
+ * stays its own. The blob is rebuilt (copied and hashed) once per epoch on
+ * the training thread: O(state) per global step, acceptable next to the
+ * target batch's compute; servers copy the cached blob.
+ *
+ * A peer steps "alone" without a failure when a fresh read of the swarm
+ * shows no other live peer (a swarm of one equals plain training). A
+ * peer whose epoch is behind the swarm's (it missed a step: late, or its
+ * round failed while others succeeded) downloads the state and drops its
+ * accumulated gradient; downloads that fail are retried every few seconds.
+ * At start, a peer at the swarm's epoch whose state differs from the state
+ * other peers corroborate also downloads (e.g. another initialization).
+ * Known limit: peers that start a new swarm at the same moment must share
+ * the initialization (the same --seed): with nobody to corroborate, each
+ * keeps its own. */
+#ifndef VISC_SWARM_COLLAB_H
+#define VISC_SWARM_COLLAB_H
+
+#include <stdint.h>
+
+#include "allreduce.h"
+#include "progress.h"
+#include "state_sync.h"
+#include "visc/train.h"
+
+typedef enum { VISC_COLLAB_GRADIENTS = 0, VISC_COLLAB_PARAMETERS = 1 } visc_collab_mode;
+typedef enum { VISC_COLLAB_SKIP = 0, VISC_COLLAB_STEP_LOCAL = 1 } visc_collab_on_failure;
+
+typedef struct {
+    visc_swarm_node *node; /* the caller's; outlives the collab */
+    uint64_t target_batch_size;
+    visc_collab_mode mode;
+    int lockstep;
+    visc_peer_role role;                   /* full or client (client: no state served) */
+    int target_group_size, min_group_size; /* default 16, 2 */
+    double matchmaking_time_s;             /* default 5 */
+    double averaging_timeout_s;            /* one round's all-reduce, default 60 */
+    double step_deadline_s; /* retries of one step end here, default 3 x matchmaking */
+    visc_collab_on_failure on_failure;
+    visc_compression compression;
+    visc_aggregate_config aggregate;
+    uint64_t dataset_size;   /* for the LR schedule's steps per epoch (0: the trainer's) */
+    const char *scratch_dir; /* unused: state snapshots are kept in memory (see above) */
+    uint64_t seed;           /* donor choice */
+    int verbose;             /* one line per round */
+} visc_collab_config;
+
+typedef struct {
+    uint64_t epoch; /* global steps this peer has taken part in */
+    uint64_t rounds, rounds_failed, rounds_partial, steps_skipped, steps_local;
+    uint64_t state_downloads, bytes_sent, bytes_received;
+    double averaging_seconds;
+} visc_collab_stats;
+
+typedef struct visc_collab visc_collab;
+
+void visc_collab_config_default(visc_collab_config *c);
+visc_collab *visc_collab_new(const visc_collab_config *cfg);
+/* The hooks to put in visc_train_config.hooks; valid while c lives. */
+const visc_step_hooks *visc_collab_hooks(visc_collab *c);
+void visc_collab_get_stats(visc_collab *c, visc_collab_stats *out);
+void visc_collab_free(visc_collab *c);
+
+/* ---- the state blob (collab_state.c; exported for the fuzzer) ----
+ * Little-endian: 0 magic "VCST", 4 version (1), 5 mode, 6 flags (bit 0:
+ * EMA follows; other bits 0), 7 zero, 8 schema hash (32), 40 global step
+ * (u64), 48 optimizer steps (u64), 56 parameters P (u64), 64 buffers B
+ * (u64), 72 optimizer slots S (u32), 76 floats (f32): P parameters, B
+ * buffers, S x P optimizer state, then with EMA P + B EMA values. Parse is
+ * strict: every header field must equal this peer's layout, the size be
+ * exact, the steps at most VISC_PROGRESS_MAX_COUNT, every float finite. */
+#define VISC_COLLAB_STATE_HEADER 76
+#define VISC_COLLAB_STATE_VERSION 1
+
+typedef struct {
+    visc_collab_mode mode;
+    uint8_t schema[32];
+    uint64_t n_params, n_buffers;
+    uint32_t slots;
+    int ema;
+} visc_collab_layout;
+
+typedef struct {
+    uint64_t step, opt_step;
+    /* into the blob (unaligned: copy with memcpy) */
+    const uint8_t *params, *buffers, *opt, *ema_params, *ema_buffers;
+} visc_collab_state_view;
+
+/* The blob's size for a layout; 0 when it would not fit in a size_t. */
+size_t visc_collab_state_size(const visc_collab_layout *l);
+/* Writes visc_collab_state_size(l) bytes to out (ema_* ignored without
+ * l->ema). */
+void visc_collab_state_encode(const visc_collab_layout *l, uint64_t step, uint64_t opt_step,
+                              const float *params, const float *buffers, const float *opt,
+                              const float *ema_params, const float *ema_buffers, uint8_t *out);
+/* 0 and out filled, or -1 with one line naming the problem. */
+int visc_collab_state_parse(const uint8_t *blob, size_t n, const visc_collab_layout *l,
+                            visc_collab_state_view *out);
+
+#endif

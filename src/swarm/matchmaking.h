@@ -1,0 +1,112 @@
+/* matchmaking.h: forming the groups of one averaging round.
+ *
+ * Peers ready to average declare themselves on the DHT under
+ * "mm.<round>" with their address, bandwidth, role, schema hash and an
+ * expiry = the time they will wait. The peer whose declaration expires
+ * first (ties: smaller public key) leads; the others connect to it with
+ * a JOIN frame. The leader starts the group when it has
+ * target_group_size members, or at its deadline if it has at least
+ * min_group_size (2); otherwise it tells everyone and disbands. A leader
+ * sends every member the same GROUP frame: a random group id and the
+ * members in one shuffled order, so membership and order agree
+ * everywhere. A peer that joins no group returns -1 with "no group":
+ * never a silent fallback. Peers with another schema hash are refused.
+ *
+ * With more peers than target_group_size, every peer orders the
+ * declarations it sees (full peers by expiry then key, clients after them)
+ * and deals them round-robin into ceil(n / target) groups whose leaders are
+ * the first full peers: when views agree, one JOIN each forms every group.
+ * A peer refused, or whose leader vanishes or stays silent past its
+ * declared expiry, tries the next full peer before it in that order, and
+ * leads itself when none is left (a client cannot lead: it has no
+ * listener). A leader that has not filled its group re-reads the
+ * declarations every tenth of the matchmaking time (and republishes its own
+ * until the DHT confirms it): when the fresher view deals it to another
+ * leader it has not tried, it disbands (REJECT) and goes there, so a slow
+ * DHT delays the round instead of splitting it. A leader stops gathering
+ * a margin before the earliest deadline among itself and its joiners, so
+ * its GROUP arrives in time. A JOIN must follow its OPEN within 1 s (an
+ * admitted but stalling peer delays a leader by at most that).
+ *
+ * Messages (little-endian; the type byte is the channel frame's):
+ *   info (JOIN frame, and the value of a DHT declaration): version 1 (u8),
+ *     round (u64), expires_ms (u64, unix ms when the sender stops waiting),
+ *     bandwidth (f64, finite, > 0), client (u8, 0/1), schema hash (32),
+ *     address length (u8, < 64; 0 exactly for a client), address (no NUL)
+ *   GROUP: version 1, round (u64), group id (16), schema hash (32),
+ *     count (u8, 2..VISC_GROUP_MAX), then count times: key (32),
+ *     bandwidth (f64), client (u8), address length (u8), address
+ *   REJECT: version 1, reason (u8, visc_mm_reject_reason) */
+#ifndef VISC_SWARM_MATCHMAKING_H
+#define VISC_SWARM_MATCHMAKING_H
+
+#include "node.h"
+
+typedef struct {
+    uint8_t key[VISC_KEY_BYTES];
+    char addr[64]; /* "host:port"; empty for a client */
+    double bandwidth;
+    int client;
+} visc_group_member;
+
+typedef struct {
+    uint8_t id[16];
+    int size, self; /* self: this peer's index in members */
+    visc_group_member members[VISC_GROUP_MAX];
+} visc_group;
+
+typedef struct {
+    uint64_t round;        /* which round (e.g. the global epoch) */
+    int target_group_size; /* >= 2 */
+    int min_group_size;    /* >= 2, <= target */
+    double matchmaking_time_s;
+    uint8_t schema_hash[32]; /* what is averaged: only equal hashes group */
+} visc_matchmaking_config;
+
+/* 0 and out filled, or -1 with an error ("no group: ..." when the round
+ * ended without one). Returns within cfg->matchmaking_time_s (plus the
+ * time of one bounded send or close). */
+int visc_matchmake(visc_swarm_node *n, const visc_matchmaking_config *cfg, visc_group *out);
+
+/* ---- wire messages (exported for the fuzzer and tests) ---- */
+#define VISC_MM_ADDR_MAX 63
+#define VISC_MM_INFO_MAX_BYTES (59 + VISC_MM_ADDR_MAX)
+#define VISC_MM_MEMBER_MAX_BYTES (42 + VISC_MM_ADDR_MAX)
+#define VISC_MM_GROUP_MAX_BYTES (58 + VISC_GROUP_MAX * VISC_MM_MEMBER_MAX_BYTES)
+
+typedef struct {
+    uint64_t round, expires_ms;
+    double bandwidth;
+    int client;
+    uint8_t schema_hash[32];
+    char addr[VISC_MM_ADDR_MAX + 1];
+} visc_mm_info;
+
+typedef enum {
+    VISC_MM_REJECT_FULL = 1,
+    VISC_MM_REJECT_NOT_LEADING = 2,
+    VISC_MM_REJECT_SCHEMA = 3,
+    VISC_MM_REJECT_ROUND = 4,
+    VISC_MM_REJECT_MALFORMED = 5,
+    VISC_MM_REJECT_DISBANDED = 6,
+    VISC_MM_REJECT_DUPLICATE = 7,
+} visc_mm_reject_reason;
+
+/* The tag of JOIN connections for a round (node.h's OPEN tag). */
+void visc_mm_join_tag(uint64_t round, uint8_t tag[16]);
+/* Returns the size written (at most VISC_MM_INFO_MAX_BYTES), -1 on a bad field. */
+int visc_mm_info_encode(const visc_mm_info *info, uint8_t *out, size_t cap);
+/* Structural checks only; the caller compares round and schema hash. */
+int visc_mm_info_parse(const uint8_t *msg, size_t n, visc_mm_info *out);
+/* Returns the size written, -1 on a bad group. */
+int visc_mm_group_encode(const visc_group *g, uint64_t round, const uint8_t schema_hash[32],
+                         uint8_t *out, size_t cap);
+/* Parses a GROUP received from leader_key by self_key: round and schema must
+ * match, keys be unique, self_key appear exactly once (out->self is its
+ * index) and the leader be a full member. */
+int visc_mm_group_parse(const uint8_t *msg, size_t n, uint64_t round, const uint8_t schema_hash[32],
+                        const uint8_t self_key[VISC_KEY_BYTES],
+                        const uint8_t leader_key[VISC_KEY_BYTES], visc_group *out);
+int visc_mm_reject_parse(const uint8_t *msg, size_t n, visc_mm_reject_reason *reason);
+
+#endif

@@ -1,0 +1,476 @@
+/* test_swarm_collab.c: the collaborative optimizer (collab.h) driven
+ * through its step hooks as the trainer calls them, without a trainer: each
+ * peer is a thread with its own node on 127.0.0.1 (one DHT per test, its
+ * own run id) and a small model of flat tables (two parameter tensors, two
+ * BatchNorm-like buffers) with a real SGD optimizer. Covers: lockstep
+ * gradient averaging (every peer gets the exact sample-weighted mean, and
+ * the BatchNorm buffers are averaged with it), lockstep parameter
+ * averaging (parameters, optimizer state and step), a peer alone in its swarm
+ * (target batch B over two batches = one batch of B), a failed round with
+ * policy skip (the gradient is kept and counted into the next round) and
+ * with policy local (a counted step with the peer's own gradient), a peer
+ * joining late (it downloads the swarm's parameters, optimizer state and
+ * step, then averages with the others), and the state blob's parser. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../src/swarm/collab.h"
+#include "test.h"
+#include "visc/core.h"
+
+static const char secret[] = "collab test secret, 32+ bytes long";
+
+#define N_W 21 /* layer.weight [3, 7] */
+#define N_B 7  /* layer.bias */
+#define N_BUF 5
+#define MAX_PEERS 3
+
+typedef struct {
+    visc_identity id;
+    visc_swarm_auth auth;
+    visc_swarm_node *node;
+    visc_model m;
+    visc_optimizer opt;
+    visc_train_state st;
+    visc_train_access a;
+    visc_collab *collab;
+    const visc_step_hooks *h;
+    /* one call's inputs and outputs (thread jobs) */
+    int n, rc;
+    int64_t step;
+} peer;
+
+static void sleep_s(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* The model: the same parameters on every peer unless salt != 0. */
+static void model_init(peer *p, float salt) {
+    visc_model *m = &p->m;
+    memset(m, 0, sizeof *m);
+    visc_table_init(&m->params);
+    visc_table_init(&m->buffers);
+    int64_t ws[2] = {3, 7}, bs[1] = {N_B}, rs[1] = {N_BUF};
+    visc_table_add(&m->params, "layer.weight", 2, ws, 0);
+    visc_table_add(&m->params, "layer.bias", 1, bs, VISC_TENSOR_NO_DECAY | VISC_TENSOR_BIAS);
+    visc_table_add(&m->buffers, "bn.running_mean", 1, rs, 0);
+    visc_table_add(&m->buffers, "bn.running_var", 1, rs, 0);
+    visc_table_alloc(&m->params);
+    visc_table_alloc(&m->buffers);
+    m->grads = calloc(m->params.total, sizeof(float));
+    for (size_t i = 0; i < m->params.total; i++)
+        m->params.data[i] = 0.01f * (float)((i * 7) % 13) - 0.05f + salt;
+    for (size_t i = 0; i < m->buffers.total; i++) m->buffers.data[i] = 1.0f;
+    visc_opt_config oc = visc_opt_defaults(VISC_OPT_SGD); /* momentum 0.9: one state slot */
+    visc_optimizer_init(&p->opt, &oc, &m->params);
+    memset(&p->st, 0, sizeof p->st);
+    p->a = (visc_train_access){.model = m, .opt = &p->opt, .state = &p->st};
+}
+
+static void model_free(peer *p) {
+    visc_optimizer_free(&p->opt);
+    free(p->m.grads);
+    visc_table_free(&p->m.params);
+    visc_table_free(&p->m.buffers);
+}
+
+static int peer_open(peer *p, const char *run, int bootstrap) {
+    memset(p, 0, sizeof *p);
+    if (visc_identity_generate(&p->id) || visc_swarm_auth_init(&p->auth, run, &p->id) ||
+        visc_swarm_auth_set_secret(&p->auth, secret, sizeof secret))
+        return -1;
+    char peers[64];
+    snprintf(peers, sizeof peers, "127.0.0.1:%d", bootstrap);
+    visc_swarm_node_config c = {.listen = "127.0.0.1:0",
+                                .dht_port = 0,
+                                .initial_peers = bootstrap ? peers : NULL,
+                                .auth = &p->auth,
+                                .bandwidth = 1e6};
+    p->node = visc_swarm_node_open(&c);
+    if (!p->node) {
+        fprintf(stderr, "peer_open: %s\n", visc_last_error());
+        return -1;
+    }
+    model_init(p, 0);
+    return 0;
+}
+
+static void peer_close(peer *p) {
+    visc_collab_free(p->collab);
+    p->collab = NULL;
+    if (p->node) visc_swarm_node_close(p->node);
+    p->node = NULL;
+    visc_swarm_auth_free(&p->auth);
+    model_free(p);
+}
+
+/* Opens peers [from, to) of a swarm whose first peer is ps[0], and waits
+ * until every DHT node answers and sees the others' records. */
+static int swarm_open(peer *ps, int from, int to, const char *run) {
+    for (int i = from; i < to; i++) {
+        int port = i == 0 ? 0 : visc_dht_port(visc_swarm_node_dht(ps[0].node));
+        if (peer_open(&ps[i], run, port)) return -1;
+    }
+    double until = visc_now() + 20;
+    for (int i = from; i < to; i++)
+        while (i > 0 && visc_dht_node_count(visc_swarm_node_dht(ps[i].node)) < 1)
+            if (visc_now() > until) return -1;
+    if (to == 1) return 0; /* nothing to see */
+    static visc_record recs[MAX_PEERS + 4];
+    for (int i = from; i < to; i++)
+        while (visc_dht_put(visc_swarm_node_dht(ps[i].node), "probe", "x", 1, 120, 1) != 0)
+            if (visc_now() > until) return -1;
+    for (int i = 0; i < to; i++)
+        while (visc_dht_get(visc_swarm_node_dht(ps[i].node), "probe", recs, MAX_PEERS + 4, 1) !=
+               to) {
+            if (visc_now() > until) return -1;
+            sleep_s(0.02);
+        }
+    return 0;
+}
+
+static visc_collab_config lockstep_config(peer *p, int group) {
+    visc_collab_config c;
+    visc_collab_config_default(&c);
+    c.node = p->node;
+    c.lockstep = 1;
+    c.target_group_size = group;
+    c.matchmaking_time_s = 3; /* a full group starts at once: this is only a bound */
+    c.averaging_timeout_s = 10;
+    c.step_deadline_s = 12;
+    c.seed = 1;
+    return c;
+}
+
+static int collab_start(peer *p, const visc_collab_config *c) {
+    p->collab = visc_collab_new(c);
+    if (!p->collab) return -1;
+    p->h = visc_collab_hooks(p->collab);
+    int64_t spe = 0;
+    return p->h->start(p->h->ctx, &p->a, &spe);
+}
+
+/* Deterministic per (peer, step) gradients and buffers. */
+static float grad_value(int peer_i, int step, size_t i) {
+    return 0.1f * (float)(peer_i + 1) + 0.01f * (float)step - 0.003f * (float)i;
+}
+
+static void set_batch(peer *p, int peer_i, int step) {
+    for (size_t i = 0; i < p->m.params.total; i++) p->m.grads[i] = grad_value(peer_i, step, i);
+    for (size_t i = 0; i < p->m.buffers.total; i++)
+        p->m.buffers.data[i] = 1.0f + 0.5f * (float)peer_i + 0.1f * (float)step;
+}
+
+/* What the trainer does with one batch: after_backward, then (on a step)
+ * the optimizer step, state.step, after_step. */
+static void *batch_job(void *arg) {
+    peer *p = arg;
+    p->step = -1;
+    p->rc = p->h->after_backward(p->h->ctx, p->n, 1.0f, &p->step);
+    if (p->rc == 1) {
+        visc_optimizer_step(&p->opt, p->m.params.data, p->m.grads, 0.1f);
+        p->st.step = p->step + 1;
+        if (p->h->after_step(p->h->ctx)) p->rc = -1;
+    }
+    return NULL;
+}
+
+static void run_batches(peer *ps, int count) {
+    pthread_t th[MAX_PEERS];
+    for (int i = 0; i < count; i++) pthread_create(&th[i], NULL, batch_job, &ps[i]);
+    for (int i = 0; i < count; i++) pthread_join(th[i], NULL);
+}
+
+static visc_collab_stats stats_of(peer *p) {
+    visc_collab_stats s;
+    visc_collab_get_stats(p->collab, &s);
+    return s;
+}
+
+TEST(collab_lockstep_weighted_mean_of_gradients_and_buffers) {
+    static peer ps[3];
+    int ok = swarm_open(ps, 0, 3, "collab-lockstep") == 0;
+    CHECK_MSG(ok, "swarm did not come up");
+    for (int i = 0; ok && i < 3; i++) {
+        visc_collab_config c = lockstep_config(&ps[i], 3);
+        ok = collab_start(&ps[i], &c) == 0;
+        CHECK_MSG(ok, "start: %s", visc_last_error());
+    }
+    size_t P = ps[0].m.params.total, B = ps[0].m.buffers.total;
+    for (int step = 0; ok && step < 3; step++) {
+        for (int i = 0; i < 3; i++) {
+            set_batch(&ps[i], i, step);
+            ps[i].n = i + 1; /* weights 1, 2, 3 */
+        }
+        run_batches(ps, 3);
+        for (int i = 0; i < 3; i++) {
+            CHECK_MSG(ps[i].rc == 1 && ps[i].step == step, "peer %d step %d: rc %d step %lld", i,
+                      step, ps[i].rc, (long long)ps[i].step);
+            CHECK(ps[i].st.step == step + 1);
+        }
+        /* the gradient every peer applied: the exact weighted mean */
+        for (size_t k = 0; k < P; k++) {
+            double want = 0;
+            for (int i = 0; i < 3; i++) want += (i + 1) * (double)grad_value(i, step, k);
+            want /= 6;
+            CHECK_CLOSE(ps[0].m.grads[k], want, 1e-7, 1e-6);
+        }
+        for (int i = 1; i < 3; i++) {
+            CHECK(memcmp(ps[i].m.grads, ps[0].m.grads, P * sizeof(float)) == 0);
+            CHECK(memcmp(ps[i].m.buffers.data, ps[0].m.buffers.data, B * sizeof(float)) == 0);
+            CHECK(memcmp(ps[i].m.params.data, ps[0].m.params.data, P * sizeof(float)) == 0);
+        }
+        double want_buf = (1.0 * 1.0 + 2 * 1.5 + 3 * 2.0) / 6 + 0.1 * step;
+        CHECK_CLOSE(ps[0].m.buffers.data[0], want_buf, 1e-6, 1e-6);
+    }
+    for (int i = 0; ok && i < 3; i++) {
+        visc_collab_stats s = stats_of(&ps[i]);
+        CHECK(s.epoch == 3 && s.rounds == 3 && s.rounds_failed == 0 && s.steps_skipped == 0);
+        CHECK(s.bytes_sent > 0 && s.bytes_received > 0);
+    }
+    for (int i = 0; i < 3; i++) peer_close(&ps[i]);
+}
+
+/* Parameter mode: a local step, then (before after_step) a copy of what
+ * is averaged. */
+typedef struct {
+    peer *p;
+    float before[64 + N_W + N_B];
+} param_job_t;
+
+static void *param_job(void *arg) {
+    param_job_t *j = arg;
+    peer *p = j->p;
+    p->step = -1;
+    p->rc = p->h->after_backward(p->h->ctx, p->n, 1.0f, &p->step);
+    if (p->rc != 1) return NULL;
+    visc_optimizer_step(&p->opt, p->m.params.data, p->m.grads, 0.1f);
+    p->st.step = p->step + 1;
+    memcpy(j->before, p->m.params.data, p->m.params.total * sizeof(float));
+    if (p->h->after_step(p->h->ctx)) p->rc = -1;
+    return NULL;
+}
+
+TEST(collab_lockstep_parameter_averaging) {
+    static peer ps[2];
+    int ok = swarm_open(ps, 0, 2, "collab-params") == 0;
+    CHECK_MSG(ok, "swarm did not come up");
+    for (int i = 0; ok && i < 2; i++) {
+        visc_collab_config c = lockstep_config(&ps[i], 2);
+        c.mode = VISC_COLLAB_PARAMETERS;
+        ok = collab_start(&ps[i], &c) == 0;
+        CHECK_MSG(ok, "start: %s", visc_last_error());
+    }
+    size_t P = ps[0].m.params.total;
+    static param_job_t jobs[2];
+    for (int step = 0; ok && step < 2; step++) {
+        pthread_t th[2];
+        for (int i = 0; i < 2; i++) {
+            set_batch(&ps[i], i, step);
+            ps[i].n = 1 + 2 * i; /* weights 1 and 3 */
+            jobs[i].p = &ps[i];
+            pthread_create(&th[i], NULL, param_job, &jobs[i]);
+        }
+        for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+        for (int i = 0; i < 2; i++)
+            CHECK(ps[i].rc == 1 && ps[i].step == step && ps[i].st.step == step + 1 &&
+                  ps[i].opt.step == step + 1);
+        for (size_t k = 0; k < P; k++)
+            CHECK_CLOSE(ps[0].m.params.data[k],
+                        (1.0 * jobs[0].before[k] + 3.0 * jobs[1].before[k]) / 4, 1e-7, 1e-6);
+        CHECK(memcmp(ps[0].m.params.data, ps[1].m.params.data, P * sizeof(float)) == 0);
+        CHECK(memcmp(ps[0].opt.state, ps[1].opt.state, P * sizeof(float)) == 0);
+        CHECK(memcmp(ps[0].m.buffers.data, ps[1].m.buffers.data,
+                     ps[0].m.buffers.total * sizeof(float)) == 0);
+    }
+    for (int i = 0; ok && i < 2; i++) CHECK(stats_of(&ps[i]).epoch == 2);
+    for (int i = 0; i < 2; i++) peer_close(&ps[i]);
+}
+
+TEST(collab_alone_target_batch_is_one_big_batch) {
+    static peer ps[1];
+    int ok = swarm_open(ps, 0, 1, "collab-alone") == 0;
+    CHECK_MSG(ok, "swarm did not come up");
+    visc_collab_config c = lockstep_config(&ps[0], 2);
+    c.lockstep = 0;
+    c.target_batch_size = 6;
+    c.dataset_size = 60;
+    ok = ok && (ps[0].collab = visc_collab_new(&c)) != NULL;
+    int64_t spe = 0;
+    if (ok) {
+        ps[0].h = visc_collab_hooks(ps[0].collab);
+        CHECK(ps[0].h->start(ps[0].h->ctx, &ps[0].a, &spe) == 0);
+        CHECK(spe == 10);
+        size_t P = ps[0].m.params.total;
+        float *want = malloc(P * sizeof *want);
+        for (size_t k = 0; k < P; k++)
+            want[k] = (2 * grad_value(0, 0, k) + 4 * grad_value(0, 1, k)) / 6;
+        set_batch(&ps[0], 0, 0);
+        ps[0].n = 2;
+        batch_job(&ps[0]);
+        CHECK(ps[0].rc == 0);
+        set_batch(&ps[0], 0, 1);
+        ps[0].n = 4;
+        batch_job(&ps[0]);
+        CHECK(ps[0].rc == 1 && ps[0].step == 0 && ps[0].st.step == 1);
+        CHECK_ARRAYS("alone", ps[0].m.grads, want, P, 1e-7, 1e-6);
+        visc_collab_stats s = stats_of(&ps[0]);
+        CHECK(s.epoch == 1 && s.rounds == 0 && s.steps_local == 0);
+        free(want);
+    }
+    peer_close(&ps[0]);
+}
+
+/* A: a round that nobody joins (B is in the swarm, not stepping). */
+static void failed_round(peer *ps, visc_collab_on_failure policy, const char *run) {
+    int ok = swarm_open(ps, 0, 2, run) == 0;
+    CHECK_MSG(ok, "swarm did not come up");
+    for (int i = 0; ok && i < 2; i++) {
+        visc_collab_config c = lockstep_config(&ps[i], 2);
+        c.on_failure = policy;
+        c.matchmaking_time_s = 2;          /* the failed attempt waits this long */
+        if (i == 0) c.step_deadline_s = 0; /* one attempt, then the policy */
+        ok = collab_start(&ps[i], &c) == 0;
+        CHECK_MSG(ok, "start: %s", visc_last_error());
+    }
+    if (!ok) return;
+    size_t P = ps[0].m.params.total;
+    set_batch(&ps[0], 0, 0);
+    ps[0].n = 2;
+    float g1[N_W + N_B + 32];
+    memcpy(g1, ps[0].m.grads, P * sizeof(float));
+    peer *a = &ps[0];
+    batch_job(a); /* 2 peers in view: A matchmakes and finds no group */
+    visc_collab_stats s = stats_of(a);
+    CHECK(s.rounds == 1 && s.rounds_failed == 1);
+    if (policy == VISC_COLLAB_STEP_LOCAL) {
+        CHECK(a->rc == 1 && a->step == 0 && a->st.step == 1);
+        CHECK(memcmp(a->m.grads, g1, P * sizeof(float)) == 0); /* its own gradient */
+        CHECK(s.steps_local == 1 && s.steps_skipped == 0 && s.epoch == 1);
+        return;
+    }
+    CHECK(a->rc == 0 && a->st.step == 0);
+    CHECK(s.steps_skipped == 1 && s.steps_local == 0 && s.epoch == 0);
+    /* the next round: A's kept gradient (2 samples) and its new batch (3)
+     * with B's batch (4) */
+    set_batch(&ps[0], 0, 1);
+    ps[0].n = 3;
+    set_batch(&ps[1], 1, 1);
+    ps[1].n = 4;
+    run_batches(ps, 2);
+    CHECK(ps[0].rc == 1 && ps[1].rc == 1 && ps[0].step == 0 && ps[1].step == 0);
+    for (size_t k = 0; k < P; k++) {
+        double want = (2.0 * g1[k] + 3.0 * grad_value(0, 1, k) + 4.0 * grad_value(1, 1, k)) / 9;
+        CHECK_CLOSE(ps[1].m.grads[k], want, 1e-7, 1e-6);
+    }
+    CHECK(memcmp(ps[0].m.grads, ps[1].m.grads, P * sizeof(float)) == 0);
+    CHECK(stats_of(a).epoch == 1 && stats_of(&ps[1]).epoch == 1);
+}
+
+TEST(collab_failed_round_skip_keeps_the_gradient) {
+    static peer ps[2];
+    failed_round(ps, VISC_COLLAB_SKIP, "collab-skip");
+    for (int i = 0; i < 2; i++) peer_close(&ps[i]);
+}
+
+TEST(collab_failed_round_local_steps_alone_and_counts) {
+    static peer ps[2];
+    failed_round(ps, VISC_COLLAB_STEP_LOCAL, "collab-local");
+    for (int i = 0; i < 2; i++) peer_close(&ps[i]);
+}
+
+TEST(collab_late_joiner_downloads_the_state) {
+    static peer ps[3];
+    int ok = swarm_open(ps, 0, 2, "collab-join") == 0;
+    CHECK_MSG(ok, "swarm did not come up");
+    for (int i = 0; ok && i < 2; i++) {
+        /* a group of 3 when C is there: until then, groups of 2 at the
+         * matchmaking deadline */
+        visc_collab_config c = lockstep_config(&ps[i], 3);
+        c.matchmaking_time_s = 1.5;
+        ok = collab_start(&ps[i], &c) == 0;
+    }
+    for (int step = 0; ok && step < 2; step++) {
+        for (int i = 0; i < 2; i++) {
+            set_batch(&ps[i], i, step);
+            ps[i].n = 2;
+        }
+        run_batches(ps, 2);
+        ok = ps[0].rc == 1 && ps[1].rc == 1;
+        CHECK(ok);
+    }
+    size_t P = ps[0].m.params.total;
+    ok = ok && swarm_open(ps, 2, 3, "collab-join") == 0;
+    CHECK_MSG(ok, "the third peer did not come up");
+    if (ok) {
+        peer *c = &ps[2];
+        for (size_t k = 0; k < P; k++) c->m.params.data[k] += 1.0f; /* another init */
+        visc_collab_config cc = lockstep_config(c, 3);
+        CHECK_MSG(collab_start(c, &cc) == 0, "start: %s", visc_last_error());
+        CHECK(c->st.step == 2 && c->opt.step == ps[0].opt.step && c->opt.step == 2);
+        CHECK(memcmp(c->m.params.data, ps[0].m.params.data, P * sizeof(float)) == 0);
+        CHECK(memcmp(c->opt.state, ps[0].opt.state, P * sizeof(float)) == 0);
+        CHECK(memcmp(c->m.buffers.data, ps[0].m.buffers.data, c->m.buffers.total * sizeof(float)) ==
+              0);
+        CHECK(stats_of(c).state_downloads == 1 && stats_of(c).epoch == 2);
+        /* and it averages with them at step 2 */
+        for (int i = 0; i < 3; i++) {
+            set_batch(&ps[i], i, 2);
+            ps[i].n = 1;
+        }
+        run_batches(ps, 3);
+        for (int i = 0; i < 3; i++) CHECK(ps[i].rc == 1 && ps[i].step == 2 && ps[i].st.step == 3);
+        for (int i = 1; i < 3; i++)
+            CHECK(memcmp(ps[i].m.params.data, ps[0].m.params.data, P * sizeof(float)) == 0);
+    }
+    for (int i = 0; i < 3; i++)
+        if (ps[i].node) peer_close(&ps[i]);
+}
+
+TEST(collab_state_blob_parse) {
+    visc_collab_layout l = {.mode = VISC_COLLAB_GRADIENTS,
+                            .n_params = 5,
+                            .n_buffers = 2,
+                            .slots = 1,
+                            .ema = 1};
+    memset(l.schema, 7, 32);
+    size_t n = visc_collab_state_size(&l);
+    CHECK(n == VISC_COLLAB_STATE_HEADER + (5 + 2 + 5 + 5 + 2) * 4);
+    float p[5] = {1, 2, 3, 4, 5}, b[2] = {6, 7}, o[5] = {8, 9, 10, 11, 12}, ep[5] = {0},
+          eb[2] = {13, 14};
+    uint8_t *blob = malloc(n + 1);
+    visc_collab_state_encode(&l, 9, 4, p, b, o, ep, eb, blob);
+    visc_collab_state_view v;
+    CHECK(visc_collab_state_parse(blob, n, &l, &v) == 0);
+    CHECK(v.step == 9 && v.opt_step == 4);
+    float x;
+    memcpy(&x, v.buffers + 4, 4);
+    CHECK(x == 7);
+    memcpy(&x, v.ema_buffers + 4, 4);
+    CHECK(x == 14);
+    CHECK(visc_collab_state_parse(blob, n - 1, &l, &v) != 0);
+    visc_collab_layout other = l;
+    other.schema[3] ^= 1;
+    CHECK(visc_collab_state_parse(blob, n, &other, &v) != 0);
+    other = l;
+    other.ema = 0;
+    CHECK(visc_collab_state_parse(blob, n, &other, &v) != 0);
+    float nan = NAN;
+    memcpy(blob + VISC_COLLAB_STATE_HEADER + 4 * 8, &nan, 4);
+    CHECK(visc_collab_state_parse(blob, n, &l, &v) != 0);
+    CHECK(strstr(visc_last_error(), "not finite") != NULL);
+    visc_collab_state_encode(&l, (uint64_t)1 << 60, 4, p, b, o, ep, eb, blob);
+    CHECK(visc_collab_state_parse(blob, n, &l, &v) != 0);
+    free(blob);
+}
+
+TEST(collab_config_errors) {
+    visc_collab_config c;
+    visc_collab_config_default(&c);
+    CHECK(visc_collab_new(&c) == NULL); /* no node */
+    CHECK(strstr(visc_last_error(), "node") != NULL);
+}
