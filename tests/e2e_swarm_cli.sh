@@ -79,7 +79,7 @@ expect_error "unexpected argument" swarm keygen "$tmp/a.key" "$tmp/b.key"
 expect_error "unknown option '--bogus'" swarm token --bogus 1
 expect_error "expected one key file" swarm pubkey
 "$V" swarm >/dev/null 2>&1; [ $? -eq 2 ] || fail "visc swarm without a command should exit 2"
-"$V" swarm --help | grep -q "swarm options" || fail "visc swarm --help lists no options"
+grep -q "swarm options" <<<"$("$V" swarm --help)" || fail "visc swarm --help lists no options"
 
 # A standing node stops cleanly on SIGTERM; `swarm status` joins through it
 # and lists nobody (no training peer publishes progress); the monitor
@@ -97,6 +97,22 @@ timeout 60 "$V" swarm monitor "${observer[@]}" --logdir "$tmp/mon" --interval 0.
     fail "monitor exited with $?"
 ls "$tmp/mon"/events.out.tfevents.* >/dev/null 2>&1 || fail "the monitor wrote no event file"
 kill -TERM $pid; wait $pid || fail "the node did not exit cleanly on SIGTERM (status $?)"
+
+# `visc train --swarm`: its flags, checked before anything starts.
+sw=(train --epochs 1 --output "$tmp/sw" --swarm --run-id r --key "$tmp/peer.key" --swarm-secret-file "$tmp/secret")
+expect_error "swarm options need --swarm" train --target-batch-size 64
+expect_error "needs --target-batch-size" "${sw[@]}"
+expect_error "averaging: expected gradients or parameters" "${sw[@]}" --averaging sideways
+expect_error "swarm-shard: expected I/N" "${sw[@]}" --swarm-shard 3/2
+expect_error "group-size: expected 2..64" "${sw[@]}" --group-size 1
+expect_error "on-failure: expected skip or local" "${sw[@]}" --on-failure panic
+expect_error "matchmaking-time: expected a number" "${sw[@]}" --matchmaking-time -1
+expect_error "swarm-linger: expected a number" "${sw[@]}" --swarm-linger forever
+expect_error "option '--target-batch-size' needs a value" "${sw[@]}" --target-batch-size
+expect_error "zip" "${sw[@]}" --target-batch-size 64 --compression zip
+expect_error "median" "${sw[@]}" --target-batch-size 64 --aggregation median
+expect_error "neither a swarm secret" train --swarm --run-id r --key "$tmp/peer.key" --target-batch-size 64
+grep -q -- "--target-batch-size" <<<"$("$V" train --help)" || fail "train --help lists no swarm options"
 
 [ $fails -eq 0 ] && echo "swarm CLI: all checks passed"
 exit $((fails > 0))

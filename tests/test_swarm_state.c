@@ -75,7 +75,9 @@ typedef struct {
     uint8_t claimed[32];
 } donor_state;
 
-static int snapshot(void *ctx, uint8_t **blob, size_t *n, uint64_t *epoch, uint8_t hash[32]) {
+static int snapshot(void *ctx, uint64_t want_epoch, uint8_t **blob, size_t *n, uint64_t *epoch,
+                    uint8_t hash[32]) {
+    (void)want_epoch;
     const donor_state *d = ctx;
     *blob = malloc(d->n);
     if (!*blob) return -1;
@@ -647,7 +649,9 @@ TEST(state_rogue_headers_and_chunks_rejected) {
     rogue_alone(SHORT_CHUNK, "chunk at byte 0: type");
 }
 
-static int no_snapshot(void *ctx, uint8_t **blob, size_t *n, uint64_t *epoch, uint8_t hash[32]) {
+static int no_snapshot(void *ctx, uint64_t want_epoch, uint8_t **blob, size_t *n, uint64_t *epoch,
+                       uint8_t hash[32]) {
+    (void)want_epoch;
     (void)ctx, (void)blob, (void)n, (void)epoch, (void)hash;
     return -1;
 }

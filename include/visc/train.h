@@ -169,6 +169,7 @@ struct visc_train_access {
     float *ema_params, *ema_buffers; /* NULL without --model-ema */
     int64_t train_size;              /* samples in the training set (all shards) */
     int batch_size;                  /* this process's batch */
+    int64_t max_steps;               /* --max-steps (0: none): the run's last step */
     /* The full training state as a checkpoint file, and back (atomic). */
     int (*save)(visc_train_access *a, const char *path);
     int (*load)(visc_train_access *a, const char *path);

@@ -11,6 +11,7 @@
 #include "pack.h"
 #include "plot.h"
 #include "swarm.h"
+#include "swarm_train.h"
 #include "visc/model.h"
 #include "visc/ssl.h"
 #include "visc/train.h"
@@ -36,11 +37,18 @@ static int cmd_train(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             visc_print_train_help(stdout);
+            visc_swarm_train_help(stdout);
             return 0;
         }
+    /* --swarm and its flags first: the rest are the training flags */
+    int bad;
+    visc_swarm_train_opts *swarm = visc_swarm_train_parse(&argc, argv, &bad);
+    if (bad) visc_die("%s", visc_last_error());
     visc_train_config c;
     if (visc_parse_train_args(&c, argc, argv)) visc_die("%s", visc_last_error());
-    if (visc_train(&c)) visc_die("%s", visc_last_error());
+    int rc = swarm ? visc_swarm_train(&c, swarm) : visc_train(&c);
+    visc_swarm_train_free(swarm);
+    if (rc) visc_die("%s", visc_last_error());
     return 0;
 }
 

@@ -41,6 +41,9 @@ struct visc_collab {
     visc_progress_record *recs;
     int n_recs;
     double next_download; /* monotonic time before which no download is tried */
+    double alone_after;   /* before it, seeing nobody is not proof of being alone:
+                             peers that started together may not have seen each
+                             other's records yet */
     uint64_t downloads_tried;
     /* the served state: the blob of `snap_epoch`, rebuilt on the training
      * thread, copied by the server's threads */
@@ -49,6 +52,11 @@ struct visc_collab {
     uint64_t snap_epoch;
     uint8_t snap_hash[32];
     int have_snap;
+    /* the blob of the step before: a peer that read this peer's record a
+     * moment ago asks for that step, whose hash it can check */
+    uint8_t *prev;
+    uint64_t prev_epoch;
+    uint8_t prev_hash[32];
     visc_collab_stats stats;
     int started, finished;
 };
@@ -110,7 +118,10 @@ static int snapshot(visc_collab *c, uint8_t *blob, const uint8_t *hash) {
         hash = h;
     }
     pthread_mutex_lock(&c->mu);
-    free(c->snap);
+    free(c->prev);
+    c->prev = c->have_snap ? c->snap : NULL;
+    c->prev_epoch = c->snap_epoch;
+    memcpy(c->prev_hash, c->snap_hash, 32);
     c->snap = blob;
     c->snap_epoch = (uint64_t)a->state->step;
     memcpy(c->snap_hash, hash, 32);
@@ -121,15 +132,18 @@ static int snapshot(visc_collab *c, uint8_t *blob, const uint8_t *hash) {
 }
 
 /* The state server's callback (its threads): a copy of the cached blob. */
-static int serve_snapshot(void *ctx, uint8_t **blob, size_t *n, uint64_t *epoch, uint8_t hash[32]) {
+static int serve_snapshot(void *ctx, uint64_t want_epoch, uint8_t **blob, size_t *n,
+                          uint64_t *epoch, uint8_t hash[32]) {
     visc_collab *c = ctx;
     int rc = -1;
     pthread_mutex_lock(&c->mu);
+    int old = c->prev && c->prev_epoch == want_epoch && c->snap_epoch != want_epoch;
+    const uint8_t *src = old ? c->prev : c->snap;
     if (c->have_snap && (*blob = malloc(c->state_bytes)) != NULL) {
-        memcpy(*blob, c->snap, c->state_bytes);
+        memcpy(*blob, src, c->state_bytes);
         *n = c->state_bytes;
-        *epoch = c->snap_epoch;
-        memcpy(hash, c->snap_hash, 32);
+        *epoch = old ? c->prev_epoch : c->snap_epoch;
+        memcpy(hash, old ? c->prev_hash : c->snap_hash, 32);
         rc = 0;
     }
     pthread_mutex_unlock(&c->mu);
@@ -158,7 +172,7 @@ static void apply_state(visc_collab *c, const visc_collab_state_view *v) {
 
 /* Downloads the swarm's state from the last read records and takes it.
  * 0, or -1 with what failed (not fatal for the caller: it trains on). */
-static int download_state(visc_collab *c) {
+static int download_state_from(visc_collab *c, const visc_progress_record *recs, int n) {
     visc_state_download_config dc = visc_state_download_defaults(c->state_bytes);
     dc.timeout_s = c->cfg.averaging_timeout_s;
     dc.seed = c->cfg.seed ? c->cfg.seed + c->downloads_tried : 0;
@@ -166,8 +180,7 @@ static int download_state(visc_collab *c) {
     uint8_t *blob = NULL, hash[32];
     size_t size = 0;
     uint64_t epoch = 0;
-    if (visc_state_download(c->cfg.node, c->recs, c->n_recs, &dc, &blob, &size, &epoch, hash))
-        return -1;
+    if (visc_state_download(c->cfg.node, recs, n, &dc, &blob, &size, &epoch, hash)) return -1;
     visc_collab_state_view v;
     if (visc_collab_state_parse(blob, size, &c->layout, &v) != 0) {
         free(blob);
@@ -190,6 +203,52 @@ static int download_state(visc_collab *c) {
     if (c->cfg.verbose)
         fprintf(stderr, "visc: swarm: took the swarm's state at step %" PRIu64 "\n", epoch);
     return 0;
+}
+
+static int download_state(visc_collab *c) { return download_state_from(c, c->recs, c->n_recs); }
+
+/* The swarm split at this peer's step: among the trusted records at the
+ * step (this peer's own included), the state hash most peers publish (ties:
+ * the smaller hash; at least two must agree) is not this peer's. Groups
+ * that stepped apart (peers that missed each other in matchmaking) must
+ * not stay apart: the side that loses takes the winning state. */
+static int diverged(const visc_collab *c, uint8_t winner[32]) {
+    static const uint8_t zero[32];
+    const uint8_t *best = NULL;
+    int best_count = 0;
+    for (int i = 0; i < c->n_recs; i++) {
+        const visc_progress_record *r = &c->recs[i];
+        if (r->epoch != c->epoch || memcmp(r->state_hash, zero, 32) == 0) continue;
+        int count = 0;
+        for (int j = 0; j < c->n_recs; j++)
+            count += c->recs[j].epoch == c->epoch &&
+                     memcmp(c->recs[j].state_hash, r->state_hash, 32) == 0;
+        if (count > best_count || (count == best_count && memcmp(r->state_hash, best, 32) < 0))
+            best = r->state_hash, best_count = count;
+    }
+    if (!best || best_count < 2 || !c->have_snap || memcmp(best, c->snap_hash, 32) == 0) return 0;
+    memcpy(winner, best, 32);
+    return 1;
+}
+
+/* Takes the state that diverged() chose, from the peers that publish it. */
+static int take_winner(visc_collab *c, const uint8_t winner[32]) {
+    visc_progress_record *pick = visc_malloc((size_t)c->n_recs * sizeof *pick, "donors");
+    if (!pick) return -1;
+    int n = 0;
+    for (int i = 0; i < c->n_recs; i++)
+        if (c->recs[i].epoch == c->epoch && memcmp(c->recs[i].state_hash, winner, 32) == 0)
+            pick[n++] = c->recs[i];
+    fprintf(stderr,
+            "visc: swarm: at step %" PRIu64 " this peer's state differs from the one most "
+            "peers have (groups stepped apart): taking theirs\n",
+            c->epoch);
+    int rc = download_state_from(c, pick, n);
+    free(pick);
+    if (rc)
+        fprintf(stderr, "visc: swarm: taking the swarm's state at step %" PRIu64 " failed: %s\n",
+                c->epoch, visc_last_error());
+    return rc;
 }
 
 /* Reads the swarm (force: now, else when due); the view and records. */
@@ -251,11 +310,23 @@ static void unpack(visc_collab *c) {
 
 typedef enum { ROUND_DONE, ROUND_ALONE, ROUND_BEHIND, ROUND_FAILED } round_outcome;
 
+/* The group to wait for: every live peer at this step (progress records,
+ * self included), up to the configured size, so that free-running peers
+ * average as one group instead of whoever came first (a peer left out
+ * would step with another gradient). Lockstep waits for the whole group. */
+static int group_target(const visc_collab *c) {
+    int target = c->cfg.target_group_size, expect = c->view.peers_at_epoch;
+    if (!c->cfg.lockstep && c->view.epoch == c->epoch && expect >= c->cfg.min_group_size &&
+        expect < target)
+        target = expect;
+    return target;
+}
+
 /* One attempt: matchmaking for round = epoch, then the all-reduce of the
  * packed vector. why: what failed. */
 static round_outcome attempt(visc_collab *c, char *why, size_t cap) {
     visc_matchmaking_config mc = {.round = c->epoch,
-                                  .target_group_size = c->cfg.target_group_size,
+                                  .target_group_size = group_target(c),
                                   .min_group_size = c->cfg.min_group_size,
                                   .matchmaking_time_s = c->cfg.matchmaking_time_s};
     memcpy(mc.schema_hash, c->layout.schema, 32);
@@ -315,7 +386,11 @@ static round_outcome run_round(visc_collab *c, char *why, size_t cap) {
             out = ROUND_BEHIND;
             break;
         }
-        if (c->view.peers <= 1 && c->view.distrusted == 0) {
+        /* A swarm of one steps by itself, but only once it has had time to
+         * see its peers (and never in lockstep: there every step waits for
+         * the whole group). */
+        if (c->view.peers <= 1 && c->view.distrusted == 0 && !c->cfg.lockstep &&
+            visc_now() >= c->alone_after) {
             out = ROUND_ALONE;
             break;
         }
@@ -332,6 +407,24 @@ static round_outcome run_round(visc_collab *c, char *why, size_t cap) {
 
 /* After a step of the swarm (or alone): the new epoch, its state, its record.
  */
+/* After the run's last step: wait (a little) for the peers at this step to
+ * publish their state, and take the majority's if this peer's differs, so
+ * that the swarm ends with one model. */
+static void settle(visc_collab *c) {
+    double end = visc_now() + 2 * c->cfg.matchmaking_time_s;
+    uint8_t winner[32];
+    while (visc_now() < end) {
+        refresh(c, 1);
+        if (diverged(c, winner)) {
+            take_winner(c, winner);
+            return;
+        }
+        if (c->view.peers_at_epoch >= c->view.peers) return; /* everyone is here, agreeing */
+        struct timespec ts = {0, 300 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static int advance(visc_collab *c) {
     c->epoch++;
     c->stats.epoch = c->epoch;
@@ -340,6 +433,7 @@ static int advance(visc_collab *c) {
     visc_progress_set_epoch(c->tracker, c->epoch);
     if (snapshot(c, NULL, NULL)) return -1;
     refresh(c, 0); /* publishes the new epoch (a failed put is retried at the next) */
+    if (c->a->max_steps > 0 && (int64_t)c->epoch >= c->a->max_steps) settle(c);
     return 0;
 }
 
@@ -399,6 +493,11 @@ static int after_backward(void *ctx, int n, float loss, int64_t *global_step) {
         refresh(c, 0);
         if (c->view.epoch > c->epoch) {
             catch_up(c);
+            return 0;
+        }
+        uint8_t winner[32];
+        if (diverged(c, winner)) {
+            take_winner(c, winner);
             return 0;
         }
         if (!c->view.ready) return 0;
@@ -554,9 +653,13 @@ static int start(void *ctx, visc_train_access *a, int64_t *schedule_steps_per_ep
             refresh(c, 1);
         }
     }
-    if (c->cfg.dataset_size > 0 && c->cfg.target_batch_size > 0)
-        *schedule_steps_per_epoch = (int64_t)((c->cfg.dataset_size + c->cfg.target_batch_size - 1) /
-                                              c->cfg.target_batch_size);
+    uint64_t data = c->cfg.dataset_size ? c->cfg.dataset_size
+                    : a->train_size > 0 ? (uint64_t)a->train_size
+                                        : 0;
+    if (data > 0 && c->cfg.target_batch_size > 0)
+        *schedule_steps_per_epoch =
+            (int64_t)((data + c->cfg.target_batch_size - 1) / c->cfg.target_batch_size);
+    c->alone_after = visc_now() + 2 * c->cfg.matchmaking_time_s;
     return 0;
 }
 
@@ -564,10 +667,6 @@ static void finish(void *ctx) {
     visc_collab *c = ctx;
     if (c->finished || !c->started) return;
     c->finished = 1;
-    visc_state_server_stop(c->server);
-    c->server = NULL;
-    visc_progress_tracker_free(c->tracker);
-    c->tracker = NULL;
     const visc_collab_stats *s = &c->stats;
     fprintf(stderr,
             "visc: swarm: %" PRIu64 " steps, %" PRIu64 " rounds (%" PRIu64 " failed, %" PRIu64
@@ -576,6 +675,25 @@ static void finish(void *ctx) {
             s->epoch, s->rounds, s->rounds_failed, s->rounds_partial, s->steps_skipped,
             s->steps_local, s->state_downloads, (double)s->bytes_sent / 1e6,
             (double)s->bytes_received / 1e6, s->averaging_seconds);
+    if (c->cfg.linger_s > 0 && c->server) {
+        /* a peer that is done stays a donor for a while: newcomers can
+         * still take the swarm's state from it */
+        fprintf(stderr,
+                "visc: swarm: done at step %" PRIu64 "; serving the state for %.0f s more "
+                "(--swarm-linger)\n",
+                c->epoch, c->cfg.linger_s);
+        double end = visc_now() + c->cfg.linger_s;
+        while (visc_now() < end) {
+            visc_swarm_progress_view v;
+            visc_progress_refresh(c->tracker, 0, &v, NULL, 0, NULL);
+            struct timespec ts = {0, 200 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    visc_state_server_stop(c->server);
+    c->server = NULL;
+    visc_progress_tracker_free(c->tracker);
+    c->tracker = NULL;
 }
 
 /* ---- construction ---- */
@@ -624,6 +742,7 @@ void visc_collab_free(visc_collab *c) {
     finish(c);
     pthread_mutex_destroy(&c->mu);
     free(c->snap);
+    free(c->prev);
     free(c->acc);
     free(c->vec);
     free(c->recs);

@@ -96,6 +96,7 @@ typedef struct {
     const char *scratch_dir; /* unused: state snapshots are kept in memory (see above) */
     uint64_t seed;           /* donor choice */
     int verbose;             /* one line per round */
+    double linger_s;         /* after training: keep serving the state this long */
 } visc_collab_config;
 
 typedef struct {

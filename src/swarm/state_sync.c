@@ -174,7 +174,7 @@ static void serve(visc_state_server *s, visc_chan *c) {
     size_t n = 0;
     visc_state_header h;
     memset(&h, 0, sizeof h);
-    if (s->snapshot(s->ctx, &blob, &n, &h.epoch, h.hash) != 0 || !blob || n == 0) {
+    if (s->snapshot(s->ctx, req.min_epoch, &blob, &n, &h.epoch, h.hash) != 0 || !blob || n == 0) {
         free(blob);
         refuse(s, c, VISC_STATE_REFUSE_UNAVAILABLE);
         return;

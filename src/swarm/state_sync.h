@@ -48,14 +48,17 @@
 #define VISC_STATE_HEADER_BYTES 113
 #define VISC_STATE_REFUSE_BYTES 2
 
-/* The blob of the serving peer's current state; the callee fills *blob
+/* want_epoch: the epoch the requester saw published (its min_epoch): a
+ * donor that has moved on since may still hold that epoch's blob, whose
+ * hash the requester can check against the records.
+ * The blob of the serving peer's current state (or of want_epoch); the callee fills *blob
  * (malloc'd, freed by the server after sending), *n, *epoch and hash (the
  * BLAKE2b-256 of the blob, as the peer published it: the server signs it as
  * given and does not recompute it). Called from the server's transfer
  * threads, possibly several at once: it must be thread-safe, and each
  * running transfer holds its own snapshot. */
-typedef int (*visc_state_snapshot_fn)(void *ctx, uint8_t **blob, size_t *n, uint64_t *epoch,
-                                      uint8_t hash[32]);
+typedef int (*visc_state_snapshot_fn)(void *ctx, uint64_t want_epoch, uint8_t **blob, size_t *n,
+                                      uint64_t *epoch, uint8_t hash[32]);
 
 typedef struct visc_state_server visc_state_server;
 /* Starts serving on node (which must outlive the server: stop the server

@@ -124,17 +124,29 @@ static int train_step(trainer *t, const visc_batch *batch, float *loss_out, int 
     if (t->gsync) visc_grad_sync_begin(t->gsync);
     m->backward(m, t->dlogits);
     if (t->gsync && visc_grad_sync_finish(t->gsync)) return -1;
+    *loss_out = loss;
 
+    /* A swarm's hooks decide whether this batch ends a step, and hand
+     * back the swarm's gradient and step when it does. */
+    int64_t step = t->state.step;
+    if (c->hooks) {
+        int go = c->hooks->after_backward(c->hooks->ctx, n, loss, &step);
+        if (go < 0) return -1;
+        if (go == 0) {
+            *lr_out = visc_schedule_lr(&t->sched, t->state.step);
+            return 0;
+        }
+    }
     if (c->clip_grad > 0) visc_clip_grad_norm(m->grads, m->params.total, c->clip_grad);
-    float lr = visc_schedule_lr(&t->sched, t->state.step);
+    float lr = visc_schedule_lr(&t->sched, step);
     visc_optimizer_step(&t->opt, m->params.data, m->grads, lr);
     if (t->ema_params) {
         visc_ema_update(t->ema_params, m->params.data, m->params.total, c->ema_decay);
         visc_ema_update(t->ema_buffers, m->buffers.data, m->buffers.total, c->ema_decay);
     }
-    t->state.step++;
+    t->state.step = step + 1;
+    if (c->hooks && c->hooks->after_step && c->hooks->after_step(c->hooks->ctx)) return -1;
     *lr_out = lr;
-    *loss_out = loss;
     return 0;
 }
 
@@ -151,21 +163,23 @@ static int64_t *parse_milestones(const char *text, int *count) {
     return ms;
 }
 
-static int setup_schedule(trainer *t) {
+/* steps_per_epoch: optimizer steps per epoch of data (the loader's batches,
+ * or a swarm's: the data over its target batch). */
+static int setup_schedule(trainer *t, int64_t steps_per_epoch) {
     const visc_train_config *c = t->c;
     visc_schedule *s = &t->sched;
     memset(s, 0, sizeof *s);
     if (visc_sched_parse_kind(c->sched, &s->kind)) return -1;
     s->base_lr = c->lr;
     s->min_lr = c->min_lr;
-    s->total_steps = (int64_t)c->epochs * t->steps_per_epoch;
-    s->warmup_steps = (int64_t)llround(c->warmup_epochs * (double)t->steps_per_epoch);
+    s->total_steps = (int64_t)c->epochs * steps_per_epoch;
+    s->warmup_steps = (int64_t)llround(c->warmup_epochs * (double)steps_per_epoch);
     s->warmup_start = c->warmup_start;
-    s->step_size = (int64_t)c->lr_step_epochs * t->steps_per_epoch;
+    s->step_size = (int64_t)c->lr_step_epochs * steps_per_epoch;
     s->gamma = c->lr_gamma;
     int n;
     const int64_t *ms = parse_milestones(c->lr_milestones, &n);
-    for (int i = 0; i < n; i++) s->milestones[i] = ms[i] * t->steps_per_epoch;
+    for (int i = 0; i < n; i++) s->milestones[i] = ms[i] * steps_per_epoch;
     s->num_milestones = n;
     return 0;
 }
@@ -264,6 +278,12 @@ static void report_bad_samples(trainer *t, int64_t epoch) {
     if (t->log) fflush(t->log);
 }
 
+/* Ends the run mid-epoch: the bar's last line, then the checkpoint. */
+static int stop_early(trainer *t, visc_progress *bar, const char *why) {
+    visc_progress_end(bar, why);
+    return save_all(t, 0) ? -1 : 1;
+}
+
 static int run_epochs(trainer *t) {
     const visc_train_config *c = t->c;
     visc_model *m = t->model;
@@ -283,6 +303,9 @@ static int run_epochs(trainer *t) {
         int64_t correct = 0, seen = 0, window_imgs = 0, steps_done = 0;
         double job_loss = 0, job_acc = 0; /* the whole job's, at the last report */
         for (int64_t i = t->state.step_in_epoch; i < t->steps_per_epoch; i++) {
+            /* already there (a resumed or downloaded state): not one batch more */
+            if (c->max_steps > 0 && t->state.step >= c->max_steps)
+                return stop_early(t, &bar, "stopped at --max-steps");
             visc_batch batch;
             int got = visc_loader_next(t->loader, &batch);
             if (got < 0) {
@@ -338,11 +361,10 @@ static int run_epochs(trainer *t) {
                 window_t0 = now;
                 window_imgs = 0;
             }
-            if (c->max_steps > 0 && t->state.step >= c->max_steps) {
-                visc_progress_end(&bar, "stopped at --max-steps");
-                if (save_all(t, 0)) return -1;
-                return 1;
-            }
+            if (c->max_steps > 0 && t->state.step >= c->max_steps)
+                return stop_early(t, &bar, "stopped at --max-steps");
+            if (c->hooks && c->hooks->should_stop && c->hooks->should_stop(c->hooks->ctx))
+                return stop_early(t, &bar, "stopped by the swarm");
         }
         double train_time = visc_now() - t0;
         report_bad_samples(t, epoch);
@@ -443,6 +465,17 @@ static void trainer_free(trainer *t) {
     free(t->config_text);
 }
 
+static int access_save(visc_train_access *a, const char *path) {
+    trainer *t = a->trainer;
+    return visc_save_checkpoint(t->model, &t->opt, t->ema_params, t->ema_buffers, &t->state,
+                                t->config_text, path);
+}
+
+static int access_load(visc_train_access *a, const char *path) {
+    trainer *t = a->trainer;
+    return visc_load_checkpoint(t->model, &t->opt, t->ema_params, t->ema_buffers, &t->state, path);
+}
+
 int visc_train(const visc_train_config *c) {
     trainer t;
     memset(&t, 0, sizeof t);
@@ -522,8 +555,8 @@ int visc_train(const visc_train_config *c) {
                              .shuffle = 1,
                              .drop_last = 1,
                              .train = 1,
-                             .rank = t.rank,
-                             .world = t.world,
+                             .rank = t.world == 1 && c->shard_count > 0 ? c->shard_index : t.rank,
+                             .world = t.world == 1 && c->shard_count > 0 ? c->shard_count : t.world,
                              .seed = c->seed,
                              .aug = t.aug,
                              .on_bad = on_bad};
@@ -561,7 +594,7 @@ int visc_train(const visc_train_config *c) {
     oc.weight_decay = c->weight_decay;
     oc.decay_norm_and_bias = c->decay_norm_and_bias;
     visc_optimizer_init(&t.opt, &oc, &m->params);
-    if (setup_schedule(&t)) goto done;
+    if (setup_schedule(&t, t.steps_per_epoch)) goto done;
 
     int K = mc.num_classes;
     if (c->mixup != 0 || c->cutmix != 0) {
@@ -614,6 +647,22 @@ int visc_train(const visc_train_config *c) {
         else if (t.world > 1) t.state.sample_pos = t.state.rank_pos[t.rank];
     }
     if (share_weights(&t)) goto done;
+    visc_train_access access = {.model = m,
+                                .opt = &t.opt,
+                                .state = &t.state,
+                                .ema_params = t.ema_params,
+                                .ema_buffers = t.ema_buffers,
+                                .train_size = t.train->size,
+                                .batch_size = B,
+                                .max_steps = c->max_steps,
+                                .save = access_save,
+                                .load = access_load,
+                                .trainer = &t};
+    if (c->hooks) {
+        int64_t sched_steps = 0;
+        if (c->hooks->start(c->hooks->ctx, &access, &sched_steps)) goto done;
+        if (sched_steps > 0 && setup_schedule(&t, sched_steps)) goto done;
+    }
     if (t.world > 1) {
         size_t bucket = (size_t)((c->bucket_cap_mb >= 0 ? c->bucket_cap_mb : 25.0f) * 1048576.0f);
         t.gsync = visc_grad_sync_new(t.dist, &m->params, m->grads, bucket);
@@ -677,6 +726,7 @@ int visc_train(const visc_train_config *c) {
     }
     rc = 0;
 done:
+    if (c->hooks && c->hooks->finish) c->hooks->finish(c->hooks->ctx);
     trainer_free(&t);
     if (rc && t.world > 1) {
         /* One rank failing fails the job: say why here, then end every
