@@ -189,7 +189,6 @@ int visc_swarm_train(visc_train_config *c, visc_swarm_train_opts *o) {
     if (o->collab.lockstep) o->collab.min_group_size = o->collab.target_group_size;
     o->collab.node = node;
     o->collab.role = o->client ? VISC_ROLE_CLIENT : VISC_ROLE_FULL;
-    o->collab.scratch_dir = c->output;
     o->collab.seed = c->seed;
     int rc = -1;
     if (visc_mkdirs(c->output) == 0) {

@@ -92,11 +92,10 @@ typedef struct {
     visc_collab_on_failure on_failure;
     visc_compression compression;
     visc_aggregate_config aggregate;
-    uint64_t dataset_size;   /* for the LR schedule's steps per epoch (0: the trainer's) */
-    const char *scratch_dir; /* unused: state snapshots are kept in memory (see above) */
-    uint64_t seed;           /* donor choice */
-    int verbose;             /* one line per round */
-    double linger_s;         /* after training: keep serving the state this long */
+    uint64_t dataset_size; /* for the LR schedule's steps per epoch (0: the trainer's) */
+    uint64_t seed;         /* donor choice */
+    int verbose;           /* one line per round */
+    double linger_s;       /* after training: keep serving the state this long */
 } visc_collab_config;
 
 typedef struct {
