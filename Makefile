@@ -34,6 +34,42 @@ else
 TEST_SRC  := $(filter-out tests/test_swarm_%,$(TEST_SRC))
 endif
 SWARM_OBJ := $(SWARM_SRC:%.c=$(BUILD)/%.o)
+
+# The CUDA backend (src/cuda/*.cu behind include/visc/cuda.h) is a library
+# of its own, build/libvisc_cuda.a, compiled by nvcc for one GPU generation
+# (CUDA_ARCH=90: H100/H200), which keeps its build short. Built when nvcc
+# (on PATH, or CUDA_HOME/bin) and cuBLASLt's header are installed; CUDA=0
+# builds without it. visc links the CUDA runtime statically, which loads
+# the driver (libcuda.so.1) at the first CUDA call, and opens cuBLASLt with
+# dlopen at the first matrix product (src/cuda/cublaslt_dl.cu; linked, its
+# 540 MB made every start of visc 10x slower): visc starts on a machine
+# without a GPU driver, and only a command that asks for the GPU (`visc
+# devices`) says that there is none.
+ifndef NVCC
+NVCC := $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
+endif
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_LIBDIR ?= $(CUDA_HOME)/lib64
+ifndef CUDA
+CUDA := $(shell test -n "$(NVCC)" && test -f $(CUDA_HOME)/include/cublasLt.h && echo 1 || echo 0)
+endif
+ifeq ($(CUDA),1)
+CUDA_ARCH   ?= 90
+CUDA_SRC    := $(sort $(wildcard src/cuda/*.cu))
+CUDA_OBJ    := $(CUDA_SRC:%.cu=$(BUILD)/%.o)
+CUDA_LIB    := $(BUILD)/libvisc_cuda.a
+# -lineinfo: compute-sanitizer's reports name the source line (no cost at run time).
+CUDA_FLAGS  := -std=c++17 -O3 -lineinfo -gencode arch=compute_$(CUDA_ARCH),code=sm_$(CUDA_ARCH) \
+               -DVISC_CUDA_SM=$(CUDA_ARCH) -DVISC_CUDA_LIBDIR='"$(CUDA_LIBDIR)"' \
+               -Iinclude -I$(CUDA_HOME)/include \
+               -Xcompiler -Wall,-Wextra,-Wshadow,-Wno-unused-parameter -MMD -MP $(NVCC_EXTRA)
+ifeq ($(WERROR),1)
+CUDA_FLAGS  += -Werror all-warnings -Xcompiler -Werror
+endif
+CUDA_LDLIBS := -L$(CUDA_LIBDIR) -lcudart_static -lrt -ldl -lpthread -lstdc++
+CFLAGS      += -DVISC_WITH_CUDA
+GPU_TEST    := $(BUILD)/tests/gpu/test_cuda_kernels
+endif
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
@@ -41,13 +77,17 @@ CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all test asan bench clean tests deps demo
+.PHONY: all test asan bench clean tests deps demo test-gpu
 .SECONDARY:
 all: $(BUILD)/visc $(MPI_PLUGIN)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(CUDA_FLAGS) -c $< -o $@
 
 # The MPI backend (src/dist/mpi/), a plugin loaded only by runs that mpirun
 # started, so visc itself never links libmpi. Built when Open MPI's
@@ -70,8 +110,12 @@ $(BUILD)/libvisc_swarm.a: $(SWARM_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/visc: $(CLI_OBJ) $(SWARM_LIB) $(BUILD)/libvisc.a
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/libvisc_cuda.a: $(CUDA_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/visc: $(CLI_OBJ) $(SWARM_LIB) $(CUDA_LIB) $(BUILD)/libvisc.a
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(CUDA_LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/harness.o $(SWARM_LIB) $(BUILD)/libvisc.a
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
@@ -87,7 +131,7 @@ endif
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libvisc.a
 	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
 
-tests: $(TEST_BIN) $(TOOL_BIN) $(BUILD)/visc $(MPI_PLUGIN)
+tests: $(TEST_BIN) $(TOOL_BIN) $(BUILD)/visc $(MPI_PLUGIN) $(GPU_TEST)
 
 # Missing Debian packages are installed first (tools/install_deps.sh).
 deps:
@@ -102,6 +146,31 @@ test: deps
 demo: deps
 	@$(MAKE) --no-print-directory all
 	$(BUILD)/visc train --config configs/fashion_mnist.ini
+
+# The GPU kernels against their CPU twins (tests/gpu/test_cuda_kernels.c),
+# on a machine with a GPU; without one the program says so, exits 77, and
+# this reports "skipped: no GPU" (GPU_REQUIRED=1 makes that a failure: the
+# device check). The program links the CPU twins' objects rather than
+# libvisc.a, so it builds where oneDNN and the image libraries are absent.
+ifeq ($(CUDA),1)
+GPU_REF_OBJ := $(patsubst %,$(BUILD)/src/%.o,core/error core/memory core/table nn/layernorm \
+               nn/gelu nn/loss nn/batchnorm2d nn/pool2d nn/global_pool nn/eltwise \
+               optim/optimizer optim/sgd optim/adamw optim/lamb optim/lars optim/clip \
+               models/swin_window)
+$(GPU_TEST): $(BUILD)/tests/gpu/test_cuda_kernels.o $(CUDA_LIB) $(GPU_REF_OBJ)
+	$(CC) $(LDFLAGS) $^ -o $@ -lm $(CUDA_LDLIBS)
+endif
+
+test-gpu:
+ifeq ($(CUDA),1)
+	@$(MAKE) --no-print-directory $(GPU_TEST)
+	@$(GPU_TEST); rc=$$?; \
+	if [ $$rc -eq 77 ]; then echo "test-gpu: skipped: no GPU"; [ "$(GPU_REQUIRED)" != 1 ]; \
+	else exit $$rc; fi
+else
+	@echo "test-gpu: skipped: this build has no CUDA backend (no nvcc or cuBLASLt, or CUDA=0)"
+	@[ "$(GPU_REQUIRED)" != 1 ]
+endif
 
 asan:
 	$(MAKE) BUILD=build-asan OPT="-O1 -g -fno-omit-frame-pointer" \

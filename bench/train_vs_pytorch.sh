@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # train_vs_pytorch.sh: visc against PyTorch, same models, batch and machine, one run.
 #
-# For each setting, runs build/bench/bench_train and bench/torch_train.py
+# For each setting, runs $BUILD/bench/bench_train (BUILD=build unless set) and bench/torch_train.py
 # alternately (visc, torch, visc, torch, ...) so that a change of machine
 # load hits both alike, then prints the medians: images/s of each, their
 # ratio (median of the per-pair ratios), visc's achieved GFLOP/s and its
@@ -45,14 +45,15 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-BENCH=build/bench/bench_train
+BUILD=${BUILD:-build}
+BENCH=$BUILD/bench/bench_train
 PY=/usr/bin/python3
 # The reference side: Debian's PyTorch on OpenBLAS (without it, Debian's
 # torch falls back to the reference BLAS at ~8 GFLOP/s and every linear
 # layer crawls) and timm for the transformers.
 bash tools/install_deps.sh python3-torch python3-torchvision libopenblas0-pthread
 "$PY" -c "import timm" 2>/dev/null || "$PY" -m pip install -q --break-system-packages timm==0.9.16
-[ -x "$BENCH" ] || make -s -j2 "$BENCH"
+[ -x "$BENCH" ] || make -s -j2 BUILD="$BUILD" "$BENCH"
 
 export OMP_NUM_THREADS=$threads OPENBLAS_CORETYPE=SkylakeX
 if [ "$wait_policy" = default ]; then unset OMP_WAIT_POLICY; else export OMP_WAIT_POLICY=$wait_policy; fi

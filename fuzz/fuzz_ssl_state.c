@@ -24,6 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         VISC_ASSERT(s.train.epoch >= 0 && s.train.step >= 0 && s.train.step_in_epoch >= 0);
         VISC_ASSERT(s.train.world >= 0 && s.train.world <= VISC_MAX_SAVED_RANKS);
         VISC_ASSERT(strlen(s.method) < sizeof s.method);
+        VISC_ASSERT(s.key_step >= -1 && s.key_step <= s.train.step);
     }
     free(text);
     return 0;

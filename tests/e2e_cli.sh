@@ -35,9 +35,17 @@ script -qec "$V train --model resnet14 --batch-size 16 --epochs 1 --max-steps 4 
 grep -q $'\r\033\[K' "$tmp/tty.txt"
 grep -q 'epoch 1/1 \[' "$tmp/tty.txt"
 
-# A finished epoch draws curves.png; `visc plot` redraws it anywhere.
-"$V" train --model resnet14 --epochs 1 --batch-size 500 --lr 0.05 --print-freq 20 \
-    --no-progress --output "$tmp/ep" >/dev/null
+# A finished epoch draws curves.png; `visc plot` redraws it anywhere. (A
+# small image folder: a whole Fashion-MNIST epoch took minutes in the
+# coverage build, and the plot needs only a finished epoch.)
+source tests/lib.sh
+cifar_subset "$tmp/data" 10 5
+"$V" train --model resnet14 --data "imagenet:$tmp/data" --input-size 32 --crop-pct 1 --epochs 2 \
+    --batch-size 20 --lr 0.05 --print-freq 1 --no-progress --eval-interval 3 --output "$tmp/ep" >/dev/null
+[ "$(grep -c '"type":"val"' "$tmp/ep/log.jsonl")" -eq 2 ]
+# --eval-interval 3 over 2 x 5 steps: steps 3, 6 and 9; every record has its time
+[ "$(sed -n 's/.*"type":"val_step","step":\([0-9]*\),.*"time":[0-9.]*}$/\1/p' "$tmp/ep/log.jsonl" | tr '\n' ' ')" = "3 6 9 " ]
+[ "$(grep -vc '"time":[0-9.]*}$' "$tmp/ep/log.jsonl")" -eq 0 ]
 [ -s "$tmp/ep/curves.png" ]
 has "$("$V" plot "$tmp/ep" -o "$tmp/again.png")" "wrote"
 [ "$(head -c 8 "$tmp/again.png" | od -An -tx1 | tr -d ' ')" = 89504e470d0a1a0a ]

@@ -8,27 +8,12 @@
 #     `visc diff --base W0`: the two runs' weight changes agree normwise),
 #     and bit-identically to each other (they apply the same averaged
 #     gradient at every step).
+#     --swarm-verbose logs one line per round.
 #  3. A peer that joins late downloads the swarm's state (parameters,
 #     optimizer, step) and ends bit-identical to the peers that started it.
 set -uo pipefail
-V=${VISC:-build/visc}
-tmp=$(mktemp -d)
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
-trap cleanup EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-head -c 32 /dev/urandom >"$tmp/secret"; chmod 600 "$tmp/secret"
+source tests/swarm_run_lib.sh
 
-# A standing node per run for its peers to join through (a DHT network is
-# one run's: nodes of other runs are not mixed in). boot RUN sets $boot.
-boot() {
-    "$V" swarm node --run-id "$1" --key "$tmp/boot.key" --swarm-secret-file "$tmp/secret" \
-        --listen 127.0.0.1:0 >"$tmp/boot-$1.out" 2>&1 &
-    pids+=($!)
-    for _ in $(seq 100); do grep -qs "DHT port" "$tmp/boot-$1.out" && break; sleep 0.1; done
-    boot=127.0.0.1:$(sed -n 's/.*DHT port \([0-9]*\);.*/\1/p' "$tmp/boot-$1.out")
-}
 peer() { # peer RUN NAME args...: one swarm peer (its key and output under $tmp/NAME)
     local run=$1 name=$2; shift 2
     timeout 300 "$V" train "$@" --output "$tmp/$name" --swarm --run-id "$run" --key "$tmp/$name.key" \
@@ -60,7 +45,7 @@ lockstep() { # lockstep NAME RTOL optimizer-args...
     boot "$name"
     for i in 0 1 2 3; do
         peer "$name" "$name-p$i" "${vit[@]}" "$@" --batch-size 8 --target-batch-size 32 --lockstep \
-            --swarm-shard "$i/4" --group-size 4 --matchmaking-time 3 &
+            --swarm-shard "$i/4" --group-size 4 --matchmaking-time 3 --swarm-verbose &
         ps+=($!)
     done
     for i in 0 1 2 3; do
@@ -73,6 +58,9 @@ lockstep() { # lockstep NAME RTOL optimizer-args...
     for i in 1 2 3; do same "$name-p0" "$name-p$i"; done
     grep -q "4 steps, 4 rounds (0 failed, 0 partial)" "$tmp/$name-p0.log" ||
         fail "$name: $(grep 'steps,' "$tmp/$name-p0.log")"
+    # --swarm-verbose: one line per round
+    [ "$(grep -c "swarm: step [0-9]*: all-reduce: group 4, averaged 100.0%" "$tmp/$name-p0.log")" -eq 4 ] ||
+        fail "$name: not one line per round: $(grep -c 'all-reduce: group' "$tmp/$name-p0.log")"
 }
 lockstep vit-sgd 1e-5 --opt sgd --lr 0.01
 lockstep vit-adamw 1e-4 --opt adamw --lr 0.001 --wd 0.05
@@ -88,10 +76,7 @@ peer late early0 "${late[@]}" --swarm-shard 0/2 --swarm-linger 120 &
 pids+=($!)
 peer late early1 "${late[@]}" --swarm-shard 1/2 --swarm-linger 120 &
 pids+=($!)
-for _ in $(seq 1200); do
-    [ "$(grep -l "serving the state" "$tmp/early0.log" "$tmp/early1.log" 2>/dev/null | wc -l)" -eq 2 ] && break
-    sleep 0.1
-done
+lingering early0 early1
 same early0 early1
 peer late newcomer "${late[@]}" --seed 99 || { tail -5 "$tmp/newcomer.log"; fail "newcomer failed"; }
 grep -q "1 state downloads" "$tmp/newcomer.log" || { tail -5 "$tmp/newcomer.log"; fail "the newcomer did not download the state"; }

@@ -1,4 +1,4 @@
-/* test_bf16.c: the bf16 path of the linear layer.
+/* test_bf16.c: the bf16 path of the linear layer (and of GELU + linear).
  *
  * With bf16 on, each product must equal the fp32 product of the
  * bf16-rounded operands: products of two bf16 values are exact in fp32, so
@@ -14,6 +14,7 @@
 #include "test.h"
 #include "visc/nn.h"
 #include "visc/rng.h"
+#include "visc/tokens.h"
 
 static void fill(float *x, size_t n, float scale, uint64_t sub) {
     visc_rng r = visc_rng_make(99, VISC_STREAM_INIT, sub);
@@ -55,8 +56,14 @@ typedef struct {
     int N, I, O;
 } shape;
 
-/* Odd sizes (tails in every dimension) and a token-sized one (blocked kernels). */
-static const shape shapes[] = {{7, 5, 3}, {67, 45, 33}, {300, 96, 130}, {1040, 192, 64}};
+/* Odd sizes (tails in every dimension), a token-sized one (blocked kernels)
+ * and one with many rows (N >= 8 x the widths: the weight gradient is
+ * computed as two row slices, linear_bf16.c's dw_split). */
+static const shape shapes[] = {{7, 5, 3},
+                               {67, 45, 33},
+                               {300, 96, 130},
+                               {1040, 192, 64},
+                               {2064, 48, 40}};
 
 enum { FWD, DIN, DW, NPROD };
 
@@ -170,4 +177,45 @@ TEST(bf16_rounding_is_nearest_even) {
     CHECK(isnan(visc_bf16_to_f32(visc_f32_to_bf16(NAN))));
     /* The largest finite float rounds up to infinity, as in hardware. */
     CHECK(isinf(visc_bf16_to_f32(visc_f32_to_bf16(0x1.fffffep127f))));
+}
+
+/* visc_gelu_linear_* (GELU then a linear layer; in bf16 mode the GELU writes
+ * the rounded activations itself) against the separate calls: the same bits
+ * in both precisions, tails (odd sizes) and the sliced weight gradient
+ * (2064 rows) included. */
+static void check_gelu_linear(int N, int hid, int C) {
+    const size_t nh = (size_t)N * hid, nw = (size_t)C * hid, ny = (size_t)N * C;
+    float *h = malloc(nh * 4), *w = malloc(nw * 4), *b = malloc(C * 4), *g = malloc(ny * 4);
+    fill(h, nh, 3.0f, 11);
+    fill(w, nw, 0.2f, 12);
+    fill(b, C, 0.5f, 13);
+    fill(g, ny, 0.01f, 14);
+    float *act_ref = malloc(nh * 4), *act = malloc(nh * 4);
+    float *out_ref = malloc(ny * 4), *out = malloc(ny * 4);
+    float *dh_ref = malloc(nh * 4), *dh = malloc(nh * 4);
+    float *dw_ref = malloc(nw * 4), *dw = malloc(nw * 4), *db_ref = malloc(C * 4),
+          *db = malloc(C * 4);
+    visc_gelu_forward(act_ref, h, nh);
+    visc_linear_forward(out_ref, act_ref, w, b, N, hid, C);
+    visc_linear_backward(dh_ref, dw_ref, db_ref, g, act_ref, w, N, hid, C);
+    visc_gelu_backward(dh_ref, dh_ref, h, nh);
+    visc_gelu_linear_forward(out, act, h, w, b, N, hid, C);
+    visc_gelu_linear_backward(dh, dw, db, g, act, h, w, N, hid, C);
+    CHECK_MSG(memcmp(out, out_ref, ny * 4) == 0, "gelu_linear %dx%dx%d: forward differs", N, hid,
+              C);
+    CHECK_MSG(memcmp(dh, dh_ref, nh * 4) == 0, "gelu_linear %dx%dx%d: dh differs", N, hid, C);
+    CHECK_MSG(memcmp(dw, dw_ref, nw * 4) == 0, "gelu_linear %dx%dx%d: dW differs", N, hid, C);
+    CHECK_MSG(memcmp(db, db_ref, C * 4) == 0, "gelu_linear %dx%dx%d: db differs", N, hid, C);
+    free(h), free(w), free(b), free(g), free(act_ref), free(act), free(out_ref), free(out);
+    free(dh_ref), free(dh), free(dw_ref), free(dw), free(db_ref), free(db);
+}
+
+TEST(gelu_linear_equals_gelu_then_linear) {
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        if (bf16 && !visc_bf16_supported()) continue;
+        visc_set_matmul_precision(bf16 ? VISC_PRECISION_BF16 : VISC_PRECISION_FP32);
+        check_gelu_linear(67, 45, 33);
+        check_gelu_linear(2064, 48, 40);
+    }
+    visc_set_matmul_precision(VISC_PRECISION_FP32);
 }

@@ -308,9 +308,11 @@ static float *read_tensor(const char *path, const char *name, size_t n) {
     return x;
 }
 
-/* MoCo's key encoder gets no gradient: after step 1 it is exactly
- * m * q0 + (1 - m) * q0 of the initial weights q0, after step 2 exactly
- * m * key1 + (1 - m) * q1 of the first checkpoint's key and query. */
+/* MoCo's key encoder gets no gradient and advances right after each step
+ * (and once before the first): after step 1 it is exactly m * k0 +
+ * (1 - m) * q1, k0 = m * q0 + (1 - m) * q0 of the initial weights q0 and
+ * q1 the first checkpoint's query; after step 2 exactly m * key1 +
+ * (1 - m) * q2 of the first checkpoint's key and the second's query. */
 TEST(key_encoder_moves_only_by_momentum) {
     char root[128], spec[200], out[2][256], ckpt[2][320];
     CHECK(tiny_folder(root, sizeof root) == 0);
@@ -353,15 +355,17 @@ TEST(key_encoder_moves_only_by_momentum) {
         float *key1 = read_tensor(ckpt[0], key, e->numel);
         float *key2 = read_tensor(ckpt[1], key, e->numel);
         float *q1 = read_tensor(ckpt[0], e->name, e->numel);
+        float *q2 = read_tensor(ckpt[1], e->name, e->numel);
         float *want = malloc(e->numel * sizeof(float));
         memcpy(want, visc_table_get(&q0->params, i), e->numel * sizeof(float));
         visc_ema_update(want, visc_table_get(&q0->params, i), e->numel, 0.9f);
+        visc_ema_update(want, q1, e->numel, 0.9f);
         exact &= memcmp(want, key1, e->numel * sizeof(float)) == 0;
         memcpy(want, key1, e->numel * sizeof(float));
-        visc_ema_update(want, q1, e->numel, 0.9f);
+        visc_ema_update(want, q2, e->numel, 0.9f);
         exact &= memcmp(want, key2, e->numel * sizeof(float)) == 0;
         moved |= memcmp(key1, key2, e->numel * sizeof(float)) != 0;
-        free(key1), free(key2), free(q1), free(want);
+        free(key1), free(key2), free(q1), free(q2), free(want);
     }
     CHECK_MSG(exact, "the key encoder is not the momentum average of the query encoder");
     CHECK_MSG(moved, "the key encoder did not move");
@@ -369,4 +373,23 @@ TEST(key_encoder_moves_only_by_momentum) {
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", root);
     CHECK(system(cmd) == 0);
+}
+
+/* The step the key encoder was advanced for: as saved, step - 1 in a
+ * checkpoint of before it was saved, and never outside -1..step. */
+TEST(ssl_state_key_step) {
+    const char *base = "{\"ssl_method\":\"mocov2\",\"epoch\":0,\"step\":7,\"step_in_epoch\":7,"
+                       "\"sample_pos\":70,\"best_top1\":0,\"optimizer_steps\":7,"
+                       "\"head_optimizer_steps\":7,\"bn_updates\":7,\"key_bn_updates\":7,"
+                       "\"bank_ptr\":0,\"world\":1%s}";
+    char text[600];
+    visc_ssl_state s;
+    snprintf(text, sizeof text, base, ",\"key_step\":7");
+    CHECK(visc_ssl_state_parse(text, &s) == 0 && s.key_step == 7);
+    snprintf(text, sizeof text, base, "");
+    CHECK(visc_ssl_state_parse(text, &s) == 0 && s.key_step == 6);
+    snprintf(text, sizeof text, base, ",\"key_step\":8");
+    CHECK(visc_ssl_state_parse(text, &s) != 0);
+    snprintf(text, sizeof text, base, ",\"key_step\":-2");
+    CHECK(visc_ssl_state_parse(text, &s) != 0);
 }

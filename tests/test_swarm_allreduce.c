@@ -3,6 +3,7 @@
  * multi-process rounds, faults and attacks are tests/e2e_swarm_*.sh. */
 #include <pthread.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,6 +117,17 @@ static void *run_peer(void *arg) {
 
 /* Opens PEERS nodes (the last a client when with_client), runs one round
  * with `alive` of them taking part, returns the results in peers. */
+/* Optional: the round's compression and exact range, and values that a
+ * lossy code cannot carry (tiny entries beside large ones in each block). */
+static visc_compression round_compression = VISC_COMP_NONE;
+static size_t round_exact_from = SIZE_MAX;
+static int round_tiny_values = 0;
+
+static float test_value(int i, size_t j) {
+    if (round_tiny_values && j % 2) return 1e-5f * (float)((i + 1) * (int)(j % 13));
+    return (float)((i + 1) * (j % 7)) - 3.0f;
+}
+
 static int round_in_process(peer *ps, int alive, int with_client, size_t n, size_t part_bytes) {
     visc_swarm_auth auth[PEERS];
     visc_group g;
@@ -152,10 +164,12 @@ static int round_in_process(peer *ps, int alive, int with_client, size_t n, size
         ps[i].cfg.part_bytes = part_bytes;
         ps[i].cfg.connect_timeout_s = 2;
         ps[i].cfg.part_timeout_min_s = 1;
+        ps[i].cfg.compression = round_compression;
+        ps[i].cfg.exact_from = round_exact_from;
         ps[i].n = n;
         ps[i].weight = i + 1;
         ps[i].x = malloc(n * sizeof(float));
-        for (size_t j = 0; j < n; j++) ps[i].x[j] = (float)((i + 1) * (j % 7)) - 3.0f;
+        for (size_t j = 0; j < n; j++) ps[i].x[j] = test_value(i, j);
         pthread_create(&th[i], NULL, run_peer, &ps[i]);
     }
     for (int i = 0; ok && i < alive; i++) pthread_join(th[i], NULL);
@@ -183,6 +197,40 @@ TEST(round_in_process_gives_the_weighted_mean) {
         CHECK(ps[2].rep.parts_with[2] == 0); /* the client reduces nothing */
         CHECK(ps[0].rep.bytes_sent > n * 4 / 3);
     }
+    for (int i = 0; i < PEERS; i++) free(ps[i].x);
+}
+
+/* q8 with an exact range: values from exact_from on arrive as the exact
+ * weighted mean (tiny statistics survive), values before it went through
+ * the lossy code (the tiny ones are visibly off there). */
+TEST(round_keeps_the_exact_range_uncompressed) {
+    peer ps[PEERS];
+    memset(ps, 0, sizeof ps);
+    size_t n = 40000, exact_from = 30000;
+    round_compression = VISC_COMP_Q8, round_exact_from = exact_from, round_tiny_values = 1;
+    if (round_in_process(ps, PEERS, 0, n, 16384) == 0) {
+        for (int i = 0; i < PEERS; i++) {
+            CHECK_MSG(ps[i].rc == 0, "peer %d: rc %d (%s)", i, ps[i].rc, ps[i].rep.what_failed);
+            size_t lossy = 0;
+            for (size_t j = 0; j < n; j++) {
+                double want = 0;
+                for (int p = 0; p < PEERS; p++) want += (p + 1) * (double)test_value(p, j) / 6;
+                double err = fabs(ps[i].x[j] - want);
+                if (j >= exact_from)
+                    CHECK_MSG(err <= 1e-6 * fabs(want) + 1e-12, "value %zu: %g, want %g", j,
+                              ps[i].x[j], want);
+                else if (j % 2 && err > 0.5 * fabs(want)) lossy++;
+            }
+            CHECK_MSG(lossy > 1000, "only %zu tiny values before exact_from were lost", lossy);
+        }
+        /* fp32 everywhere: every value goes out twice (part, result) from
+         * each of the 2 other members: 16 n bytes; q8 before exact_from
+         * makes it about 7 n */
+        uint64_t sent = 0;
+        for (int i = 0; i < PEERS; i++) sent += ps[i].rep.bytes_sent;
+        CHECK_MSG(sent < n * 16 * 6 / 10, "%llu bytes sent", (unsigned long long)sent);
+    }
+    round_compression = VISC_COMP_NONE, round_exact_from = SIZE_MAX, round_tiny_values = 0;
     for (int i = 0; i < PEERS; i++) free(ps[i].x);
 }
 

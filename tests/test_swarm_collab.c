@@ -11,6 +11,7 @@
  * with policy local (a counted step with the peer's own gradient), a peer
  * joining late (it downloads the swarm's parameters, optimizer state and
  * step, then averages with the others), and the state blob's parser. */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include <time.h>
 
 #include "../src/swarm/collab.h"
+#include "../src/swarm/record.h"
 #include "test.h"
 #include "visc/core.h"
 
@@ -433,6 +435,58 @@ TEST(collab_late_joiner_downloads_the_state) {
         if (ps[i].node) peer_close(&ps[i]);
 }
 
+/* The run's last step waits for a live peer one step short (it could
+ * still step to the same epoch in a group of its own) until the averaging
+ * timeout; a dead one (its record unchanged for long) is not waited for.
+ * C is such a peer: it publishes a record at epoch 0, measured age_ms ago,
+ * and never steps. */
+static void publish_record(peer *p, uint64_t age_ms) {
+    visc_progress_record r;
+    memset(&r, 0, sizeof r);
+    r.time_ms = visc_unix_ms() - age_ms;
+    r.loss = NAN;
+    uint8_t wire[VISC_PROGRESS_WIRE];
+    CHECK(visc_progress_encode(&r, wire) == 0);
+    CHECK(visc_dht_put(visc_swarm_node_dht(p->node), "progress", wire, sizeof wire, 60, 5) == 0);
+}
+
+static double last_step_seconds(peer *ps, uint64_t c_age_ms, const char *run) {
+    int ok = swarm_open(ps, 0, 3, run) == 0;
+    CHECK_MSG(ok, "swarm did not come up");
+    for (int i = 0; ok && i < 2; i++) {
+        visc_collab_config c = lockstep_config(&ps[i], 2);
+        c.averaging_timeout_s = 2; /* settle's bound */
+        ps[i].a.max_steps = 1;
+        ok = collab_start(&ps[i], &c) == 0;
+    }
+    if (!ok) return -1;
+    publish_record(&ps[2], c_age_ms);
+    for (int i = 0; i < 2; i++) {
+        set_batch(&ps[i], i, 0);
+        ps[i].n = 2;
+    }
+    double t0 = visc_now();
+    run_batches(ps, 2);
+    double dt = visc_now() - t0;
+    CHECK(ps[0].rc == 1 && ps[1].rc == 1 && stats_of(&ps[0]).epoch == 1);
+    CHECK(memcmp(ps[0].m.params.data, ps[1].m.params.data, ps[0].m.params.total * 4) == 0);
+    return dt;
+}
+
+TEST(collab_last_step_waits_for_a_peer_one_step_short) {
+    static peer ps[3];
+    double dt = last_step_seconds(ps, 0, "collab-settle");
+    CHECK_MSG(dt >= 2.0, "the last step took %.2f s: settle did not wait", dt);
+    for (int i = 0; i < 3; i++) peer_close(&ps[i]);
+}
+
+TEST(collab_last_step_does_not_wait_for_a_dead_peer) {
+    static peer ps[3];
+    double dt = last_step_seconds(ps, 120000, "collab-settle-dead"); /* step deadline 12 + 20 s */
+    CHECK_MSG(dt < 2.0, "the last step took %.2f s", dt);
+    for (int i = 0; i < 3; i++) peer_close(&ps[i]);
+}
+
 TEST(collab_state_blob_parse) {
     visc_collab_layout l = {.mode = VISC_COLLAB_GRADIENTS,
                             .n_params = 5,
@@ -475,4 +529,31 @@ TEST(collab_config_errors) {
     visc_collab_config_default(&c);
     CHECK(visc_collab_new(&c) == NULL); /* no node */
     CHECK(strstr(visc_last_error(), "node") != NULL);
+    static peer p;
+    if (peer_open(&p, "collab-config", 0)) return;
+    const struct {
+        int role, target, group, min_group, mode;
+        double mm;
+        const char *says;
+    } bad[] = {
+        {VISC_ROLE_AUX, 8, 16, 2, 0, 5, "auxiliary"},
+        {VISC_ROLE_FULL, 0, 16, 2, 0, 5, "target batch size"},
+        {VISC_ROLE_FULL, 8, 16, 1, 0, 5, "group sizes"},
+        {VISC_ROLE_FULL, 8, 2, 3, 0, 5, "group sizes"},
+        {VISC_ROLE_FULL, 8, 16, 2, 0, 0, "must be positive"},
+        {VISC_ROLE_FULL, 8, 16, 2, 7, 5, "unknown averaging mode"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        visc_collab_config_default(&c);
+        c.node = p.node;
+        c.role = (visc_peer_role)bad[i].role;
+        c.target_batch_size = (uint64_t)bad[i].target;
+        c.target_group_size = bad[i].group;
+        c.min_group_size = bad[i].min_group;
+        c.mode = (visc_collab_mode)bad[i].mode;
+        c.matchmaking_time_s = bad[i].mm;
+        CHECK(visc_collab_new(&c) == NULL);
+        CHECK_MSG(strstr(visc_last_error(), bad[i].says) != NULL, "%zu: %s", i, visc_last_error());
+    }
+    peer_close(&p);
 }

@@ -38,6 +38,11 @@ size_t visc_dnnl_scratchpad_bytes(const_dnnl_primitive_desc_t pd);
 dnnl_primitive_t visc_dnnl_primitive(const_dnnl_primitive_desc_t pd);
 /* Runs a primitive on the process stream and waits for it. */
 void visc_dnnl_run(dnnl_primitive_t prim, int nargs, const dnnl_exec_arg_t *args);
+/* 1 when oneDNN may use AVX-512 (avx512_core) here. visc's own hand-written
+ * AVX-512 kernels (GELU, attention transposes) follow it, so capping
+ * oneDNN's ISA (dnnl_set_max_cpu_isa, ONEDNN_MAX_CPU_ISA) runs and tests
+ * their portable versions as well. */
+int visc_cpu_avx512(void);
 /* Name of the implementation oneDNN picked (for benchmarks and debugging). */
 const char *visc_dnnl_impl_name(const_dnnl_primitive_desc_t pd);
 

@@ -9,7 +9,9 @@
  * momentum.c     the key encoder's momentum schedule (the update itself is
  *                visc_ema_update of optim.h: parameters only)
  * pretrain.c     `visc pretrain`: the loop, the online classifier, logs,
- *                checkpoints (bank and key encoder included: exact resume)
+ *                checkpoints (bank and key encoder included: exact resume),
+ *                step hooks (`visc pretrain --swarm`)
+ * state_view.c   the pretrainer's tables seen as one model by step hooks
  *
  * The protocol and its defaults are the reference SSL library's ImageNet
  * benchmark (shared/reference/ssl-benchmark.md); every setting is a flag. */
@@ -115,13 +117,17 @@ float visc_momentum_at(float m0, int cosine, int64_t step, int64_t total);
  * encoder under its own names (so visc_load_model and `visc eval` read it
  * as the model), the key encoder ("momentum_encoder." prefix), both heads
  * ("projection_head.", "momentum_projection_head."), the optimizers'
- * state, the memory bank and its pointer, and the train state. */
+ * state, the memory bank and its pointer, and the train state, with the
+ * step the key encoder was last advanced for ("key_step": it advances
+ * right after each step; a checkpoint without it is of before that rule,
+ * when it advanced before each step: key_step = step - 1). */
 typedef struct {
     visc_model *query, *key;         /* key: MoCo only (NULL otherwise) */
     visc_proj_head *head, *key_head; /* key_head: MoCo only */
     visc_optimizer *opt, *head_opt;
     visc_memory_bank *bank; /* MoCo only */
     visc_train_state *state;
+    int64_t *key_step; /* MoCo only (NULL otherwise) */
     const char *method;
 } visc_ssl_parts;
 
@@ -132,6 +138,7 @@ typedef struct {
     char method[16];
     visc_train_state train; /* world 0: the ranks' cursors are unknown */
     int64_t opt_steps, head_opt_steps, bn_updates, key_bn_updates, bank_ptr;
+    int64_t key_step; /* step - 1 when the checkpoint does not say */
 } visc_ssl_state;
 int visc_ssl_state_parse(const char *text, visc_ssl_state *out);
 /* Everything must be present with its shape; the method must match. */

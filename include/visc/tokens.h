@@ -8,6 +8,8 @@
  *
  * layernorm.c   LayerNorm over the last dimension (torch.nn.LayerNorm)
  * gelu.c        GELU, exact erf form (torch.nn.GELU(), timm's default)
+ * gelu_linear.c GELU then a linear layer, the GELU output kept in bf16 mode
+ *               in the rounded form the product reads
  * attention.c   fused multi-head scaled-dot-product attention with optional
  *               per-head scale, additive bias and window masks
  * droppath.c    stochastic depth (per-sample residual-branch drop), fused
@@ -34,6 +36,19 @@ void visc_layernorm_backward(float *din, float *dgamma, float *dbeta, const floa
 /* ---- gelu.c ---- 0.5 x (1 + erf(x / sqrt 2)); din may alias dout. */
 void visc_gelu_forward(float *out, const float *in, size_t n);
 void visc_gelu_backward(float *din, const float *dout, const float *in, size_t n);
+
+/* ---- gelu_linear.c ----
+ * out = GELU(h) W^T + b ([N, hidden] -> [N, out]), the second half of a
+ * transformer MLP; act ([N, hidden] floats of storage) keeps GELU(h) for
+ * backward, in fp32, or in bf16 mode as the bf16 values the product uses
+ * (read it only through visc_gelu_linear_backward). Backward overwrites dh
+ * (d loss / d h) and the parameter gradients; pass dbias exactly when
+ * forward had a bias. Same results as visc_gelu_* plus visc_linear_*. */
+void visc_gelu_linear_forward(float *out, float *act, const float *h, const float *weight,
+                              const float *bias, int N, int hidden, int out_features);
+void visc_gelu_linear_backward(float *dh, float *dweight, float *dbias, const float *dout,
+                               const float *act, const float *h, const float *weight, int N,
+                               int hidden, int out_features);
 
 /* ---- attention.c ----
  * For each sequence b < B and head h < H:

@@ -66,6 +66,8 @@ typedef struct {
     /* run */
     uint64_t seed;
     int threads, print_freq, evaluate, max_steps, no_progress;
+    int eval_interval; /* also evaluate every N optimizer steps and when a run stops early
+                        * (0: at epoch ends only) */
     char precision[8]; /* linear-layer matmuls: fp32 | bf16 (nn.h; falls back to fp32) */
     char output[512], resume[512], weights[512];
     /* data-parallel processes (dist.h): under mpirun the batch is split
@@ -159,6 +161,11 @@ typedef struct visc_step_hooks {
     /* 1: stop training now (e.g. the swarm reached its last step). */
     int (*should_stop)(void *ctx);
     void (*finish)(void *ctx);
+    /* 1: every batch steps locally and the hooks average parameters, not
+     * gradients (the swarm's parameter mode): state that must stay equal
+     * across peers beside the parameters goes in the buffers, since the
+     * EMA slot is neither averaged nor carried then. */
+    int averages_parameters;
 } visc_step_hooks;
 
 /* What the hooks may reach of a running trainer. */
@@ -170,7 +177,8 @@ struct visc_train_access {
     int64_t train_size;              /* samples in the training set (all shards) */
     int batch_size;                  /* this process's batch */
     int64_t max_steps;               /* --max-steps (0: none): the run's last step */
-    /* The full training state as a checkpoint file, and back (atomic). */
+    /* The full training state as a checkpoint file, and back (atomic);
+     * NULL where the loop does not offer them (pretraining). */
     int (*save)(visc_train_access *a, const char *path);
     int (*load)(visc_train_access *a, const char *path);
     void *trainer;

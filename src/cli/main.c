@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "bench_ssl.h"
+#include "devices.h"
 #include "diff.h"
 #include "eval.h"
 #include "options.h"
@@ -28,6 +29,7 @@ static void usage(FILE *f) {
           "  diff      compare the tensors of two safetensors files\n"
           "  swarm     keys, access tokens and DHT nodes for training in a swarm\n"
           "  models    list the architectures\n"
+          "  devices   list the CPU and the CUDA devices\n"
           "  version   print the version\n\n"
           "`visc train --help` lists the training options.\n",
           f);
@@ -56,11 +58,18 @@ static int cmd_pretrain(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             visc_print_pretrain_help(stdout);
+            visc_swarm_train_help(stdout);
             return 0;
         }
+    int bad;
+    visc_swarm_train_opts *swarm = visc_swarm_train_parse(&argc, argv, &bad);
+    if (bad) visc_die("%s", visc_last_error());
     visc_train_config c;
-    if (visc_parse_pretrain_args(&c, argc, argv)) visc_die("%s", visc_last_error());
-    if (visc_pretrain(&c)) visc_die("%s", visc_last_error());
+    if (visc_parse_pretrain_args_stepping(&c, argc, argv, visc_swarm_target_batch(swarm)))
+        visc_die("%s", visc_last_error());
+    int rc = swarm ? visc_swarm_run(&c, swarm, visc_pretrain) : visc_pretrain(&c);
+    visc_swarm_train_free(swarm);
+    if (rc) visc_die("%s", visc_last_error());
     return 0;
 }
 
@@ -95,6 +104,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "pack") == 0) return visc_cmd_pack(argc - 2, argv + 2);
     if (strcmp(cmd, "diff") == 0) return visc_cmd_diff(argc - 2, argv + 2);
     if (strcmp(cmd, "swarm") == 0) return visc_cmd_swarm(argc - 2, argv + 2);
+    if (strcmp(cmd, "devices") == 0) return visc_cmd_devices(argc - 2, argv + 2);
     if (strcmp(cmd, "models") == 0) {
         for (const char *const *n = visc_model_names(); *n; n++) puts(*n);
         return 0;

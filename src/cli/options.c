@@ -89,6 +89,8 @@ static const option options[] = {
     {"reset-head", NULL, FLAG, O(reset_head),
      "--weights is a backbone: skip its classifier, start a fresh one"},
     {"max-steps", NULL, INT, O(max_steps), "stop after N steps with a checkpoint (testing resume)"},
+    {"eval-interval", NULL, INT, O(eval_interval),
+     "also evaluate every N steps and when the run stops early (0: epoch ends only)"},
     {"no-progress", NULL, FLAG, O(no_progress), "plain log lines even on a terminal"},
     {"dist-backend", NULL, STR, O(dist_backend),
      "processes: auto (mpirun's, if launched) | none | mpi"},
@@ -246,9 +248,19 @@ int visc_parse_train_args(visc_train_config *c, int argc, char **argv) {
 }
 
 int visc_parse_pretrain_args(visc_train_config *c, int argc, char **argv) {
+    return visc_parse_pretrain_args_stepping(c, argc, argv, 0);
+}
+
+int visc_parse_pretrain_args_stepping(visc_train_config *c, int argc, char **argv,
+                                      int64_t step_batch) {
     visc_pretrain_config_defaults(c);
     if (parse_args(c, argc, argv, 1)) return -1;
-    return visc_ssl_resolve(c);
+    int batch = c->batch_size;
+    if (step_batch > 0 && batch >= 1)
+        c->batch_size = step_batch > INT_MAX ? INT_MAX : (int)step_batch;
+    int rc = visc_ssl_resolve(c);
+    c->batch_size = batch;
+    return rc;
 }
 
 static void print_help(FILE *f, int pretrain) {

@@ -1,5 +1,6 @@
-/* swarm_train.c: `visc train --swarm`: the CLI's glue between the trainer
- * and the swarm (node, collaborative optimizer). */
+/* swarm_train.c: `visc train --swarm` and `visc pretrain --swarm`: the
+ * CLI's glue between a training loop (the trainer, or pretraining) and the
+ * swarm (node, collaborative optimizer). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,11 +20,19 @@ visc_swarm_train_opts *visc_swarm_train_parse(int *argc, char **argv, int *error
         }
     return NULL;
 }
-int visc_swarm_train(visc_train_config *c, visc_swarm_train_opts *o) {
-    (void)c, (void)o;
+int visc_swarm_run(visc_train_config *c, visc_swarm_train_opts *o,
+                   int (*run)(const visc_train_config *c)) {
+    (void)c, (void)o, (void)run;
     return visc_set_error("built without the swarm");
 }
+int visc_swarm_train(visc_train_config *c, visc_swarm_train_opts *o) {
+    return visc_swarm_run(c, o, visc_train);
+}
 void visc_swarm_train_free(visc_swarm_train_opts *o) { (void)o; }
+int64_t visc_swarm_target_batch(const visc_swarm_train_opts *o) {
+    (void)o;
+    return 0;
+}
 void visc_swarm_train_help(FILE *f) { (void)f; }
 #else
 #include "../swarm/collab.h"
@@ -36,7 +45,8 @@ struct visc_swarm_train_opts {
 };
 
 void visc_swarm_train_help(FILE *f) {
-    fputs("\nswarm (collaborative training over the internet, `visc train --swarm ...`):\n"
+    fputs("\nswarm (collaborative training over the internet, `visc train --swarm ...`,\n"
+          "`visc pretrain --swarm ...`):\n"
           "  --swarm                  train as one peer of a swarm\n"
           "  --target-batch-size N    samples the whole swarm processes per optimizer step\n"
           "                           (--batch-size is this peer's batch)\n"
@@ -52,7 +62,8 @@ void visc_swarm_train_help(FILE *f) {
           "  --compression C          none | fp16 | bf16 | q8 (default none)\n"
           "  --aggregation A          mean | trimmed | clip (robust to a hostile peer)\n"
           "  --client                 behind NAT: connect out only, reduce nothing\n"
-          "  --swarm-linger S         after training, serve the state S seconds more\n",
+          "  --swarm-linger S         after training, serve the state S seconds more\n"
+          "  --swarm-verbose          one line per averaging round (group, bytes, time)\n",
           f);
     fputs(visc_swarm_flags_help, f);
 }
@@ -73,6 +84,7 @@ static int take_collab_flag(visc_swarm_train_opts *o, int argc, char **argv, int
     visc_collab_config *c = &o->collab;
     if (strcmp(a, "--lockstep") == 0) return c->lockstep = 1, 1;
     if (strcmp(a, "--client") == 0) return o->client = 1, 1;
+    if (strcmp(a, "--swarm-verbose") == 0) return c->verbose = 1, 1;
     static const char *const with_value[] = {"--target-batch-size",
                                              "--averaging",
                                              "--swarm-shard",
@@ -161,7 +173,16 @@ visc_swarm_train_opts *visc_swarm_train_parse(int *argc, char **argv, int *error
 
 void visc_swarm_train_free(visc_swarm_train_opts *o) { free(o); }
 
+int64_t visc_swarm_target_batch(const visc_swarm_train_opts *o) {
+    return o ? (int64_t)o->collab.target_batch_size : 0;
+}
+
 int visc_swarm_train(visc_train_config *c, visc_swarm_train_opts *o) {
+    return visc_swarm_run(c, o, visc_train);
+}
+
+int visc_swarm_run(visc_train_config *c, visc_swarm_train_opts *o,
+                   int (*run)(const visc_train_config *c)) {
     if (!o->collab.target_batch_size)
         return visc_set_error("--swarm needs --target-batch-size (the swarm's batch per step)");
     if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE"))
@@ -194,10 +215,12 @@ int visc_swarm_train(visc_train_config *c, visc_swarm_train_opts *o) {
     if (visc_mkdirs(c->output) == 0) {
         visc_collab *collab = visc_collab_new(&o->collab);
         if (collab) {
-            c->hooks = visc_collab_hooks(collab);
+            visc_step_hooks hooks = *visc_collab_hooks(collab);
+            hooks.averages_parameters = o->collab.mode == VISC_COLLAB_PARAMETERS;
+            c->hooks = &hooks;
             c->shard_index = o->shard_index;
             c->shard_count = o->shard_count;
-            rc = visc_train(c);
+            rc = run(c);
             c->hooks = NULL;
             char why[512];
             snprintf(why, sizeof why, "%s", visc_last_error());

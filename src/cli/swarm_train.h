@@ -1,4 +1,5 @@
-/* swarm_train.h: `visc train --swarm ...`: training as one peer of a swarm.
+/* swarm_train.h: `visc train --swarm ...` (and `visc pretrain --swarm`):
+ * training as one peer of a swarm.
  * The swarm's flags are taken out of argv before the training flags are
  * parsed; the run is visc_train with the collaborative optimizer's hooks
  * (src/swarm/collab.h). */
@@ -16,7 +17,12 @@ typedef struct visc_swarm_train_opts visc_swarm_train_opts;
 visc_swarm_train_opts *visc_swarm_train_parse(int *argc, char **argv, int *error);
 /* Runs training as a peer; 0 or -1 with an error. */
 int visc_swarm_train(visc_train_config *c, visc_swarm_train_opts *o);
+/* The same for another loop that takes step hooks (visc_pretrain). */
+int visc_swarm_run(visc_train_config *c, visc_swarm_train_opts *o,
+                   int (*run)(const visc_train_config *c));
 void visc_swarm_train_free(visc_swarm_train_opts *o);
+/* --target-batch-size (0 without it, or for NULL). */
+int64_t visc_swarm_target_batch(const visc_swarm_train_opts *o);
 /* The swarm flags' help. */
 void visc_swarm_train_help(FILE *f);
 

@@ -74,6 +74,12 @@ void visc_dnnl_run(dnnl_primitive_t prim, int nargs, const dnnl_exec_arg_t *args
     VISC_DNNL(dnnl_stream_wait(visc_dnnl_stream()));
 }
 
+int visc_cpu_avx512(void) {
+    /* The ISA values are nested bit sets (avx512_core_bf16 includes avx512_core). */
+    const unsigned want = (unsigned)dnnl_cpu_isa_avx512_core;
+    return ((unsigned)dnnl_get_effective_cpu_isa() & want) == want;
+}
+
 const char *visc_dnnl_impl_name(const_dnnl_primitive_desc_t pd) {
     const char *name = NULL;
     VISC_DNNL(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name));

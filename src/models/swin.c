@@ -420,8 +420,7 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
                                LN_EPS);
         visc_linear_forward(b->h, s->sa, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
         /* fc1's input (the norm2 output) is rebuilt in backward, not stored */
-        visc_gelu_forward(b->gl, b->h, (size_t)(R * b->hidden));
-        visc_linear_forward(s->sa, b->gl, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
+        visc_gelu_linear_forward(s->sa, b->gl, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
         memcpy(b->out, b->x1, sizeof(float) * (size_t)(R * C));
         residual_add(m, s, b->out, s->sa, b->keep2, b, 1, train);
         return;
@@ -447,8 +446,7 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
     memcpy(b->x1, b->in, sizeof(float) * (size_t)(R * C));
     residual_add(m, s, b->x1, s->sb, b->keep1, b, 0, train);
     visc_linear_forward(b->h, b->x1, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
-    visc_gelu_forward(b->gl, b->h, (size_t)(R * b->hidden));
-    visc_linear_forward(b->mo, b->gl, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
+    visc_gelu_linear_forward(b->mo, b->gl, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
     visc_layernorm_forward(s->sa, b->mean2, b->rstd2, b->mo, P(b->n2w), P(b->n2b), R, C, LN_EPS);
     memcpy(b->out, b->x1, sizeof(float) * (size_t)(R * C));
     residual_add(m, s, b->out, s->sa, b->keep2, b, 1, train);
@@ -554,8 +552,8 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
     float *gx = s->gx, *sa = s->sa, *sb = s->sb, *sh = s->sh;
     if (!b->v2) {
         const float *dm = branch_grad(m, s, b, sa, gx, b->keep2);
-        visc_linear_backward(sh, G(b->fc2w), G(b->fc2b), dm, b->gl, P(b->fc2w), (int)R, hid, C);
-        visc_gelu_backward(sh, sh, b->h, (size_t)R * hid);
+        visc_gelu_linear_backward(sh, G(b->fc2w), G(b->fc2b), dm, b->gl, b->h, P(b->fc2w), (int)R,
+                                  hid, C);
         /* rebuild norm2's output (fc1's input) into sb */
         visc_layernorm_forward(sb, b->mean2, b->rstd2, b->x1, P(b->n2w), P(b->n2b), R, C, LN_EPS);
         visc_linear_backward(sa, G(b->fc1w), G(b->fc1b), sh, sb, P(b->fc1w), (int)R, C, hid);
@@ -578,8 +576,8 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
     const float *dn2 = branch_grad(m, s, b, sa, gx, b->keep2);
     visc_layernorm_backward(sb, G(b->n2w), G(b->n2b), dn2, b->mo, P(b->n2w), b->mean2, b->rstd2, R,
                             C);
-    visc_linear_backward(sh, G(b->fc2w), G(b->fc2b), sb, b->gl, P(b->fc2w), (int)R, hid, C);
-    visc_gelu_backward(sh, sh, b->h, (size_t)R * hid);
+    visc_gelu_linear_backward(sh, G(b->fc2w), G(b->fc2b), sb, b->gl, b->h, P(b->fc2w), (int)R, hid,
+                              C);
     visc_linear_backward(sa, G(b->fc1w), G(b->fc1b), sh, b->x1, P(b->fc1w), (int)R, C, hid);
     visc_add_inplace(gx, sa, RC);
     const float *dn1 = branch_grad(m, s, b, sa, gx, b->keep1);

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "visc/core.h"
+#include "visc/cpu.h"
 #include "fast_exp.h"
 #include "visc/tokens.h"
 
@@ -231,7 +232,7 @@ small_gemm(int M, int ncols, int K, const float *A, int64_t ars, int64_t acs, co
 }
 
 /* T[d, j] = X[j, d] for j < n (rows of X at stride sx), zero up to width w. */
-static void transpose_pad(float *T, int w, const float *X, int64_t sx, int n, int D) {
+static void transpose_pad_scalar(float *T, int w, const float *X, int64_t sx, int n, int D) {
     for (int d = 0; d < D; d++) {
         float *t = T + (int64_t)d * w;
         for (int j = 0; j < n; j++) t[j] = X[j * sx + d];
@@ -239,11 +240,71 @@ static void transpose_pad(float *T, int w, const float *X, int64_t sx, int n, in
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define ATTN_AVX512 1
+
+/* The same for D and w multiples of 16, as 16 x 16 register transposes:
+ * the scalar loop's strided loads (one element per cycle at best) were
+ * ~40% of the backward pass's own time outside the products. */
+__attribute__((target("avx512f"))) static void transpose_pad16(float *T, int w, const float *X,
+                                                               int64_t sx, int n, int D) {
+    for (int j0 = 0; j0 < w; j0 += 16)
+        for (int d0 = 0; d0 < D; d0 += 16) {
+            __m512 r[16], t[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = j0 + i < n ? _mm512_loadu_ps(X + (j0 + i) * sx + d0) : _mm512_setzero_ps();
+            for (int i = 0; i < 16; i += 2) {
+                t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 16; i += 4)
+                for (int k = 0; k < 2; k++) {
+                    const __m512d a = _mm512_castps_pd(t[i + k]),
+                                  b = _mm512_castps_pd(t[i + k + 2]);
+                    r[i + 2 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+                    r[i + 2 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+                }
+            /* r[4q + c] now holds, in each 128-bit lane L, column 4L + c of rows 4q..4q+3 */
+            for (int i = 0; i < 4; i++) {
+                t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+                t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+                t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+                t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+            }
+            for (int i = 0; i < 4; i++) {
+                for (int k = 0; k < 2; k++) {
+                    const __m512 a = t[i + 4 * k], b = t[i + 4 * k + 8];
+                    /* columns i + 4k (lanes 0 of each quarter) and i + 4k + 8 (lanes 2) */
+                    const int c0 = i + 4 * k;
+                    _mm512_storeu_ps(T + (int64_t)(d0 + c0) * w + j0,
+                                     _mm512_shuffle_f32x4(a, b, 0x88));
+                    _mm512_storeu_ps(T + (int64_t)(d0 + c0 + 8) * w + j0,
+                                     _mm512_shuffle_f32x4(a, b, 0xdd));
+                }
+            }
+        }
+}
+#endif
+
+/* avx512: visc_cpu_avx512(), asked once per call of the layer. */
+static void transpose_pad(float *T, int w, const float *X, int64_t sx, int n, int D, int avx512) {
+#ifdef ATTN_AVX512
+    if (D % 16 == 0 && w % 16 == 0 && avx512) {
+        transpose_pad16(T, w, X, sx, n, D);
+        return;
+    }
+#endif
+    (void)avx512;
+    transpose_pad_scalar(T, w, X, sx, n, D);
+}
+
 static int round16(int n) { return (n + 15) / 16 * 16; }
 
 /* S = s_h * R + bias_h + mask_b in place, where R = Q K^T is in S, whose
  * rows are `ld` floats apart (the bias and mask rows are Nk apart). */
-static void add_bias_mask(const visc_attention *a, float *S, int64_t ld, int b, int h) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+add_bias_mask(const visc_attention *a, float *S, int64_t ld, int b, int h) {
     const int64_t nn = (int64_t)a->Nq * a->Nk;
     const int Nk = a->Nk;
     const float sh = head_scale_of(a, h);
@@ -281,6 +342,7 @@ static void forward_fast(const visc_attention *a, float *out, float *lse, const 
                          const float *k, const float *v) {
     const int Nq = a->Nq, Nk = a->Nk, D = a->D, H = a->H, w = round16(Nk);
     const int64_t pairs = (int64_t)a->B * H;
+    const int avx512 = visc_cpu_avx512();
 #pragma omp parallel
     {
         float *KT = thread_scratch(omp_get_thread_num(), (size_t)(D + Nq) * w);
@@ -293,7 +355,7 @@ static void forward_fast(const visc_attention *a, float *out, float *lse, const 
             const float *V = v + b * a->v_sb + h * a->v_sh;
             float *O = out + b * a->o_sb + h * a->o_sh;
             float *L = lse + p * Nq;
-            transpose_pad(KT, w, K, a->k_sn, Nk, D);
+            transpose_pad(KT, w, K, a->k_sn, Nk, D, avx512);
             small_gemm(Nq, w, D, Q, a->q_sn, 1, KT, w, 1.0f, S, w);
             add_bias_mask(a, S, w, b, h);
             for (int i = 0; i < Nq; i++) L[i] = softmax_row(S + (int64_t)i * w, Nk);
@@ -364,6 +426,17 @@ static size_t fast_bwd_floats(const visc_attention *a, int want_bias, int want_h
            (want_bias ? (size_t)a->H * a->Nq * a->Nk : 0) + (want_hs ? (size_t)a->H : 0);
 }
 
+/* acc[i, j] += x[i, j] over rows x cols (rows lda / ldx floats apart). */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+add_rows(float *acc, int64_t lda, const float *x, int64_t ldx, int rows, int cols) {
+    for (int i = 0; i < rows; i++) {
+        float *a = acc + i * lda;
+        const float *r = x + i * ldx;
+#pragma omp simd
+        for (int j = 0; j < cols; j++) a[j] += r[j];
+    }
+}
+
 static int backward_fast(const visc_attention *a, float *dq, float *dk, float *dv, int want_bias,
                          int want_hs, const float *dout, const float *q, const float *k,
                          const float *v, const float *out, const float *lse) {
@@ -371,6 +444,7 @@ static int backward_fast(const visc_attention *a, float *dq, float *dk, float *d
     const int64_t nn = (int64_t)Nq * Nk, pairs = (int64_t)a->B * H, mw = (int64_t)Nq * w;
     const size_t part_bias = want_bias ? (size_t)H * nn : 0;
     const size_t per_thread = fast_bwd_floats(a, want_bias, want_hs);
+    const int avx512 = visc_cpu_avx512();
     int nthreads = 1;
 #pragma omp parallel
     {
@@ -390,14 +464,14 @@ static int backward_fast(const visc_attention *a, float *dq, float *dk, float *d
             const float *L = lse + p * Nq;
             const float sh = head_scale_of(a, h);
             /* R = Q K^T is kept only for the head-scale gradient. */
-            transpose_pad(KT, w, K, a->k_sn, Nk, D);
+            transpose_pad(KT, w, K, a->k_sn, Nk, D, avx512);
             small_gemm(Nq, w, D, Q, a->q_sn, 1, KT, w, 1.0f, want_hs ? R : P, w);
             if (want_hs) memcpy(P, R, sizeof(float) * mw);
             add_bias_mask(a, P, w, b, h);
             for (int i = 0; i < Nq; i++) exp_shifted_row(P + (int64_t)i * w, Nk, L[i]);
             /* dV = P^T dO: A = P read transposed. */
             small_gemm(Nk, D, Nq, P, 1, w, dO, a->o_sn, 1.0f, dv + vo, a->v_sn);
-            transpose_pad(VT, w, V, a->v_sn, Nk, D);
+            transpose_pad(VT, w, V, a->v_sn, Nk, D, avx512);
             small_gemm(Nq, w, D, dO, a->o_sn, 1, VT, w, 1.0f, dS, w);
             float hs = 0.0f;
             for (int i = 0; i < Nq; i++) {
@@ -408,15 +482,7 @@ static int backward_fast(const visc_attention *a, float *dq, float *dk, float *d
                 hs += dsoftmax_row(dS + (int64_t)i * w, P + (int64_t)i * w, R + (int64_t)i * w, Nk,
                                    di, want_hs);
             }
-            if (want_bias) {
-                float *pb = pbias + h * nn;
-                for (int i = 0; i < Nq; i++) {
-                    const float *ds = dS + (int64_t)i * w;
-                    float *pr = pb + (int64_t)i * Nk;
-#pragma omp simd
-                    for (int j = 0; j < Nk; j++) pr[j] += ds[j];
-                }
-            }
+            if (want_bias) add_rows(pbias + h * nn, Nk, dS, w, Nq, Nk);
             if (want_hs) phs[h] += hs;
             if (dq) small_gemm(Nq, D, Nk, dS, w, 1, K, a->k_sn, sh, dq + qo, a->q_sn);
             small_gemm(Nk, D, Nq, dS, 1, w, Q, a->q_sn, sh, dk + ko, a->k_sn);

@@ -37,7 +37,23 @@ static void sgemm(char ta, char tb, int M, int Ncols, int K, const float *A, int
 static float *db_part;
 static size_t db_cap; /* floats */
 
-static void column_sums(float *dbias, const float *dout, int N, int cols) {
+/* acc[j] += rows r0..r1 of dout, and (bf16 != NULL) those rows rounded to
+ * bf16 into bf16: the bf16 path needs that copy of dout anyway, and making
+ * it here reads dout once instead of twice. */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+sum_rows(float *acc, uint16_t *bf16, const float *dout, int r0, int r1, int cols) {
+    for (int n = r0; n < r1; n++) {
+        const float *row = dout + (size_t)n * cols;
+#pragma omp simd
+        for (int j = 0; j < cols; j++) acc[j] += row[j];
+        if (bf16) {
+            uint16_t *out = bf16 + (size_t)n * cols;
+            for (int j = 0; j < cols; j++) out[j] = visc_f32_to_bf16(row[j]);
+        }
+    }
+}
+
+void visc_linear_column_sums(float *dbias, uint16_t *bf16, const float *dout, int N, int cols) {
     const int chunks = N < DB_CHUNKS ? N : DB_CHUNKS;
     const size_t need = (size_t)chunks * cols;
     if (db_cap < need) {
@@ -51,11 +67,7 @@ static void column_sums(float *dbias, const float *dout, int N, int cols) {
         const int r0 = (int)((int64_t)N * c / chunks), r1 = (int)((int64_t)N * (c + 1) / chunks);
         float *acc = part + (size_t)c * cols;
         memset(acc, 0, sizeof(float) * cols);
-        for (int n = r0; n < r1; n++) {
-            const float *row = dout + (size_t)n * cols;
-#pragma omp simd
-            for (int j = 0; j < cols; j++) acc[j] += row[j];
-        }
+        sum_rows(acc, bf16, dout, r0, r1, cols);
     }
 #pragma omp parallel for schedule(static) if (need > 65536)
     for (int j = 0; j < cols; j++) {
@@ -85,11 +97,11 @@ void visc_linear_backward(float *din, float *dweight, float *dbias, const float 
                           const float *in, const float *weight, int N, int in_features,
                           int out_features) {
     VISC_ASSERT(N > 0 && in_features > 0 && out_features > 0);
-    if (dbias) column_sums(dbias, dout, N, out_features);
     if (visc_matmul_precision() == VISC_PRECISION_BF16 &&
-        visc_linear_bf16_backward(din, dweight, dout, in, weight, N, in_features, out_features) ==
-            0)
+        visc_linear_bf16_backward(din, dweight, dbias, dout, in, weight, N, in_features,
+                                  out_features) == 0)
         return;
+    if (dbias) visc_linear_column_sums(dbias, NULL, dout, N, out_features);
     if (din)
         sgemm('N', 'N', N, in_features, out_features, dout, out_features, weight, in_features, 0.0f,
               din, in_features);

@@ -78,12 +78,16 @@ static bf16_buf buf_in, buf_w, buf_dout;
 static void *scratch;
 static size_t scratch_cap;
 
-static uint16_t *convert(bf16_buf *b, const float *src, size_t n) {
+static void grow(bf16_buf *b, size_t n) {
     if (b->cap < n) {
         visc_free_aligned(b->p);
         b->p = visc_alloc_aligned(n * sizeof(uint16_t), "bf16 operand copy");
         b->cap = n;
     }
+}
+
+static uint16_t *convert(bf16_buf *b, const float *src, size_t n) {
+    grow(b, n);
     to_bf16(b->p, src, n);
     return b->p;
 }
@@ -93,7 +97,8 @@ static uint16_t *convert(bf16_buf *b, const float *src, size_t n) {
 typedef struct {
     char ta, tb; /* 'N': the operand is stored as written; 'T': stored transposed */
     int M, N, K, has_bias;
-    int ok; /* 0: oneDNN has no native bf16 kernel for it (use fp32) */
+    int split; /* > 1: K cut into `split` equal slices, one batch entry each (see dw_split) */
+    int ok;    /* 0: oneDNN has no native bf16 kernel for it (use fp32) */
     dnnl_primitive_t prim;
     dnnl_memory_t a, b, bias, c, pad;
 } product;
@@ -107,12 +112,29 @@ static void bf16_md(dnnl_memory_desc_t *md, dnnl_dim_t rows, dnnl_dim_t cols, ch
     VISC_DNNL(dnnl_memory_desc_init_by_tag(md, 2, dims, dnnl_bf16, t == 'T' ? dnnl_ba : dnnl_ab));
 }
 
+/* The sliced product: slice s of A = op(A)[:, s Ks : (s + 1) Ks] and of B
+ * = op(B)[s Ks : (s + 1) Ks, :], as a batch of `split` products through
+ * strides (no copies); C gets one [M, N] partial per slice. */
+static void sliced_mds(dnnl_memory_desc_t *a, dnnl_memory_desc_t *b, dnnl_memory_desc_t *c,
+                       const product *p) {
+    const dnnl_dim_t S = p->split, M = p->M, N = p->N, Ks = p->K / p->split;
+    const dnnl_dims_t adims = {S, M, Ks}, bdims = {S, Ks, N}, cdims = {S, M, N};
+    const dnnl_dim_t K = p->K;
+    /* strides of (slice, row, column): A stored [K, M] ('T') or [M, K]; B [N, K] ('T') or [K, N] */
+    const dnnl_dims_t as = {p->ta == 'T' ? Ks * M : Ks, p->ta == 'T' ? 1 : K, p->ta == 'T' ? M : 1};
+    const dnnl_dims_t bs = {p->tb == 'T' ? Ks : Ks * N, p->tb == 'T' ? 1 : N, p->tb == 'T' ? K : 1};
+    VISC_DNNL(dnnl_memory_desc_init_by_strides(a, 3, adims, dnnl_bf16, as));
+    VISC_DNNL(dnnl_memory_desc_init_by_strides(b, 3, bdims, dnnl_bf16, bs));
+    visc_dnnl_md(c, 3, cdims, dnnl_abc);
+}
+
 static void create(product *p) {
     dnnl_memory_desc_t a, b, c, bias;
     bf16_md(&a, p->M, p->K, p->ta);
     bf16_md(&b, p->K, p->N, p->tb);
     const dnnl_dims_t cdims = {p->M, p->N}, bdims = {1, p->N};
     visc_dnnl_md(&c, 2, cdims, dnnl_ab);
+    if (p->split > 1) sliced_mds(&a, &b, &c, p);
     visc_dnnl_md(&bias, 2, bdims, dnnl_ab);
     dnnl_matmul_desc_t desc;
     VISC_DNNL(dnnl_matmul_desc_init(&desc, &a, &b, p->has_bias ? &bias : NULL, &c));
@@ -145,11 +167,11 @@ static void create(product *p) {
     VISC_DNNL(dnnl_primitive_desc_destroy(pd));
 }
 
-static product *find(char ta, char tb, int M, int N, int K, int has_bias) {
+static product *find(char ta, char tb, int M, int N, int K, int has_bias, int split) {
     for (int i = 0; i < n_products; i++) {
         product *p = products[i];
         if (p->ta == ta && p->tb == tb && p->M == M && p->N == N && p->K == K &&
-            p->has_bias == has_bias)
+            p->has_bias == has_bias && p->split == split)
             return p;
     }
     if (n_products == cap_products) {
@@ -158,7 +180,8 @@ static product *find(char ta, char tb, int M, int N, int K, int has_bias) {
     }
     product *p = visc_malloc(sizeof *p, "bf16 matmul");
     products[n_products++] = p;
-    *p = (product){.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .has_bias = has_bias};
+    *p =
+        (product){.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .has_bias = has_bias, .split = split};
     create(p);
     return p;
 }
@@ -184,30 +207,101 @@ static void run(product *p, const uint16_t *A, const uint16_t *B, const float *b
 
 /* ---- the layer's products ---- */
 
-int visc_linear_bf16_forward(float *out, const float *in, const float *weight, const float *bias,
-                             int N, int in_features, int out_features) {
+int visc_linear_bf16_forward_rounded(float *out, const uint16_t *in, const float *weight,
+                                     const float *bias, int N, int in_features, int out_features) {
     /* out[N, out] = in[N, in] * W[out, in]^T: W read as a transposed [in, out]. */
-    product *p = find('N', 'T', N, out_features, in_features, bias != NULL);
+    product *p = find('N', 'T', N, out_features, in_features, bias != NULL, 1);
     if (!p->ok) return -1;
-    const uint16_t *x = convert(&buf_in, in, (size_t)N * in_features);
     const uint16_t *w = convert(&buf_w, weight, (size_t)out_features * in_features);
-    run(p, x, w, bias, out);
+    run(p, in, w, bias, out);
     return 0;
 }
 
-int visc_linear_bf16_backward(float *din, float *dweight, const float *dout, const float *in,
-                              const float *weight, int N, int in_features, int out_features) {
+int visc_linear_bf16_forward(float *out, const float *in, const float *weight, const float *bias,
+                             int N, int in_features, int out_features) {
+    if (!find('N', 'T', N, out_features, in_features, bias != NULL, 1)->ok) return -1;
+    const uint16_t *x = convert(&buf_in, in, (size_t)N * in_features);
+    return visc_linear_bf16_forward_rounded(out, x, weight, bias, N, in_features, out_features);
+}
+
+/* The weight gradient reduces over all N rows into a small [out, in]
+ * matrix, and for the early Swin / ViT stages (N = 50176 rows into 96 x 384)
+ * oneDNN 2.6's kernel for the transposed dout runs at ~240 GFLOP/s per
+ * core: the rows cut into two slices, computed as a batch of two and the
+ * partials added, measured ~310 for that shape (neutral for the others
+ * this rule picks). The cut is fixed (not the thread count), so results
+ * do not depend on the threads. */
+static int dw_split(int N, int in_features, int out_features) {
+    const int wide = in_features > out_features ? in_features : out_features;
+    return N % 2 == 0 && N >= 8 * wide ? 2 : 1;
+}
+
+static float *dw_part;
+static size_t dw_part_cap; /* floats */
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+add_halves(float *dst, const float *part, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = part[i] + part[n + i];
+}
+
+/* The products of backward; x is the input already rounded, or NULL (then in is rounded here). */
+static int backward(float *din, float *dweight, float *dbias, const float *dout, const uint16_t *x,
+                    const float *in, const float *weight, int N, int in_features,
+                    int out_features) {
     /* din[N, in] = dout[N, out] * W[out, in];  dW[out, in] = dout^T * in[N, in]. */
-    product *pd = din ? find('N', 'N', N, in_features, out_features, 0) : NULL;
+    product *pd = din ? find('N', 'N', N, in_features, out_features, 0, 1) : NULL;
     /* dW reduces over the N rows, so dout is read transposed (the kernel
      * copies it to its layout first: ~0.65x the speed of a plain operand,
      * measured; a transposing conversion would trade that for a second bf16
      * copy of dout, about as costly). */
-    product *pw = find('T', 'N', out_features, in_features, N, 0);
+    const int split = dw_split(N, in_features, out_features);
+    product *pw = find('T', 'N', out_features, in_features, N, 0, split);
     if ((pd && !pd->ok) || !pw->ok) return -1;
-    /* dout is converted once and serves both products. */
-    const uint16_t *dy = convert(&buf_dout, dout, (size_t)N * out_features);
+    /* dout is converted once and serves both products (and, with the bias
+     * gradient, in the pass that sums its columns). */
+    const size_t ny = (size_t)N * out_features;
+    const uint16_t *dy;
+    if (dbias) {
+        grow(&buf_dout, ny);
+        visc_linear_column_sums(dbias, buf_dout.p, dout, N, out_features);
+        dy = buf_dout.p;
+    } else {
+        dy = convert(&buf_dout, dout, ny);
+    }
     if (pd) run(pd, dy, convert(&buf_w, weight, (size_t)out_features * in_features), NULL, din);
-    run(pw, dy, convert(&buf_in, in, (size_t)N * in_features), NULL, dweight);
+    if (!x) x = convert(&buf_in, in, (size_t)N * in_features);
+    if (split == 1) {
+        run(pw, dy, x, NULL, dweight);
+        return 0;
+    }
+    const size_t nw = (size_t)out_features * in_features;
+    if (dw_part_cap < 2 * nw) {
+        visc_free_aligned(dw_part);
+        dw_part = visc_alloc_aligned(2 * nw * sizeof(float), "bf16 weight-gradient partials");
+        dw_part_cap = 2 * nw;
+    }
+    run(pw, dy, x, NULL, dw_part);
+    add_halves(dweight, dw_part, nw);
     return 0;
+}
+
+int visc_linear_bf16_backward(float *din, float *dweight, float *dbias, const float *dout,
+                              const float *in, const float *weight, int N, int in_features,
+                              int out_features) {
+    return backward(din, dweight, dbias, dout, NULL, in, weight, N, in_features, out_features);
+}
+
+int visc_linear_bf16_backward_rounded(float *din, float *dweight, float *dbias, const float *dout,
+                                      const uint16_t *in, const float *weight, int N,
+                                      int in_features, int out_features) {
+    return backward(din, dweight, dbias, dout, in, NULL, weight, N, in_features, out_features);
+}
+
+int visc_linear_bf16_ready(int N, int in_features, int out_features, int has_bias) {
+    if (precision != VISC_PRECISION_BF16) return 0;
+    const product *f = find('N', 'T', N, out_features, in_features, has_bias, 1);
+    const product *d = find('N', 'N', N, in_features, out_features, 0, 1);
+    const product *w =
+        find('T', 'N', out_features, in_features, N, 0, dw_split(N, in_features, out_features));
+    return f->ok && d->ok && w->ok;
 }

@@ -19,9 +19,28 @@ int visc_bf16_supported(void);
 
 int visc_linear_bf16_forward(float *out, const float *in, const float *weight, const float *bias,
                              int N, int in_features, int out_features);
-/* din may be NULL; dbias is left to the caller (it is an fp32 column sum). */
-int visc_linear_bf16_backward(float *din, float *dweight, const float *dout, const float *in,
-                              const float *weight, int N, int in_features, int out_features);
+/* din and dbias may be NULL; dbias is the fp32 column sum of dout, the same
+ * sum (bit for bit) as the fp32 path's. Nothing is written when it returns -1. */
+int visc_linear_bf16_backward(float *din, float *dweight, float *dbias, const float *dout,
+                              const float *in, const float *weight, int N, int in_features,
+                              int out_features);
+/* 1 when the precision is bf16 and all three products of a layer of this
+ * shape have bf16 kernels: then the *_rounded variants below succeed. */
+int visc_linear_bf16_ready(int N, int in_features, int out_features, int has_bias);
+/* The same products with the input already rounded to bf16 (by its
+ * producer, e.g. visc_gelu_forward_bf16): no rounding pass over it. */
+int visc_linear_bf16_forward_rounded(float *out, const uint16_t *in, const float *weight,
+                                     const float *bias, int N, int in_features, int out_features);
+int visc_linear_bf16_backward_rounded(float *din, float *dweight, float *dbias, const float *dout,
+                                      const uint16_t *in, const float *weight, int N,
+                                      int in_features, int out_features);
+/* gelu.c: GELU with its output rounded to bf16 (visc_f32_to_bf16 of visc_gelu_forward's). */
+void visc_gelu_forward_bf16(uint16_t *out, const float *in, size_t n);
+
+/* linear.c: dbias[j] = sum over the N rows of dout[n, j], in fixed row
+ * chunks (the same result for any thread count); when bf16 is given, dout
+ * rounded to bf16 is written there in the same pass. */
+void visc_linear_column_sums(float *dbias, uint16_t *bf16, const float *dout, int N, int cols);
 
 /* fp32 -> bf16, round to nearest even (what vcvtneps2bf16 does); NaN stays NaN. */
 static inline uint16_t visc_f32_to_bf16(float f) {

@@ -12,7 +12,12 @@
  * gathered into every rank's bank (rank order) and its key encoder sees a
  * batch shuffled across the ranks (shuffle-BN) when it has BatchNorm;
  * SimCLR's negatives are the views of all ranks, the gradient through that
- * gather summed over the ranks. */
+ * gather summed over the ranks.
+ *
+ * A swarm peer (`visc pretrain --swarm`): the collaborative optimizer's
+ * step hooks (train.h) decide which batches end a global step and with
+ * which gradient, as in `visc train`; what they see of this loop and why
+ * all peers at one step hold the same state: "step hooks" below. */
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -21,6 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "state_view.h"
 #include "visc/io.h"
 #include "visc/rng.h"
 #include "visc/ssl.h"
@@ -134,6 +140,17 @@ typedef struct {
     step_stats *stats;           /* this step's numbers */
     int64_t steps_per_epoch, total_steps;
     visc_train_state state;
+    /* MoCo: the global step the key encoder was last advanced for (it
+     * advances right after each optimizer step, for the step to come) */
+    int64_t key_step;
+    /* step hooks (a swarm): the state they see, and this batch's outcome */
+    const visc_step_hooks *hooks;
+    visc_state_view view;
+    visc_train_access access;
+    int hooks_started;
+    int stepped;        /* the optimizer stepped on this batch */
+    int64_t taken_step; /* ... as global step taken_step */
+    float lr;           /* ... at this learning rate */
     FILE *log;
     visc_tb_writer *tb;
     char *config_text;
@@ -150,11 +167,21 @@ static void online_classifier(pretrainer *p, const int32_t *labels, int n, step_
     st->count = n;
 }
 
+static int hooks_after_backward(pretrainer *p, float loss, int64_t *step);
+
 /* Gradients of the query side are final: average them over the ranks and
- * update; lr from the schedule. */
-static int update(pretrainer *p, float lr) {
+ * update, at the learning rate of the global step. With step hooks the
+ * hooks decide whether this batch steps, and with which gradient. */
+static int update(pretrainer *p, float loss) {
     if (p->gsync && (visc_grad_sync_finish(p->gsync) || visc_grad_sync_finish(p->head_gsync)))
         return -1;
+    int64_t step = p->state.step;
+    if (p->hooks) {
+        int go = hooks_after_backward(p, loss, &step);
+        if (go <= 0) return go;
+    }
+    float lr = visc_schedule_lr(&p->sched, step);
+    p->stepped = 1, p->taken_step = step, p->lr = lr;
     if (p->c->clip_grad > 0)
         visc_clip_grad_norm(p->query->grads, p->query->params.total, p->c->clip_grad);
     visc_optimizer_step(&p->opt, p->query->params.data, p->query->grads, lr);
@@ -222,8 +249,10 @@ static float moco_query_pass(pretrainer *p, const float *x, const float *kz, flo
  * (--symmetric): the mean of that loss and the one with the views swapped,
  * both against the same bank; the keys of both views go into the bank
  * once, after both losses (never one pair's keys as the other's
- * negatives). The bank moves on only after the step. */
-static int moco_step(pretrainer *p, const visc_batch *batch, float lr, step_stats *st) {
+ * negatives). The bank moves on only after the step (after every batch
+ * when the step hooks accumulate batches). The momentum encoder was
+ * advanced for this step after the previous one (advance_key). */
+static int moco_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
     const visc_train_config *c = p->c;
     visc_model *q = p->query;
     const int B = p->B, D = p->head.out;
@@ -231,10 +260,6 @@ static int moco_step(pretrainer *p, const visc_batch *batch, float lr, step_stat
     const float *x0 = batch->x, *x1 = batch->x + (size_t)B * img;
     const int symmetric = c->ssl.symmetric;
 
-    float m =
-        visc_momentum_at(c->ssl.momentum, c->ssl.momentum_cosine, p->state.step, p->total_steps);
-    visc_ema_update(p->key->params.data, q->params.data, q->params.total, m);
-    visc_ema_update(p->key_head.params.data, p->head.params.data, p->head.params.total, m);
     if (moco_keys(p, x0, 0, p->kz)) return -1;
     if (symmetric && moco_keys(p, x1, 1, p->kz + (size_t)B * D)) return -1;
 
@@ -257,7 +282,7 @@ static int moco_step(pretrainer *p, const visc_batch *batch, float lr, step_stat
         visc_add_inplace(p->head.grads, p->head_grad_acc, p->head.params.total);
         st->loss = 0.5f * (a + b);
     }
-    if (update(p, lr)) return -1;
+    if (update(p, st->loss)) return -1;
     return visc_memory_bank_enqueue_gathered(&p->bank, c->ssl.no_gather ? NULL : p->dist, p->kz,
                                              symmetric ? 2 * B : B, p->gathered);
 }
@@ -265,7 +290,7 @@ static int moco_step(pretrainer *p, const visc_batch *batch, float lr, step_stat
 /* One SimCLR step: both views through one forward (the reference
  * concatenates them, so BatchNorm sees 2B samples), NT-Xent over the
  * views of all ranks. */
-static int simclr_step(pretrainer *p, const visc_batch *batch, float lr, step_stats *st) {
+static int simclr_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
     const visc_train_config *c = p->c;
     visc_model *q = p->query;
     const int B = p->B, D = p->head.out;
@@ -289,7 +314,7 @@ static int simclr_step(pretrainer *p, const visc_batch *batch, float lr, step_st
     }
     visc_proj_head_backward(&p->head, p->dz, p->scratch);
     q->backward_features(q, p->scratch, p->dlogits);
-    return update(p, lr);
+    return update(p, st->loss);
 }
 
 static void log_json(pretrainer *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -312,8 +337,110 @@ static visc_ssl_parts parts_of(pretrainer *p) {
                         .head_opt = &p->head_opt,
                         .bank = p->moco ? &p->bank : NULL,
                         .state = &p->state,
+                        .key_step = p->moco ? &p->key_step : NULL,
                         .method = p->c->ssl.method};
     return s;
+}
+
+/* MoCo: the momentum encoder and head follow the query side, once per
+ * global optimizer step, with the momentum of the step to come. */
+static void advance_key(pretrainer *p) {
+    if (!p->moco) return;
+    const visc_ssl_config *s = &p->c->ssl;
+    float m = visc_momentum_at(s->momentum, s->momentum_cosine, p->state.step, p->total_steps);
+    visc_ema_update(p->key->params.data, p->query->params.data, p->query->params.total, m);
+    visc_ema_update(p->key_head.params.data, p->head.params.data, p->head.params.total, m);
+    p->key_step = p->state.step;
+}
+
+/* ---- step hooks (`visc pretrain --swarm`) ----
+ * The hooks see the pretrainer's state as one model (state_view.h):
+ *   parameters  the query encoder (its online classifier included) and
+ *               the projection head, with their optimizers' state: what
+ *               the swarm's averaged gradient trains;
+ *   buffers     their BatchNorm statistics and, for MoCo, the momentum
+ *               encoder's and head's (averaged with the rest in every
+ *               round); when the hooks average parameters (parameter
+ *               mode) also the momentum encoder and head themselves;
+ *   EMA         (MoCo, gradient mode) the momentum encoder and head: the
+ *               state blob's EMA slot, which newcomers download and no
+ *               round averages (every peer computes the same values from
+ *               the same query weights: no rounding drift, no
+ *               compression).
+ * So every peer at one global step holds the same state: the momentum
+ * encoder advances once per global optimizer step (advance_key, right
+ * after the step and before the hooks publish the state), never per local
+ * batch; the LR and momentum schedules run on the global step, over the
+ * hooks' steps per epoch (dataset size / target batch); the temperature
+ * is constant. The memory bank of negatives is each peer's own and not
+ * part of the state: it is refilled by the peer's own keys, one batch of
+ * them per local batch (stepped or not), and a newcomer keeps its own.
+ * The online classifier is part of the query encoder: it trains on the
+ * swarm's gradient like the rest. Per peer too: the data cursor and the
+ * BatchNorm update counters. */
+
+static int setup_schedule(pretrainer *p, int64_t steps_per_epoch);
+
+static int hooks_start(pretrainer *p) {
+    visc_state_view *v = &p->view;
+    v->trained[0] = (visc_view_trained){&p->query->params, p->query->grads, &p->opt};
+    v->trained[1] = (visc_view_trained){&p->head.params, p->head.grads, &p->head_opt};
+    v->n_trained = 2;
+    int nb = 0, carry_key = p->hooks->averages_parameters;
+    v->buffers[nb++] = (visc_view_part){&p->query->buffers, ""};
+    v->buffers[nb++] = (visc_view_part){&p->head.buffers, ""};
+    if (p->moco) {
+        if (carry_key) {
+            v->buffers[nb++] = (visc_view_part){&p->key->params, "momentum_encoder."};
+            v->buffers[nb++] = (visc_view_part){&p->key_head.params, "momentum_"};
+        } else {
+            v->ema[0] = &p->key->params;
+            v->ema[1] = &p->key_head.params;
+            v->n_ema = 2;
+        }
+        v->buffers[nb++] = (visc_view_part){&p->key->buffers, "momentum_encoder."};
+        v->buffers[nb++] = (visc_view_part){&p->key_head.buffers, "momentum_"};
+    }
+    v->n_buffers = nb;
+    if (visc_state_view_build(v)) return -1;
+    p->access = (visc_train_access){.model = &v->model,
+                                    .opt = &v->opt,
+                                    .state = &p->state,
+                                    .ema_params = v->ema_params,
+                                    .ema_buffers = v->ema_buffers,
+                                    .train_size = p->train->size,
+                                    .batch_size = p->B,
+                                    .max_steps = p->c->max_steps,
+                                    /* no save / load: the loop writes its
+                                     * checkpoints (the bank in them) */
+                                    .trainer = p};
+    int64_t steps_per_epoch = 0;
+    p->hooks_started = 1;
+    int rc = p->hooks->start(p->hooks->ctx, &p->access, &steps_per_epoch);
+    visc_state_view_push(v);
+    /* a downloaded state's momentum encoder is its donor's, advanced for
+     * the step it holds */
+    p->key_step = p->state.step;
+    if (rc) return -1;
+    return steps_per_epoch > 0 ? setup_schedule(p, steps_per_epoch) : 0;
+}
+
+/* The hooks' verdict on this batch (update), the view in step around it. */
+static int hooks_after_backward(pretrainer *p, float loss, int64_t *step) {
+    visc_state_view_pull(&p->view);
+    int go = p->hooks->after_backward(p->hooks->ctx, p->B, loss, step);
+    visc_state_view_push(&p->view);
+    p->key_step = p->state.step; /* a download may have replaced the state */
+    return go;
+}
+
+static int hooks_after_step(pretrainer *p) {
+    if (!p->hooks || !p->hooks->after_step) return 0;
+    visc_state_view_pull(&p->view);
+    int rc = p->hooks->after_step(p->hooks->ctx);
+    visc_state_view_push(&p->view);
+    p->key_step = p->state.step;
+    return rc;
 }
 
 /* Rank 0 writes the checkpoint and the query encoder's model files, after
@@ -363,6 +490,11 @@ static int run_epochs(pretrainer *p) {
         double sums[5] = {0}, t0 = visc_now(), window_t0 = t0; /* loss, cls, top1, n, steps */
         int64_t window = 0;
         for (int64_t i = p->state.step_in_epoch; i < p->steps_per_epoch; i++) {
+            /* already there (a resumed or downloaded state): not one batch more */
+            if (c->max_steps > 0 && p->state.step >= c->max_steps) {
+                visc_progress_end(&bar, "stopped at --max-steps");
+                return save_all(p, 0) ? -1 : 1;
+            }
             visc_batch batch;
             int got = visc_loader_next(p->loader, &batch);
             if (got < 0) return -1;
@@ -374,12 +506,18 @@ static int run_epochs(pretrainer *p) {
             visc_philox4x32(c->seed, VISC_STREAM_DROPOUT, (uint64_t)p->state.step, key);
             p->query->noise_seed = (uint64_t)key[0] << 32 | key[1];
             step_stats st;
-            int rc = p->moco ? moco_step(p, &batch, lr, &st) : simclr_step(p, &batch, lr, &st);
+            p->stepped = 0;
+            int rc = p->moco ? moco_step(p, &batch, &st) : simclr_step(p, &batch, &st);
             if (rc) return -1;
             if (!isfinite(st.loss))
                 return visc_set_error("loss is %f at step %lld: pretraining diverged; lower --lr",
                                       (double)st.loss, (long long)p->state.step);
-            p->state.step++;
+            if (p->stepped) {
+                lr = p->lr;
+                p->state.step = p->taken_step + 1;
+                advance_key(p);
+                if (hooks_after_step(p)) return -1;
+            }
             p->state.step_in_epoch = i + 1;
             p->state.sample_pos = batch.next_pos;
             sums[0] += st.loss, sums[1] += st.cls_loss, sums[2] += st.top1, sums[3] += st.count;
@@ -412,6 +550,10 @@ static int run_epochs(pretrainer *p) {
             }
             if (c->max_steps > 0 && p->state.step >= c->max_steps) {
                 visc_progress_end(&bar, "stopped at --max-steps");
+                return save_all(p, 0) ? -1 : 1;
+            }
+            if (p->hooks && p->hooks->should_stop && p->hooks->should_stop(p->hooks->ctx)) {
+                visc_progress_end(&bar, "stopped by the swarm");
                 return save_all(p, 0) ? -1 : 1;
             }
         }
@@ -489,6 +631,24 @@ static int make_encoders(pretrainer *p) {
     return 0;
 }
 
+/* The LR schedule and the momentum schedule's length over epochs of
+ * steps_per_epoch optimizer steps (the loader's batches, or the hooks'). */
+static int setup_schedule(pretrainer *p, int64_t steps_per_epoch) {
+    const visc_train_config *c = p->c;
+    p->total_steps = steps_per_epoch * c->epochs;
+    visc_schedule *s = &p->sched;
+    memset(s, 0, sizeof *s);
+    if (visc_sched_parse_kind(c->sched, &s->kind)) return -1;
+    s->base_lr = c->lr;
+    s->min_lr = c->min_lr;
+    s->total_steps = p->total_steps;
+    s->warmup_steps = (int64_t)llround(c->warmup_epochs * (double)steps_per_epoch);
+    s->warmup_start = c->warmup_start;
+    s->gamma = c->lr_gamma;
+    s->step_size = (int64_t)c->lr_step_epochs * steps_per_epoch;
+    return 0;
+}
+
 static int setup(pretrainer *p) {
     const visc_train_config *c = p->c;
     if (!visc_is_image_data(c->data_dir))
@@ -508,8 +668,10 @@ static int setup(pretrainer *p) {
                              .shuffle = 1,
                              .drop_last = 1,
                              .train = 1,
-                             .rank = p->rank,
-                             .world = p->world,
+                             /* alone: the data shard the hooks' caller chose */
+                             .rank = p->world == 1 && c->shard_count > 0 ? c->shard_index : p->rank,
+                             .world =
+                                 p->world == 1 && c->shard_count > 0 ? c->shard_count : p->world,
                              .seed = c->seed,
                              .on_bad = strcmp(c->on_bad_image, "error") ? VISC_ON_BAD_SKIP
                                                                         : VISC_ON_BAD_ERROR};
@@ -519,7 +681,6 @@ static int setup(pretrainer *p) {
     if (p->steps_per_epoch < 1)
         return visc_set_error("--batch-size %d is larger than the training set (%lld images)",
                               c->batch_size, (long long)p->train->size);
-    p->total_steps = p->steps_per_epoch * c->epochs;
     if (make_encoders(p)) return -1;
     visc_model *q = p->query;
 
@@ -534,16 +695,7 @@ static int setup(pretrainer *p) {
     oc.decay_norm_and_bias = c->decay_norm_and_bias;
     visc_optimizer_init(&p->opt, &oc, &q->params);
     visc_optimizer_init(&p->head_opt, &oc, &p->head.params);
-    visc_schedule *s = &p->sched;
-    memset(s, 0, sizeof *s);
-    if (visc_sched_parse_kind(c->sched, &s->kind)) return -1;
-    s->base_lr = c->lr;
-    s->min_lr = c->min_lr;
-    s->total_steps = p->total_steps;
-    s->warmup_steps = (int64_t)llround(c->warmup_epochs * (double)p->steps_per_epoch);
-    s->warmup_start = c->warmup_start;
-    s->gamma = c->lr_gamma;
-    s->step_size = (int64_t)c->lr_step_epochs * p->steps_per_epoch;
+    if (setup_schedule(p, p->steps_per_epoch)) return -1;
 
     const int B = p->B, D = c->ssl.proj_dim, rows = p->moco ? B : 2 * B;
     const int K = q->cfg.num_classes;
@@ -668,6 +820,8 @@ int visc_pretrain(const visc_train_config *c) {
     pretrainer p;
     memset(&p, 0, sizeof p);
     p.c = c;
+    p.hooks = c->hooks;
+    p.key_step = -1;
     p.moco = !strcmp(c->ssl.method, "mocov2");
     int rc = -1;
     p.dist = visc_dist_open(c->dist_backend, c->dist_timeout > 0 ? c->dist_timeout : 300);
@@ -700,6 +854,11 @@ int visc_pretrain(const visc_train_config *c) {
             printf("resumed from %s at epoch %lld, step %lld\n", c->resume,
                    (long long)p.state.epoch, (long long)p.state.step);
     }
+    /* the momentum encoder ready for the first step (a fresh run, or a
+     * checkpoint of before key_step was saved) */
+    if (p.moco && p.key_step < p.state.step) advance_key(&p);
+    /* (hooks come alone: `--swarm` refuses to run under mpirun) */
+    if (p.hooks && hooks_start(&p)) goto done;
     if (p.world > 1) { /* one starting point everywhere: rank 0's */
         visc_model *q = p.query;
         if (visc_dist_broadcast(p.dist, q->params.data, q->params.total * sizeof(float), 0) ||
@@ -741,6 +900,8 @@ int visc_pretrain(const visc_train_config *c) {
     }
     rc = 0;
 done:
+    if (p.hooks_started && p.hooks->finish) p.hooks->finish(p.hooks->ctx);
+    visc_state_view_free(&p.view);
     pretrainer_free(&p);
     if (rc && p.world > 1) {
         fprintf(stderr, "visc: rank %d: %s\n", p.rank, visc_last_error());

@@ -60,11 +60,11 @@ int visc_ssl_save_checkpoint(const visc_ssl_parts *p, const char *config_text, c
              ",\"step_in_epoch\":%" PRId64 ",\"sample_pos\":%" PRId64
              ",\"best_top1\":%.17g,\"optimizer_steps\":%" PRId64
              ",\"head_optimizer_steps\":%" PRId64 ",\"bn_updates\":%" PRId64
-             ",\"key_bn_updates\":%" PRId64 ",\"bank_ptr\":%" PRId64
+             ",\"key_bn_updates\":%" PRId64 ",\"bank_ptr\":%" PRId64 ",\"key_step\":%" PRId64
              ",\"world\":%d,\"rank_sample_pos\":\"%s\"}",
              p->method, s->epoch, s->step, s->step_in_epoch, s->sample_pos, s->best_top1,
              p->opt->step, p->head_opt->step, p->query->bn_updates, p->key ? p->key->bn_updates : 0,
-             bank_ptr, world, ranks);
+             bank_ptr, p->key_step ? *p->key_step : s->step, world, ranks);
     visc_st_writer_meta(w, "visc_train_state", state);
     visc_st_writer_meta(w, "arch", p->query->cfg.arch);
     visc_st_writer_meta(w, "format", "pt");
@@ -127,6 +127,12 @@ int visc_ssl_state_parse(const char *text, visc_ssl_state *out) {
         visc_set_error("pretraining state with negative counts");
         goto out;
     }
+    if (get_int(&root, "key_step", &out->key_step)) out->key_step = s->step - 1;
+    if (out->key_step < -1 || out->key_step > s->step) {
+        visc_set_error("pretraining state: key_step %" PRId64 " outside -1..step %" PRId64,
+                       out->key_step, s->step);
+        goto out;
+    }
     snprintf(out->method, sizeof out->method, "%s", method->str);
     s->best_top1 = strtod(best->str, NULL);
     /* the ranks' loader cursors (world 0: unknown, restart from the step) */
@@ -171,6 +177,7 @@ int visc_ssl_load_checkpoint(const visc_ssl_parts *p, const char *path) {
     p->head_opt->step = parsed.head_opt_steps;
     p->query->bn_updates = parsed.bn_updates;
     if (p->key) p->key->bn_updates = parsed.key_bn_updates;
+    if (p->key_step) *p->key_step = parsed.key_step;
     bank_ptr = parsed.bank_ptr;
     if (read_table(&st, &p->query->params, "") || read_table(&st, &p->query->buffers, "") ||
         read_table(&st, &p->head->params, "") || read_table(&st, &p->head->buffers, "") ||

@@ -35,6 +35,7 @@ void visc_allreduce_config_default(visc_allreduce_config *c) {
     c->connect_timeout_s = 10;
     c->part_timeout_min_s = 2;
     c->part_timeout_slack = 4;
+    c->exact_from = SIZE_MAX;
     visc_aggregate_config_default(&c->agg);
 }
 
@@ -188,6 +189,14 @@ static size_t part_len(const ar_round *r, int member, int k) {
 static size_t part_off(const ar_round *r, int member, int k) {
     return r->begin[member] + (size_t)k * r->pv;
 }
+
+/* The encoding of part k of member's shard: the round's compression, or
+ * plain fp32 where the part reaches into the exact range. */
+static visc_compression part_encoding(const ar_round *r, int member, int k) {
+    size_t count = part_len(r, member, k);
+    if (part_off(r, member, k) + count > r->cfg->exact_from) return VISC_COMP_NONE;
+    return r->cfg->compression;
+}
 static double dmin(double a, double b) { return a < b ? a : b; }
 static double dmax(double a, double b) { return a > b ? a : b; }
 
@@ -331,7 +340,7 @@ static int take_part(ar_round *r, ar_link *L, const uint8_t *msg, size_t got) {
     size_t count = part_len(r, r->self, k);
     float *buf = visc_malloc(count * sizeof(float), "all-reduce part");
     if (!buf) return -1;
-    if (visc_ar_part_parse(msg, got, (uint32_t)k, r->cfg->compression, buf, count) != 0 ||
+    if (visc_ar_part_parse(msg, got, (uint32_t)k, part_encoding(r, r->self, k), buf, count) != 0 ||
         visc_validate_part(&r->cfg->agg, buf, count, L->weight) != 0) {
         free(buf);
         return -2;
@@ -358,7 +367,8 @@ static int take_result(ar_round *r, ar_link *L, const uint8_t *msg, size_t got) 
     /* a result can only follow our own part: anything else is forged */
     if (k >= sent) return invalid(visc_set_error("result %d before part %d was sent", k, k));
     size_t count = part_len(r, L->idx, k);
-    if (visc_ar_part_parse(msg, got, (uint32_t)k, r->cfg->compression, L->rx_scratch, count) != 0 ||
+    if (visc_ar_part_parse(msg, got, (uint32_t)k, part_encoding(r, L->idx, k), L->rx_scratch,
+                           count) != 0 ||
         visc_validate_part(&r->cfg->agg, L->rx_scratch, count, r->weight) != 0)
         return -2;
     pthread_mutex_lock(&r->mu);
@@ -478,7 +488,7 @@ static size_t encode_part(ar_round *r, ar_link *L, int k) {
         src = L->tx_scratch;
     }
     visc_put_u32(L->wire, (uint32_t)k);
-    visc_compression enc = visc_compression_for(r->cfg->compression, count);
+    visc_compression enc = visc_compression_for(part_encoding(r, L->idx, k), count);
     float *err = r->error_buf && r->cfg->error_feedback ? r->error_buf + off : NULL;
     return VISC_AR_PART_HEADER + visc_compress(enc, src, count, L->wire + VISC_AR_PART_HEADER, err);
 }
@@ -562,7 +572,7 @@ static int reduce_part(ar_round *r, int k, float *out) {
     uint8_t *enc = NULL;
     size_t len = 0;
     if (rc == 0) {
-        visc_compression c = visc_compression_for(r->cfg->compression, count);
+        visc_compression c = visc_compression_for(part_encoding(r, r->self, k), count);
         enc =
             visc_malloc(VISC_AR_PART_HEADER + visc_compressed_size(c, count), "all-reduce result");
         if (!enc) rc = -1;

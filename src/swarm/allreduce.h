@@ -70,7 +70,14 @@ typedef struct {
 
 typedef struct {
     visc_compression compression;
-    int error_feedback;        /* q8: carry the rounding error to the next round */
+    int error_feedback; /* q8: carry the rounding error to the next round */
+    /* Values at [exact_from, n) travel as plain fp32 whatever the
+     * compression: statistics that lossy codes ruin (BatchNorm buffers and
+     * counters, Adam's second moments, whose tiny entries an absmax block
+     * quantizes to zero). A part that reaches into the range is sent whole
+     * in fp32. Default SIZE_MAX: none. Every member must use the same value
+     * (put it in the schema hash). */
+    size_t exact_from;
     size_t part_bytes;         /* uncompressed part size, default 512 KiB */
     double round_timeout_s;    /* default 60 */
     double connect_timeout_s;  /* channels and hellos, default 10 (within the round) */

@@ -14,12 +14,15 @@
 
 #include "collab.h"
 #include "matchmaking.h"
+#include "record.h"
 #include "visc/core.h"
 
 #define MAX_RECORDS 256
 #define DOWNLOAD_BACKOFF_S 2.0 /* a failed download is retried after this */
 #define START_DOWNLOAD_TRIES 3
-#define STEP_SCALE 1024.0 /* parameter mode averages optimizer step / this */
+#define STEP_SCALE 1024.0            /* parameter mode averages optimizer step / this */
+#define SETTLE_STALE_S 20.0          /* a record unchanged this long is a dead peer's (settle) */
+#define SNAPSHOTS VISC_STATE_HISTORY /* epochs a donor keeps serving */
 
 struct visc_collab {
     visc_collab_config cfg;
@@ -45,18 +48,18 @@ struct visc_collab {
                              peers that started together may not have seen each
                              other's records yet */
     uint64_t downloads_tried;
-    /* the served state: the blob of `snap_epoch`, rebuilt on the training
-     * thread, copied by the server's threads */
+    /* The served states: the blobs of this peer's last SNAPSHOTS epochs, a
+     * ring (cur: the newest), built on the training thread, copied by the
+     * server's threads under mu. A requester asks for the epoch it read in
+     * the records a moment ago: the donor may have stepped since, and the
+     * requester can only check the hash of an epoch it saw published. */
     pthread_mutex_t mu;
-    uint8_t *snap;
-    uint64_t snap_epoch;
-    uint8_t snap_hash[32];
-    int have_snap;
-    /* the blob of the step before: a peer that read this peer's record a
-     * moment ago asks for that step, whose hash it can check */
-    uint8_t *prev;
-    uint64_t prev_epoch;
-    uint8_t prev_hash[32];
+    struct {
+        uint8_t *blob;
+        uint64_t epoch;
+        uint8_t hash[32];
+    } snaps[SNAPSHOTS];
+    int n_snaps, cur;
     visc_collab_stats stats;
     int started, finished;
 };
@@ -99,51 +102,64 @@ static void schema_hash(visc_collab *c, uint8_t out[32]) {
     crypto_generichash_final(&h, out, 32);
 }
 
-/* Rebuilds the served blob for the current epoch and publishes its hash.
- * blob: an already built one to take over (a download), or NULL. */
+/* Makes this epoch's state the newest served one and publishes its hash.
+ * blob: an already built one to take over (a download), or NULL: encode
+ * the trainer's state into the ring's oldest slot (allocated at start, so
+ * a step allocates nothing). */
 static int snapshot(visc_collab *c, uint8_t *blob, const uint8_t *hash) {
-    if (c->cfg.role != VISC_ROLE_FULL) {
-        free(blob);
-        return 0;
-    }
     visc_train_access *a = c->a;
-    uint8_t h[32];
-    if (!blob) {
-        blob = visc_malloc(c->state_bytes, "swarm state snapshot");
-        if (!blob) return -1;
+    pthread_mutex_lock(&c->mu);
+    int slot = c->n_snaps == 0 ? 0 : (c->cur + 1) % SNAPSHOTS;
+    if (blob) {
+        free(c->snaps[slot].blob);
+        c->snaps[slot].blob = blob;
+        memcpy(c->snaps[slot].hash, hash, 32);
+    } else {
+        /* servers copy under mu: the slot is theirs to read until then */
         visc_collab_state_encode(&c->layout, (uint64_t)a->state->step, (uint64_t)a->opt->step,
                                  a->model->params.data, a->model->buffers.data, a->opt->state,
-                                 a->ema_params, a->ema_buffers, blob);
-        visc_state_hash(blob, c->state_bytes, h);
-        hash = h;
+                                 a->ema_params, a->ema_buffers, c->snaps[slot].blob);
+        visc_state_hash(c->snaps[slot].blob, c->state_bytes, c->snaps[slot].hash);
     }
-    pthread_mutex_lock(&c->mu);
-    free(c->prev);
-    c->prev = c->have_snap ? c->snap : NULL;
-    c->prev_epoch = c->snap_epoch;
-    memcpy(c->prev_hash, c->snap_hash, 32);
-    c->snap = blob;
-    c->snap_epoch = (uint64_t)a->state->step;
-    memcpy(c->snap_hash, hash, 32);
-    c->have_snap = 1;
+    c->snaps[slot].epoch = (uint64_t)a->state->step;
+    c->cur = slot;
+    if (c->n_snaps < SNAPSHOTS) c->n_snaps++;
+    uint8_t h[32];
+    memcpy(h, c->snaps[slot].hash, 32);
     pthread_mutex_unlock(&c->mu);
-    visc_progress_set_state_hash(c->tracker, hash);
+    visc_progress_set_state_hash(c->tracker, h);
     return 0;
 }
 
-/* The state server's callback (its threads): a copy of the cached blob. */
+/* This peer's newest state hash (zeros before the first snapshot). */
+static void current_hash(visc_collab *c, uint8_t out[32]) {
+    pthread_mutex_lock(&c->mu);
+    if (c->n_snaps) memcpy(out, c->snaps[c->cur].hash, 32);
+    else memset(out, 0, 32);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* The state server's callback (its threads): a copy of the blob of
+ * want_epoch when the ring still holds it (the newest such: a download at
+ * one epoch replaces this peer's own), else of the newest. */
 static int serve_snapshot(void *ctx, uint64_t want_epoch, uint8_t **blob, size_t *n,
                           uint64_t *epoch, uint8_t hash[32]) {
     visc_collab *c = ctx;
     int rc = -1;
     pthread_mutex_lock(&c->mu);
-    int old = c->prev && c->prev_epoch == want_epoch && c->snap_epoch != want_epoch;
-    const uint8_t *src = old ? c->prev : c->snap;
-    if (c->have_snap && (*blob = malloc(c->state_bytes)) != NULL) {
-        memcpy(*blob, src, c->state_bytes);
+    int pick = c->cur;
+    for (int k = 0; k < c->n_snaps; k++) {
+        int i = (c->cur - k + SNAPSHOTS) % SNAPSHOTS;
+        if (c->snaps[i].epoch == want_epoch) {
+            pick = i;
+            break;
+        }
+    }
+    if (c->n_snaps && (*blob = malloc(c->state_bytes)) != NULL) {
+        memcpy(*blob, c->snaps[pick].blob, c->state_bytes);
         *n = c->state_bytes;
-        *epoch = old ? c->prev_epoch : c->snap_epoch;
-        memcpy(hash, old ? c->prev_hash : c->snap_hash, 32);
+        *epoch = c->snaps[pick].epoch;
+        memcpy(hash, c->snaps[pick].hash, 32);
         rc = 0;
     }
     pthread_mutex_unlock(&c->mu);
@@ -172,8 +188,10 @@ static void apply_state(visc_collab *c, const visc_collab_state_view *v) {
 
 /* Downloads the swarm's state from the last read records and takes it.
  * 0, or -1 with what failed (not fatal for the caller: it trains on). */
-static int download_state_from(visc_collab *c, const visc_progress_record *recs, int n) {
+static int download_state_from(visc_collab *c, const visc_progress_record *recs, int n,
+                               uint64_t min_epoch) {
     visc_state_download_config dc = visc_state_download_defaults(c->state_bytes);
+    dc.min_epoch = min_epoch;
     dc.timeout_s = c->cfg.averaging_timeout_s;
     dc.seed = c->cfg.seed ? c->cfg.seed + c->downloads_tried : 0;
     c->downloads_tried++;
@@ -193,6 +211,7 @@ static int download_state_from(visc_collab *c, const visc_progress_record *recs,
                               v.step, epoch);
     }
     apply_state(c, &v);
+    uint64_t was = c->epoch;
     c->epoch = epoch;
     c->stats.epoch = epoch;
     c->samples = 0; /* the gradient so far was of parameters that are gone */
@@ -200,19 +219,25 @@ static int download_state_from(visc_collab *c, const visc_progress_record *recs,
     c->stats.bytes_received += size;
     visc_progress_set_epoch(c->tracker, epoch);
     if (snapshot(c, blob, hash)) return -1;
-    if (c->cfg.verbose)
-        fprintf(stderr, "visc: swarm: took the swarm's state at step %" PRIu64 "\n", epoch);
+    fprintf(stderr,
+            "visc: swarm: took the swarm's state at step %" PRIu64
+            " (this peer was at step %" PRIu64 ")\n",
+            epoch, was);
     return 0;
 }
 
-static int download_state(visc_collab *c) { return download_state_from(c, c->recs, c->n_recs); }
+/* min_epoch: the lowest epoch worth taking (a peer that is behind wants
+ * a state past its own, not its own again). */
+static int download_state(visc_collab *c, uint64_t min_epoch) {
+    return download_state_from(c, c->recs, c->n_recs, min_epoch);
+}
 
 /* The swarm split at this peer's step: among the trusted records at the
  * step (this peer's own included), the state hash most peers publish (ties:
  * the smaller hash; at least two must agree) is not this peer's. Groups
  * that stepped apart (peers that missed each other in matchmaking) must
  * not stay apart: the side that loses takes the winning state. */
-static int diverged(const visc_collab *c, uint8_t winner[32]) {
+static int diverged(visc_collab *c, uint8_t winner[32]) {
     static const uint8_t zero[32];
     const uint8_t *best = NULL;
     int best_count = 0;
@@ -226,7 +251,9 @@ static int diverged(const visc_collab *c, uint8_t winner[32]) {
         if (count > best_count || (count == best_count && memcmp(r->state_hash, best, 32) < 0))
             best = r->state_hash, best_count = count;
     }
-    if (!best || best_count < 2 || !c->have_snap || memcmp(best, c->snap_hash, 32) == 0) return 0;
+    uint8_t mine[32];
+    current_hash(c, mine);
+    if (!best || best_count < 2 || !c->n_snaps || memcmp(best, mine, 32) == 0) return 0;
     memcpy(winner, best, 32);
     return 1;
 }
@@ -243,7 +270,7 @@ static int take_winner(visc_collab *c, const uint8_t winner[32]) {
             "visc: swarm: at step %" PRIu64 " this peer's state differs from the one most "
             "peers have (groups stepped apart): taking theirs\n",
             c->epoch);
-    int rc = download_state_from(c, pick, n);
+    int rc = download_state_from(c, pick, n, c->epoch);
     free(pick);
     if (rc)
         fprintf(stderr, "visc: swarm: taking the swarm's state at step %" PRIu64 " failed: %s\n",
@@ -256,18 +283,47 @@ static int refresh(visc_collab *c, int force) {
     return visc_progress_refresh(c->tracker, force, &c->view, c->recs, MAX_RECORDS, &c->n_recs);
 }
 
-/* This peer missed a step of the swarm: take the swarm's state (at most
- * once per backoff period). 1 when it was taken. */
+/* The swarm stepped past this peer: two other peers' records are ahead of
+ * it. A step is taken by a group of two or more, so a lone record ahead is
+ * a liar's (or a survivor's whose partner died): its state could not be
+ * downloaded anyway (no corroboration), and following it would stall this
+ * peer. (The same rule as the tracker's corroborated_epochs.) */
+static int behind(const visc_collab *c) {
+    if (c->view.epoch <= c->epoch) return 0;
+    int ahead = 0;
+    for (int i = 0; i < c->n_recs; i++)
+        ahead += c->recs[i].epoch > c->epoch; /* this peer's own record is not */
+    return ahead >= 2;
+}
+
+/* This peer missed a step of the swarm: take the swarm's state, and again
+ * while the swarm moved on during the download, without computing batches
+ * in between (a gradient of a state that is gone is wasted, and a peer
+ * that trains between downloads may never catch up with a fast swarm).
+ * Every download starts from freshly read records: their donors still
+ * serve the epochs they published. A failed download is retried after a
+ * backoff. 1 when the peer is at the swarm's epoch again. */
 static int catch_up(visc_collab *c) {
-    double now = visc_now();
+    double now = visc_now(), end = now + c->cfg.averaging_timeout_s;
     if (now < c->next_download) return 0;
-    if (download_state(c) == 0) return 1;
-    fprintf(stderr,
-            "visc: swarm: at step %" PRIu64 " behind the swarm's %" PRIu64
-            ", and the state download failed: %s (retrying in %.0f s)\n",
-            c->epoch, c->view.epoch, visc_last_error(), DOWNLOAD_BACKOFF_S);
-    c->next_download = now + DOWNLOAD_BACKOFF_S;
-    return 0;
+    for (;;) {
+        refresh(c, 1);
+        if (!behind(c)) return 1;
+        uint64_t was = c->epoch;
+        if (download_state(c, c->epoch + 1) != 0) {
+            fprintf(stderr,
+                    "visc: swarm: at step %" PRIu64 " behind the swarm's %" PRIu64
+                    ", and the state download failed: %s (retrying in %.0f s)\n",
+                    c->epoch, c->view.epoch, visc_last_error(), DOWNLOAD_BACKOFF_S);
+            c->next_download = visc_now() + DOWNLOAD_BACKOFF_S;
+            return 0;
+        }
+        if (c->epoch <= was) { /* the donors ahead could not serve: train on */
+            c->next_download = visc_now() + DOWNLOAD_BACKOFF_S;
+            return 0;
+        }
+        if (visc_now() >= end) return 0;
+    }
 }
 
 /* ---- one averaging round ---- */
@@ -322,6 +378,26 @@ static int group_target(const visc_collab *c) {
     return target;
 }
 
+/* What a round's members must share (matchmaking and the all-reduce
+ * refuse others): the layout's schema and, in gradient mode, the hash of
+ * the state at this epoch. The same averaged gradient applied to two
+ * different states keeps them different for ever; peers whose states
+ * differ (groups that stepped apart) do not average together, and are
+ * reconciled by state download instead. */
+static void round_schema(visc_collab *c, uint8_t out[32]) {
+    if (c->cfg.mode != VISC_COLLAB_GRADIENTS) {
+        memcpy(out, c->layout.schema, 32);
+        return;
+    }
+    uint8_t state[32];
+    current_hash(c, state);
+    crypto_generichash_state h;
+    crypto_generichash_init(&h, NULL, 0, 32);
+    crypto_generichash_update(&h, c->layout.schema, 32);
+    crypto_generichash_update(&h, state, 32);
+    crypto_generichash_final(&h, out, 32);
+}
+
 /* One attempt: matchmaking for round = epoch, then the all-reduce of the
  * packed vector. why: what failed. */
 static round_outcome attempt(visc_collab *c, char *why, size_t cap) {
@@ -329,7 +405,7 @@ static round_outcome attempt(visc_collab *c, char *why, size_t cap) {
                                   .target_group_size = group_target(c),
                                   .min_group_size = c->cfg.min_group_size,
                                   .matchmaking_time_s = c->cfg.matchmaking_time_s};
-    memcpy(mc.schema_hash, c->layout.schema, 32);
+    round_schema(c, mc.schema_hash);
     visc_group g;
     double t0 = visc_now();
     c->stats.rounds++;
@@ -344,7 +420,14 @@ static round_outcome attempt(visc_collab *c, char *why, size_t cap) {
     ac.compression = c->cfg.compression;
     ac.round_timeout_s = c->cfg.averaging_timeout_s;
     ac.agg = c->cfg.aggregate;
-    memcpy(ac.schema_hash, c->layout.schema, 32);
+    ac.hooks = c->cfg.allreduce_hooks;
+    /* Only the gradients (parameters, in parameter mode) go through a lossy
+     * code: BatchNorm statistics and optimizer moments do not survive an
+     * absmax block (running means came back 0, Adam's second moments 0 and
+     * the next step exploded, docs/swarm_study.md). The layout, hence this
+     * boundary, is in the schema every member agreed on. */
+    ac.exact_from = (size_t)c->layout.n_params;
+    memcpy(ac.schema_hash, mc.schema_hash, 32);
     pack(c);
     visc_allreduce_report rep;
     memset(&rep, 0, sizeof rep);
@@ -354,11 +437,19 @@ static round_outcome attempt(visc_collab *c, char *why, size_t cap) {
     c->stats.bytes_received += rep.bytes_received;
     c->stats.averaging_seconds += visc_now() - t0;
     char line[768];
-    if (rc == 0 && rep.averaged_fraction >= 1.0) {
-        if (c->cfg.verbose) {
+    /* Every value replaced by a group result: every member that got them
+     * all holds the same vector, even when a member was dropped (a sender
+     * that failed, or sent invalid data, and was left out of the parts it
+     * had not reached). A member whose results did not all come back sees
+     * a fraction below 1, and catches up by download. */
+    if (rc >= 0 && rep.averaged_fraction >= 1.0) {
+        int dropped = rep.failed_senders + rep.failed_reducers;
+        if (dropped || c->cfg.verbose) {
             visc_allreduce_report_line(&rep, line, sizeof line);
-            fprintf(stderr, "visc: swarm: step %" PRIu64 ": %s\n", c->epoch, line);
+            fprintf(stderr, "visc: swarm: step %" PRIu64 ": %s%s\n", c->epoch, line,
+                    dropped ? " (the rest of the group averaged everything)" : "");
         }
+        c->stats.members_dropped += (uint64_t)dropped;
         return ROUND_DONE;
     }
     if (rc < 0) {
@@ -380,9 +471,12 @@ static round_outcome run_round(visc_collab *c, char *why, size_t cap) {
     visc_progress_pause(c->tracker);
     for (int tries = 1;; tries++) {
         /* a fresh look: alone (a swarm of one steps by itself), or behind
-         * (the swarm stepped without this peer) */
+         * (the swarm stepped without this peer: a late group of the same
+         * round would split the swarm). The first try goes by the last
+         * read: a DHT read can take a second when a dead peer is still in
+         * the routing tables, and the round is what is late then. */
         if (c->view.peers <= 1 || tries > 1) refresh(c, 1);
-        if (c->view.epoch > c->epoch) {
+        if (behind(c)) {
             out = ROUND_BEHIND;
             break;
         }
@@ -405,26 +499,51 @@ static round_outcome run_round(visc_collab *c, char *why, size_t cap) {
     return out;
 }
 
-/* After a step of the swarm (or alone): the new epoch, its state, its record.
- */
-/* After the run's last step: wait (a little) for the peers at this step to
- * publish their state, and take the majority's if this peer's differs, so
- * that the swarm ends with one model. */
+/* Live peers one step short of this peer's: they may still step to it in
+ * a group of their own. (A peer further behind can only catch up by
+ * downloading, and the highest corroborated state is this step's.) A
+ * killed peer's record lives on until it expires but stops changing: one
+ * whose measurement time is older than a step's retries plus
+ * SETTLE_STALE_S (a batch and a download) is not waited for. */
+static int settle_pending(const visc_collab *c) {
+    uint64_t now_ms = visc_unix_ms();
+    uint64_t fresh_ms = (uint64_t)((SETTLE_STALE_S + c->cfg.step_deadline_s) * 1000);
+    int pending = 0;
+    for (int i = 0; i < c->n_recs; i++) {
+        const visc_progress_record *r = &c->recs[i];
+        if (r->epoch + 1 == c->epoch && r->time_ms + fresh_ms >= now_ms) pending++;
+    }
+    return pending;
+}
+
+/* After the run's last step, before the trainer saves: wait until every
+ * live peer has reached this step, taking the majority's state whenever
+ * this peer's differs (groups that stepped apart), so that the swarm ends
+ * with one model. Peers that are late may still step in a group of their
+ * own, and outvote this one: hence waiting for them, not just for the
+ * records at hand. Bounded by the averaging timeout. */
 static void settle(visc_collab *c) {
-    double end = visc_now() + 2 * c->cfg.matchmaking_time_s;
+    double end = visc_now() + c->cfg.averaging_timeout_s;
     uint8_t winner[32];
-    while (visc_now() < end) {
+    for (;;) {
         refresh(c, 1);
-        if (diverged(c, winner)) {
-            take_winner(c, winner);
+        if (diverged(c, winner)) take_winner(c, winner);
+        int pending = settle_pending(c);
+        if (pending == 0) return;
+        if (visc_now() >= end) {
+            fprintf(stderr,
+                    "visc: swarm: ending at step %" PRIu64 " while %d peer%s still behind "
+                    "(waited %.0f s)\n",
+                    c->epoch, pending, pending == 1 ? " is" : "s are", c->cfg.averaging_timeout_s);
             return;
         }
-        if (c->view.peers_at_epoch >= c->view.peers) return; /* everyone is here, agreeing */
         struct timespec ts = {0, 300 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
 }
 
+/* After a step of the swarm (or alone): the new epoch, its state, its
+ * record. */
 static int advance(visc_collab *c) {
     c->epoch++;
     c->stats.epoch = c->epoch;
@@ -491,7 +610,7 @@ static int after_backward(void *ctx, int n, float loss, int64_t *global_step) {
     c->samples += (uint64_t)n;
     if (!c->cfg.lockstep) {
         refresh(c, 0);
-        if (c->view.epoch > c->epoch) {
+        if (behind(c)) {
             catch_up(c);
             return 0;
         }
@@ -507,7 +626,7 @@ static int after_backward(void *ctx, int n, float loss, int64_t *global_step) {
 
 static int parameter_round(visc_collab *c) {
     refresh(c, 0);
-    if (c->view.epoch > c->epoch) {
+    if (behind(c)) {
         catch_up(c);
         return 0;
     }
@@ -575,29 +694,23 @@ static int setup_layout(visc_collab *c) {
         c->acc = visc_calloc(P, sizeof(float), "swarm gradient accumulator");
     c->recs = visc_calloc(MAX_RECORDS, sizeof *c->recs, "progress records");
     if (!c->vec || !c->recs || (c->cfg.mode == VISC_COLLAB_GRADIENTS && !c->acc)) return -1;
+    /* a client serves nothing, but its state hash goes into every round's
+     * schema too */
+    for (int i = 0; i < SNAPSHOTS; i++)
+        if (!(c->snaps[i].blob = visc_malloc(c->state_bytes, "swarm state snapshot"))) return -1;
     return 0;
 }
 
 /* At start: the swarm ahead of this peer, or at its step with a state that
  * other peers corroborate and this peer does not hold. */
 static int needs_state(visc_collab *c) {
-    if (c->view.epoch > c->epoch) return 1;
+    if (behind(c)) return 1;
     int order[MAX_RECORDS];
     const uint8_t *self = visc_swarm_node_auth(c->cfg.node)->self.public_key;
     int k = visc_state_donor_order(c->recs, c->n_recs, self, 1, 1, order);
     if (k == 0 || c->recs[order[0]].epoch != c->epoch) return 0;
     uint8_t mine[32];
-    if (c->have_snap) memcpy(mine, c->snap_hash, 32);
-    else {
-        uint8_t *blob = visc_malloc(c->state_bytes, "swarm state");
-        if (!blob) return 0;
-        visc_train_access *a = c->a;
-        visc_collab_state_encode(&c->layout, c->epoch, (uint64_t)a->opt->step,
-                                 a->model->params.data, a->model->buffers.data, a->opt->state,
-                                 a->ema_params, a->ema_buffers, blob);
-        visc_state_hash(blob, c->state_bytes, mine);
-        free(blob);
-    }
+    current_hash(c, mine); /* start() took the snapshot of this state */
     for (int i = 0; i < k; i++)
         if (c->recs[order[i]].epoch == c->epoch &&
             memcmp(c->recs[order[i]].state_hash, mine, 32) == 0)
@@ -619,6 +732,7 @@ static int start(void *ctx, visc_train_access *a, int64_t *schedule_steps_per_ep
         .dht = dht,
         .self_key = visc_swarm_node_auth(c->cfg.node)->self.public_key,
         .target_batch_size = c->cfg.target_batch_size,
+        .corroborated_epochs = 1,
     };
     c->tracker = visc_progress_tracker_new(&pc);
     if (!c->tracker) return -1;
@@ -636,7 +750,7 @@ static int start(void *ctx, visc_train_access *a, int64_t *schedule_steps_per_ep
     if (needs_state(c)) {
         double deadline = visc_now() + c->cfg.averaging_timeout_s;
         for (int i = 0; i < START_DOWNLOAD_TRIES; i++) {
-            if (download_state(c) == 0) break;
+            if (download_state(c, 0) == 0) break;
             fprintf(stderr,
                     "visc: swarm: downloading the swarm's state (at step %" PRIu64 "): %s\n",
                     c->view.epoch, visc_last_error());
@@ -671,10 +785,11 @@ static void finish(void *ctx) {
     fprintf(stderr,
             "visc: swarm: %" PRIu64 " steps, %" PRIu64 " rounds (%" PRIu64 " failed, %" PRIu64
             " partial), %" PRIu64 " skipped, %" PRIu64 " local, %" PRIu64
-            " state downloads, %.1f MB sent, %.1f MB received, %.1f s averaging\n",
+            " state downloads, %.1f MB sent, %.1f MB received, %.1f s averaging, %" PRIu64
+            " members dropped\n",
             s->epoch, s->rounds, s->rounds_failed, s->rounds_partial, s->steps_skipped,
             s->steps_local, s->state_downloads, (double)s->bytes_sent / 1e6,
-            (double)s->bytes_received / 1e6, s->averaging_seconds);
+            (double)s->bytes_received / 1e6, s->averaging_seconds, s->members_dropped);
     if (c->cfg.linger_s > 0 && c->server) {
         /* a peer that is done stays a donor for a while: newcomers can
          * still take the swarm's state from it */
@@ -741,8 +856,7 @@ void visc_collab_free(visc_collab *c) {
     if (!c) return;
     finish(c);
     pthread_mutex_destroy(&c->mu);
-    free(c->snap);
-    free(c->prev);
+    for (int i = 0; i < SNAPSHOTS; i++) free(c->snaps[i].blob);
     free(c->acc);
     free(c->vec);
     free(c->recs);

@@ -26,46 +26,78 @@
  * tests and controlled studies; the default is free-running.
  *
  * Failures never pass silently. A round that finds no group or whose
- * all-reduce fails (or averages less than all of the vector) is retried
- * while the step's deadline allows; then the policy decides: "skip" (the
- * default: no step, keep the accumulated gradient for the next round) or
- * "local" (step with this peer's own gradient and flag the divergence).
- * Either way one line is logged and the counters (visc_collab_stats) say
- * how often.
+ * all-reduce leaves part of the vector un-averaged is retried while the
+ * step's deadline allows; then the policy decides: "skip" (the default: no
+ * step, keep the accumulated gradient for the next round) or "local" (step
+ * with this peer's own gradient and flag the divergence). Either way one
+ * line is logged and the counters (visc_collab_stats) say how often. A
+ * round in which a member was dropped (it failed, or sent NaN, Inf, huge
+ * values or wrong sizes and was banned) but every value was still averaged
+ * by the others is a step: every member that received all results holds
+ * the same vector (the exact mean of those whose parts were used); one
+ * line names the dropped member, and members_dropped counts them. (A
+ * hostile member that reduces a shard makes that shard's round fail; it
+ * takes part again in the retries: matchmaking has no ban list yet.)
  *
- * Late joiners and laggards. At start, and whenever the swarm's epoch is
- * more than one ahead of this peer's, the peer downloads the full training
- * state (state_sync.h: from a donor at the highest epoch whose hash other
- * peers corroborate) and loads it through the trainer (checkpoint format:
- * parameters, optimizer state, EMA, BatchNorm buffers, step and epoch).
- * Every full peer serves its own state at its epoch; the hash of that state
- * goes into its progress record. A peer resumed from a checkpoint takes
- * the swarm's state only when the swarm is ahead of it.
+ * Late joiners and laggards (collab.c, as built). Every full peer serves
+ * the states of its last VISC_STATE_HISTORY (4) epochs (a ring of blobs
+ * allocated at start; a requester asks for the epoch it read in the
+ * records, which the donor may have left since: that state's hash is the
+ * one the requester can check). A peer is behind when two other peers'
+ * records are ahead of it (a step is taken by a group of two or more; a
+ * lone record ahead is a liar's, or a survivor's whose partner died, and is
+ * not followed: the progress tracker runs with corroborated_epochs, so
+ * such a record neither raises the global epoch nor decides when the swarm
+ * is ready). A peer that is behind drops its accumulated gradient and
+ * catches up at once, without computing batches in between: it re-reads
+ * the records, downloads the state (state_sync.h: the highest state whose
+ * hash two peers vouch for: two records, or one record and the signed
+ * header of a donor that has moved on but still holds it), and repeats
+ * while the swarm moved on during the download; a failed download is
+ * retried after
+ * 2 s. The download is loaded through the trainer (parameters, optimizer
+ * state, EMA, BatchNorm buffers, step; the data cursor stays this peer's).
+ * At start, a peer behind the swarm, or at its epoch with a state other
+ * peers corroborate and this peer does not hold, downloads too (e.g.
+ * another initialization). A peer resumed from a checkpoint takes the
+ * swarm's state only when the swarm is ahead of it.
  *
- * (collab.c, as built.) The served state is not the checkpoint file but a
- * canonical blob (below) of what every peer of one epoch holds alike:
- * parameters, BatchNorm buffers, optimizer state and step, EMA (gradient
- * mode), and the global step. A checkpoint also holds per-peer fields (the
- * data cursor, the config text, BatchNorm counters), so peers' hashes would
- * never agree and no state could be corroborated. To make peers of one
- * epoch equal, gradient mode averages the BatchNorm buffers in the same
- * all-reduce as the gradients, and parameter mode averages the optimizer's
- * step count with the rest. A download replaces those fields and the
- * trainer's global step; this peer's data cursor (epoch of data, position)
- * stays its own. The blob is rebuilt (copied and hashed) once per epoch on
- * the training thread: O(state) per global step, acceptable next to the
- * target batch's compute; servers copy the cached blob.
+ * The served state is not the checkpoint file but a canonical blob (below)
+ * of what every peer of one epoch holds alike: parameters, BatchNorm
+ * buffers, optimizer state and step, EMA (gradient mode), and the global
+ * step. A checkpoint also holds per-peer fields (the data cursor, the
+ * config text, BatchNorm counters), so peers' hashes would never agree and
+ * no state could be corroborated. To make peers of one epoch equal,
+ * gradient mode averages the BatchNorm buffers in the same all-reduce as
+ * the gradients, and parameter mode averages the optimizer's step count
+ * with the rest. The blob is encoded and hashed once per epoch on the
+ * training thread (O(state), next to the target batch's compute); servers
+ * copy it under a lock.
+ *
+ * Split groups. Peers that miss each other in matchmaking can step the
+ * same epoch in two groups. In gradient mode every round's schema (what
+ * matchmaking and the all-reduce require members to share) includes the
+ * hash of the member's state at its epoch, so peers whose states differ
+ * never average together (the same averaged gradient applied to two states
+ * would keep them apart for ever); clients hash their state too. A
+ * free-running peer compares, after each batch, the state hashes published
+ * at its epoch: when most peers (at least two; ties: the smaller hash)
+ * publish another hash than its own, it takes that state from them (one
+ * line); a side that is behind catches up as above. After the run's last
+ * step, before the trainer saves, the peer settles: it waits until no live
+ * peer is one step short of it (such a peer may still step in a group of
+ * its own and outvote this one; a record unchanged for 20 s plus the step
+ * deadline is a dead peer's and is not waited for), taking the majority's
+ * state whenever its own differs, bounded by the averaging timeout. So the
+ * swarm ends on one model, also with slow peers, kills and joins
+ * (tests/e2e_swarm_churn.sh) and after a partition heals
+ * (tests/e2e_swarm_partition.sh).
  *
  * A peer steps "alone" without a failure when a fresh read of the swarm
- * shows no other live peer (a swarm of one equals plain training). A
- * peer whose epoch is behind the swarm's (it missed a step: late, or its
- * round failed while others succeeded) downloads the state and drops its
- * accumulated gradient; downloads that fail are retried every few seconds.
- * At start, a peer at the swarm's epoch whose state differs from the state
- * other peers corroborate also downloads (e.g. another initialization).
- * Known limit: peers that start a new swarm at the same moment must share
- * the initialization (the same --seed): with nobody to corroborate, each
- * keeps its own. */
+ * shows no other live peer (a swarm of one equals plain training). Known
+ * limit: peers that start a new swarm at the same moment must share the
+ * initialization (the same --seed): with nobody to corroborate, each keeps
+ * its own. */
 #ifndef VISC_SWARM_COLLAB_H
 #define VISC_SWARM_COLLAB_H
 
@@ -96,12 +128,15 @@ typedef struct {
     uint64_t seed;         /* donor choice */
     int verbose;           /* one line per round */
     double linger_s;       /* after training: keep serving the state this long */
+    /* Tests only (a hostile peer's fault injection): NULL in production. */
+    const visc_allreduce_hooks *allreduce_hooks;
 } visc_collab_config;
 
 typedef struct {
     uint64_t epoch; /* global steps this peer has taken part in */
     uint64_t rounds, rounds_failed, rounds_partial, steps_skipped, steps_local;
     uint64_t state_downloads, bytes_sent, bytes_received;
+    uint64_t members_dropped; /* group members left out of rounds that still averaged all */
     double averaging_seconds;
 } visc_collab_stats;
 

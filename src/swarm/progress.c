@@ -16,6 +16,7 @@
 #define GROWTH_FACTOR 3.0  /* slack on claimed throughput x elapsed time */
 #define GROWTH_SLACK_S 2.0 /* plus this many seconds of claimed throughput */
 #define SPS_MEDIAN_FACTOR 10.0
+#define LONE_REPORT_S 5.0 /* a lone epoch ahead is reported after this long */
 #define PEER_TABLE_MAX (VISC_DHT_MAX_GET + 64)
 
 /* ---- wire form ---- */
@@ -136,6 +137,8 @@ typedef struct {
     int live;    /* in the latest read */
     int trusted; /* the verdict on cur */
     int reported;
+    int lone, ahead_reported; /* alone ahead (since lone_since, tracker clock); reported */
+    double lone_since;
     double distrust_until; /* tracker clock */
     double seen_at;
 } peer_entry;
@@ -329,16 +332,6 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* The median of sorted[0..n) without one element equal to v (n >= 2). */
-static double median_without(const double *sorted, int n, double v) {
-    int skip = 0;
-    while (skip < n - 1 && sorted[skip] != v) skip++;
-    int m = n - 1;
-#define AT(j) sorted[(j) < skip ? (j) : (j) + 1]
-    return m % 2 ? AT(m / 2) : 0.5 * (AT(m / 2 - 1) + AT(m / 2));
-#undef AT
-}
-
 /* Samples grew within one epoch faster than the claimed throughput allows. */
 static void check_growth(visc_progress_tracker *t, peer_entry *e, double now, uint64_t now_ms) {
     const visc_progress_record *c = &e->cur, *l = &e->last;
@@ -356,8 +349,8 @@ static void check_growth(visc_progress_tracker *t, peer_entry *e, double now, ui
                  (unsigned long long)c->samples_accumulated, dt, sps);
 }
 
-/* Throughput more than SPS_MEDIAN_FACTOR x the median of the others'
- * (when at least two others report one). Verdicts use the trusted set
+/* Throughput more than SPS_MEDIAN_FACTOR x the fastest other peer's (this
+ * peer included; when at least two others report one). Verdicts use the trusted set
  * as it was before this pass, so the order of peers does not matter. */
 static void check_throughput(visc_progress_tracker *t, const visc_progress_record *self,
                              double now) {
@@ -374,14 +367,17 @@ static void check_throughput(visc_progress_tracker *t, const visc_progress_recor
         for (int i = 0; i < t->n_peers; i++) {
             const peer_entry *e = &t->peers[i];
             double s = e->cur.samples_per_second;
-            limit[i] = e->live && e->trusted && s > 0 ? SPS_MEDIAN_FACTOR * median_without(v, n, s)
-                                                      : INFINITY;
+            /* the fastest of the others (this peer included), not their
+             * median: peers that claim to be slow must not make an honest
+             * fast peer look like a liar */
+            double base = v[n - 1] == s ? v[n - 2] : v[n - 1];
+            limit[i] = e->live && e->trusted && s > 0 ? SPS_MEDIAN_FACTOR * base : INFINITY;
         }
         for (int i = 0; i < t->n_peers; i++)
             if (t->peers[i].cur.samples_per_second > limit[i])
                 distrust(t, &t->peers[i], now,
-                         "claims %.1f samples/s, more than %g x the median of the other peers' "
-                         "(%.1f)",
+                         "claims %.1f samples/s, more than %g x the fastest other peer's "
+                         "(%.1f), let alone their median",
                          t->peers[i].cur.samples_per_second, SPS_MEDIAN_FACTOR,
                          limit[i] / SPS_MEDIAN_FACTOR);
     }
@@ -416,12 +412,54 @@ static void check_epoch(visc_progress_tracker *t, const visc_progress_record *se
                      (unsigned long long)(top_at == i ? second : top));
 }
 
+/* With corroborated_epochs, a trusted record ahead of this peer's epoch
+ * counts only when another trusted peer has reached its epoch too (a step
+ * is taken by a group of two or more). Not the same state hash: while the
+ * swarm steps faster than records spread, a reader rarely sees two peers'
+ * records at the same epoch at once. */
+static int epoch_counts(const visc_progress_tracker *t, const visc_progress_record *self, int i) {
+    const visc_progress_record *r = &t->peers[i].cur;
+    if (!t->cfg.corroborated_epochs || !self || r->epoch <= self->epoch) return 1;
+    for (int j = 0; j < t->n_peers; j++) {
+        const peer_entry *o = &t->peers[j];
+        if (j != i && o->live && o->trusted && o->cur.epoch >= r->epoch) return 1;
+    }
+    return 0;
+}
+
 static uint64_t global_epoch(const visc_progress_tracker *t, const visc_progress_record *self) {
     uint64_t g = self ? self->epoch : 0;
     for (int i = 0; i < t->n_peers; i++)
-        if (t->peers[i].live && t->peers[i].trusted && t->peers[i].cur.epoch > g)
+        if (t->peers[i].live && t->peers[i].trusted && t->peers[i].cur.epoch > g &&
+            epoch_counts(t, self, i))
             g = t->peers[i].cur.epoch;
     return g;
+}
+
+/* Says once per peer that its epoch ahead is not followed, when it has
+ * stayed alone there for LONE_REPORT_S (right after a step, the group's
+ * members publish their new epoch one after the other). */
+static void report_lone_epochs(visc_progress_tracker *t, const visc_progress_record *self,
+                               double now) {
+    for (int i = 0; i < t->n_peers; i++) {
+        peer_entry *e = &t->peers[i];
+        /* a liar stays ahead of every step: caught up with for a moment is
+         * no reason to forget it; joined there by another peer is */
+        if (e->live && e->trusted && e->cur.epoch <= self->epoch) continue;
+        if (!e->live || !e->trusted || epoch_counts(t, self, i)) {
+            e->lone = 0;
+            continue;
+        }
+        if (!e->lone) e->lone = 1, e->lone_since = now;
+        if (e->ahead_reported || now - e->lone_since < LONE_REPORT_S) continue;
+        e->ahead_reported = 1;
+        char id[VISC_PEER_ID_CHARS + 1];
+        visc_peer_id(e->key, id);
+        fprintf(stderr,
+                "visc: swarm: peer %s publishes epoch %llu (this peer: %llu) that no other "
+                "peer has reached: not followed\n",
+                id, (unsigned long long)e->cur.epoch, (unsigned long long)self->epoch);
+    }
 }
 
 /* More samples at the epoch whose beginning we saw than the claimed
@@ -464,6 +502,7 @@ static void judge(visc_progress_tracker *t, const visc_progress_record *self, do
         t->floor_time = t->last_fetch - t->cfg.max_refresh_s;
     }
     check_epoch_age(t, now);
+    if (t->cfg.corroborated_epochs && self) report_lone_epochs(t, self, now);
     t->prev_global = global_epoch(t, self);
     t->prev_others = 0;
     for (int i = 0; i < t->n_peers; i++) t->prev_others += t->peers[i].live && t->peers[i].trusted;

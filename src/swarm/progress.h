@@ -8,7 +8,9 @@
  * serves state at, the hash of its state at its epoch, and its recent loss.
  *
  * From all live records a peer computes the view:
- *   global epoch   the highest epoch among trusted records (self included);
+ *   global epoch   the highest epoch among trusted records (self included;
+ *                  with corroborated_epochs, see below, lone records ahead
+ *                  of this peer do not count);
  *   samples        the sum over trusted peers at the global epoch of
  *                  samples_accumulated + samples_per_second * (now - time),
  *                  the extrapolation clamped to [0, max_refresh_s] (a live
@@ -29,8 +31,10 @@
  *   - its samples grew, within one epoch, by more than 3 x its claimed
  *     throughput x the time between its records, plus 2 s of samples
  *     (slack for the EMA's lag and timing);
- *   - its throughput is more than 10 x the median of the other peers'
- *     (when at least 2 other peers report a throughput);
+ *   - its throughput is more than 10 x the fastest other peer's, this
+ *     peer's own included (when at least 2 other peers report a
+ *     throughput; not their median: liars that claim to be slow must not
+ *     get an honest fast peer distrusted);
  *   - it claims more work than the epoch has had time for: at an epoch
  *     whose beginning this tracker saw (the global epoch rose by one
  *     between two reads that both saw other peers), more samples than
@@ -116,6 +120,14 @@ typedef struct {
      * expiry (NULL: visc_now). Tests drive it. */
     double (*clock)(void *ctx);
     void *clock_ctx;
+    /* 1: a record ahead of this peer's epoch raises the global epoch only
+     * when another trusted peer has reached that epoch too (a step is taken
+     * by a group of two or more; a lone record ahead is a liar's, or a
+     * survivor's whose state nobody can vouch for). It is reported once
+     * when it stays alone for 5 s ("... not followed") and left out of the
+     * count at the epoch. Training peers set it; observers show every
+     * record. */
+    int corroborated_epochs;
 } visc_progress_config;
 
 /* NULL with an error on a bad config (no DHT, periods out of order). */

@@ -405,8 +405,15 @@ static double next_deadline(double step, double deadline) {
     return t < deadline ? t : deadline;
 }
 
+/* What to ask a donor for: the state of `epoch` whose hash is `hash`. */
+typedef struct {
+    int donor; /* index into the records */
+    uint64_t epoch;
+    const uint8_t *hash;
+} target;
+
 /* One donor: 0 with the verified blob, or -1 with why (one phrase). */
-static int attempt(visc_swarm_node *node, const visc_progress_record *r,
+static int attempt(visc_swarm_node *node, const visc_progress_record *r, const target *want,
                    const visc_state_download_config *cfg, uint8_t **blob_out, size_t *n_out) {
     double deadline = visc_now() + cfg->timeout_s;
     double step = cfg->chunk_timeout_s;
@@ -416,7 +423,7 @@ static int attempt(visc_swarm_node *node, const visc_progress_record *r,
     uint8_t *blob = NULL;
     uint8_t msg[VISC_STATE_HEADER_BYTES], type = 0;
     size_t got = 0;
-    visc_state_request req = {.min_epoch = r->epoch, .max_bytes = cfg->max_bytes};
+    visc_state_request req = {.min_epoch = want->epoch, .max_bytes = cfg->max_bytes};
     visc_state_request_encode(&req, msg);
     if (visc_chan_send(c, VISC_MSG_STATE_REQUEST, msg, VISC_STATE_REQUEST_BYTES,
                        next_deadline(step, deadline)) != 0 ||
@@ -435,16 +442,16 @@ static int attempt(visc_swarm_node *node, const visc_progress_record *r,
     }
     if (visc_state_header_parse(msg, got, visc_swarm_node_auth(node)->run_hash, r->peer, &h) != 0)
         goto fail;
-    char want[17], have[17];
-    hex8(r->state_hash, want);
+    char want_hex[17], have[17];
+    hex8(want->hash, want_hex);
     hex8(h.hash, have);
-    if (h.epoch != r->epoch) {
+    if (h.epoch != want->epoch) {
         visc_set_error("serves epoch %llu, published %llu", (unsigned long long)h.epoch,
-                       (unsigned long long)r->epoch);
+                       (unsigned long long)want->epoch);
         goto fail;
     }
-    if (sodium_memcmp(h.hash, r->state_hash, 32) != 0) {
-        visc_set_error("serves hash %s, published %s", have, want);
+    if (sodium_memcmp(h.hash, want->hash, 32) != 0) {
+        visc_set_error("serves hash %s, published %s", have, want_hex);
         goto fail;
     }
     /* before allocating anything */
@@ -473,7 +480,7 @@ static int attempt(visc_swarm_node *node, const visc_progress_record *r,
     visc_state_hash(blob, n, actual);
     if (sodium_memcmp(actual, h.hash, 32) != 0) {
         hex8(actual, have);
-        visc_set_error("sent bytes hashing to %s, not the signed %s", have, want);
+        visc_set_error("sent bytes hashing to %s, not the signed %s", have, want_hex);
         goto fail;
     }
     visc_chan_close(c);
@@ -484,6 +491,49 @@ fail:
     free(blob);
     visc_chan_close(c);
     return -1;
+}
+
+/* The attempts, best first: each donor of `order` for the state it
+ * publishes (corroborated by another record), then, with corroboration,
+ * pairs that records alone do not show: a state (epoch, hash) that one peer
+ * publishes, asked of another peer that has moved on by fewer than
+ * VISC_STATE_HISTORY epochs (it still serves it; its signed header vouches
+ * for the hash, the publisher's record for the same). While the swarm steps
+ * faster than records spread, two records rarely show one epoch at once.
+ * Highest epoch first; the pairs keep the donors' shuffled order. States
+ * below cfg->min_epoch are left out. */
+static int targets(const visc_progress_record *records, int n, const uint8_t *self,
+                   const int *order, int k, const visc_state_download_config *cfg, target *out) {
+    int m = 0;
+    for (int i = 0; i < k; i++)
+        if (records[order[i]].epoch >= cfg->min_epoch)
+            out[m++] = (target){order[i], records[order[i]].epoch, records[order[i]].state_hash};
+    if (cfg->require_corroboration)
+        for (int q = 0; q < n; q++) {
+            const visc_progress_record *pub = &records[q];
+            if (!hash_known(pub->state_hash) || pub->epoch < cfg->min_epoch ||
+                (self && memcmp(pub->peer, self, VISC_KEY_BYTES) == 0))
+                continue;
+            for (int i = 0; i < k + n; i++) { /* donors: shuffled ones, then the rest */
+                int d = i < k ? order[i] : i - k;
+                const visc_progress_record *r = &records[d];
+                int in_order = 0;
+                for (int j = 0; j < k && i >= k; j++) in_order |= order[j] == d;
+                if (in_order || d == q || !servable(r, self) || r->epoch <= pub->epoch ||
+                    r->epoch - pub->epoch >= VISC_STATE_HISTORY ||
+                    memcmp(r->peer, pub->peer, VISC_KEY_BYTES) == 0)
+                    continue;
+                out[m++] = (target){d, pub->epoch, pub->state_hash};
+            }
+        }
+    /* highest epoch first, stable (insertion sort: a swarm's records) */
+    for (int i = 1; i < m; i++)
+        for (int j = i; j > 0 && out[j].epoch > out[j - 1].epoch; j--) {
+            target t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+    return m;
 }
 
 visc_state_download_config visc_state_download_defaults(size_t max_bytes) {
@@ -518,27 +568,36 @@ int visc_state_download(visc_swarm_node *node, const visc_progress_record *recor
     if (cfg.max_attempts <= 0) cfg.max_attempts = 3;
     const uint8_t *self = visc_swarm_node_auth(node)->self.public_key;
     int *order = visc_malloc((size_t)(n > 0 ? n : 1) * sizeof *order, "donor order");
-    if (!order) return -1;
-    int k = visc_state_donor_order(records, n, self, cfg.require_corroboration, cfg.seed, order);
+    int k = 0, m = 0;
+    target *want =
+        order ? visc_malloc((size_t)(n * (n > 1 ? n : 1) + 1) * sizeof *want, "donor targets")
+              : NULL;
+    if (want) {
+        k = visc_state_donor_order(records, n, self, cfg.require_corroboration, cfg.seed, order);
+        m = targets(records, n, self, order, k, &cfg, want);
+    }
     char line[480] = "";
-    for (int a = 0; a < k && a < cfg.max_attempts; a++) {
-        const visc_progress_record *r = &records[order[a]];
+    for (int a = 0; a < m && a < cfg.max_attempts; a++) {
+        const visc_progress_record *r = &records[want[a].donor];
         uint8_t *got = NULL;
         size_t got_n = 0;
-        if (attempt(node, r, &cfg, &got, &got_n) == 0) {
-            free(order);
+        if (attempt(node, r, &want[a], &cfg, &got, &got_n) == 0) {
             /* the attempt checked the header's epoch and hash against the
-             * record, and the bytes against the header */
+             * target, and the bytes against the header */
             *blob = got;
             *size = got_n;
-            *epoch = r->epoch;
-            memcpy(hash, r->state_hash, 32);
+            *epoch = want[a].epoch;
+            memcpy(hash, want[a].hash, 32);
+            free(want);
+            free(order);
             return 0;
         }
         char id[VISC_PEER_ID_CHARS + 1];
         visc_peer_id(r->peer, id);
         note(line, sizeof line, "%s%s@%s: %s", line[0] ? "; " : "", id, r->addr, visc_last_error());
     }
+    free(want);
+    if (!order) return -1;
     /* records that could have served but were not corroborated */
     int skipped = 0;
     for (int i = 0; i < n; i++)
@@ -546,11 +605,11 @@ int visc_state_download(visc_swarm_node *node, const visc_progress_record *recor
             !corroborated(records, n, i))
             skipped++;
     free(order);
-    if (k == 0)
+    if (m == 0)
         return visc_set_error("state download: no donor among %d records (%d with a state hash "
                               "that no other peer published)",
                               n, skipped);
-    int tried = k < cfg.max_attempts ? k : cfg.max_attempts;
-    return visc_set_error("state download failed (%d of %d donors tried%s): %s", tried, k,
+    int tried = m < cfg.max_attempts ? m : cfg.max_attempts;
+    return visc_set_error("state download failed (%d of %d donors tried%s): %s", tried, m,
                           skipped ? ", uncorroborated ones skipped" : "", line);
 }

@@ -37,6 +37,9 @@
 #include "progress.h"
 
 #define VISC_STATE_CHUNK (64u << 10)
+/* A donor keeps serving the states of its last VISC_STATE_HISTORY epochs
+ * (collab.c): a requester asks for the epoch it saw published. */
+#define VISC_STATE_HISTORY 4
 #define VISC_STATE_MAX_SERVING 4 /* transfers a donor runs at once */
 #define VISC_STATE_REQUEST_S 5.0 /* a requester has this long to send its request */
 #define VISC_STATE_CHUNK_S 10.0  /* default deadline of each chunk, both sides */
@@ -81,6 +84,7 @@ typedef struct {
     int require_corroboration; /* 1 (default): the hash must be published by another peer too */
     uint64_t seed;             /* donor choice among equals (0: random) */
     double chunk_timeout_s;    /* the most a donor may take per chunk (0: VISC_STATE_CHUNK_S) */
+    uint64_t min_epoch;        /* states of lower epochs are not asked for (0: any) */
 } visc_state_download_config;
 
 /* The defaults: corroboration required, 0 (= default) everywhere else. */

@@ -70,6 +70,7 @@ typedef struct {
     float *targets; /* [B, K] soft targets of a mixed batch */
     float *probs, *dlogits, *ema_params, *ema_buffers;
     int64_t steps_per_epoch;
+    int64_t last_eval_step; /* --eval-interval: the step last evaluated (-1: none) */
     visc_train_state state;
     visc_tb_writer *tb;
     FILE *log;
@@ -185,13 +186,31 @@ static int setup_schedule(trainer *t, int64_t steps_per_epoch) {
 }
 
 static void log_json(trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* One record per line; every record ends with "time" (Unix seconds), so
+ * runs of several processes (a swarm) line up on one clock. */
 static void log_json(trainer *t, const char *fmt, ...) {
     if (!t->log) return;
+    char small[1024], *line = small;
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(t->log, fmt, ap);
+    int len = vsnprintf(small, sizeof small, fmt, ap);
     va_end(ap);
-    fputc('\n', t->log);
+    if (len >= (int)sizeof small) { /* the config record: once per run */
+        line = visc_malloc((size_t)len + 1, "log line");
+        if (!line) return;
+        va_start(ap, fmt);
+        vsnprintf(line, (size_t)len + 1, fmt, ap);
+        va_end(ap);
+    }
+    if (len >= 2 && line[len - 1] == '}') {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        line[len - 1] = 0;
+        fprintf(t->log, "%s,\"time\":%.3f}\n", line, (double)now.tv_sec + now.tv_nsec * 1e-9);
+    } else if (len >= 0) {
+        fprintf(t->log, "%s\n", line);
+    }
+    if (line != small) free(line);
     fflush(t->log);
 }
 
@@ -279,8 +298,27 @@ static void report_bad_samples(trainer *t, int64_t epoch) {
 }
 
 /* Ends the run mid-epoch: the bar's last line, then the checkpoint. */
+/* --eval-interval: the validation set at the current step, logged as a
+ * "val_step" record (the per-epoch "val" records stay one per epoch). */
+static int evaluate_at_step(trainer *t, visc_progress *bar) {
+    if (t->c->eval_interval <= 0 || t->state.step == t->last_eval_step) return 0;
+    t->last_eval_step = t->state.step;
+    visc_eval_result r;
+    if (share_buffers(t, t->model->buffers.data) ||
+        visc_evaluate_shard(t->model, t->val, &t->aug, t->c->label_smoothing, t->dist, &r))
+        return -1;
+    if (t->rank == 0 && !bar->tty)
+        printf("  step %lld: val loss %.4f top1 %.2f%% top5 %.2f%%\n", (long long)t->state.step,
+               r.loss, r.top1, r.top5);
+    log_json(t, "{\"type\":\"val_step\",\"step\":%lld,\"loss\":%.6f,\"top1\":%.4f,\"top5\":%.4f}",
+             (long long)t->state.step, r.loss, r.top1, r.top5);
+    if (t->tb) visc_tb_scalar(t->tb, "val_step/top1", t->state.step, (float)r.top1);
+    return 0;
+}
+
 static int stop_early(trainer *t, visc_progress *bar, const char *why) {
     visc_progress_end(bar, why);
+    if (evaluate_at_step(t, bar)) return -1;
     return save_all(t, 0) ? -1 : 1;
 }
 
@@ -360,6 +398,14 @@ static int run_epochs(trainer *t) {
                 }
                 window_t0 = now;
                 window_imgs = 0;
+            }
+            if (c->eval_interval > 0 && t->state.step % c->eval_interval == 0) {
+                double e0 = visc_now();
+                if (evaluate_at_step(t, &bar)) {
+                    visc_progress_end(&bar, NULL);
+                    return -1;
+                }
+                window_t0 += visc_now() - e0; /* img/s counts training only */
             }
             if (c->max_steps > 0 && t->state.step >= c->max_steps)
                 return stop_early(t, &bar, "stopped at --max-steps");
@@ -480,6 +526,7 @@ int visc_train(const visc_train_config *c) {
     trainer t;
     memset(&t, 0, sizeof t);
     t.c = c;
+    t.last_eval_step = -1;
     int rc = -1;
     /* Under mpirun: this process is one rank of the job. Alone: a group of
      * one, and nothing below talks to anybody. */

@@ -1,0 +1,225 @@
+/* cuda.h: the CUDA backend's C API (build/libvisc_cuda.a, the .cu files in src/cuda).
+ *
+ * Built when the Makefile finds nvcc and cuBLASLt (CUDA=0 turns it off);
+ * VISC_WITH_CUDA is then defined for the C code. The convolutions need
+ * cuDNN 9's header at build time (without it they return an error) and its
+ * library at run time (opened by the first convolution). Every kernel has a CPU
+ * twin in the engine (named beside it) that tests/gpu/test_cuda_kernels.c
+ * compares it with on the same inputs.
+ *
+ * context.cu      devices, the context (stream, cuBLASLt handle, scratch), memory
+ * cublaslt_dl.cu  cuBLASLt, opened with dlopen at the first matrix product
+ * layernorm.cu    visc_layernorm_* (src/nn/layernorm.c)
+ * softmax_xent.cu visc_softmax_xent_* (src/nn/loss.c)
+ * gelu.cu         visc_gelu_* (src/nn/gelu.c) and the fused bias + GELU epilogue
+ * optim.cu        AdamW and SGD-momentum steps (src/optim/adamw.c, sgd.c)
+ * convert.cu      fp32 <-> bf16 (src/nn/linear_bf16.h)
+ * matmul.cu       cuBLASLt: bf16 operands, fp32 accumulation and output, bias epilogue
+ * swin_window.cu  window partition / reverse with the cyclic shift (src/models/swin_window.c)
+ * cudnn_dl.cu     cuDNN, opened with dlopen at the first convolution
+ * conv.cu         convolutions through cuDNN, fp32 NCHW and bf16 NHWC (src/nn/conv2d.c)
+ * batchnorm.cu    visc_batchnorm2d_* with the fused ReLU (src/nn/batchnorm2d.c)
+ * pool.cu         max pooling, global average pooling, ReLU (src/nn/pool2d.c,
+ *                 global_pool.c, eltwise.c)
+ *
+ * C++ (the .cu files) includes this through src/cuda/common.cuh, which
+ * makes core.h's C11 _Noreturn readable to nvcc.
+ *
+ * Conventions. Pointers to tensors are device pointers (visc_cuda_alloc);
+ * bf16 tensors are uint16_t arrays (the bits of the bfloat16). Work is
+ * queued on the context's stream and runs in order; a call returns 0 once
+ * it is queued, or -1 with visc_last_error() set (bad arguments, a failed
+ * launch). Errors of the kernels themselves surface at the next
+ * visc_cuda_sync or copy. Reductions (column sums, the mean loss) use a
+ * fixed split, so a result does not depend on timing: the same inputs give
+ * the same bits (convolutions too: cuDNN is held to deterministic
+ * algorithms). No device memory is allocated during a step except the
+ * context's scratch buffer and cuDNN workspace, which grow on first use of
+ * a shape and are then kept (the matrix product still builds its cuBLASLt
+ * descriptors per call, in host memory, until plans are cached per shape;
+ * convolutions already keep theirs per shape).
+ *
+ * Verified on a GPU: not yet. Every kernel compiles warning-free for sm_90
+ * and tests/gpu/test_cuda_kernels.c is ready to compare them, but no GPU
+ * run has happened. */
+#ifndef VISC_CUDA_H
+#define VISC_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "optim.h" /* C linkage for C++ too: core.h has no extern "C" of its own */
+
+/* ---- context.cu ---- */
+/* Number of usable CUDA devices; -1 with the runtime's reason (no driver,
+ * no device) in visc_last_error(). Never aborts on a machine without a GPU. */
+int visc_cuda_device_count(void);
+/* One line about device `dev` ("NVIDIA H200, sm_90, 132 SMs, 139.8 GiB"). */
+int visc_cuda_describe(int dev, char *buf, size_t len);
+
+typedef struct visc_cuda visc_cuda;
+/* Makes `dev` current and creates its stream (cuBLASLt's handle and
+ * workspace come with the first matrix product); NULL with
+ * visc_last_error() set, also when the device is not the generation the
+ * library was compiled for (CUDA_ARCH). */
+visc_cuda *visc_cuda_open(int dev);
+void visc_cuda_close(visc_cuda *ctx);
+/* Waits for the queued work; -1 if any of it failed. */
+int visc_cuda_sync(visc_cuda *ctx);
+
+void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes); /* NULL with the error set */
+void visc_cuda_free(visc_cuda *ctx, void *p);
+/* Copies that wait for the stream (host memory may be pageable). */
+int visc_cuda_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes);
+int visc_cuda_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes);
+
+/* ---- layernorm.cu: as visc_layernorm_forward/backward (gamma, beta may be NULL) ---- */
+int visc_cuda_layernorm_forward(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
+                                const float *in, const float *gamma, const float *beta,
+                                int64_t rows, int C, float eps);
+int visc_cuda_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                 const float *dout, const float *in, const float *gamma,
+                                 const float *save_mean, const float *save_rstd, int64_t rows,
+                                 int C);
+
+/* ---- softmax_xent.cu: as visc_softmax_xent_forward/backward ----
+ * The mean loss is written to *loss (one device float), not returned, so
+ * that a step never waits for the device. */
+int visc_cuda_softmax_xent_forward(visc_cuda *ctx, float *loss, float *probs, const float *logits,
+                                   const int32_t *labels, int N, int K, float smoothing);
+int visc_cuda_softmax_xent_backward(visc_cuda *ctx, float *dlogits, const float *probs,
+                                    const int32_t *labels, int N, int K, float smoothing);
+
+/* ---- gelu.cu: exact (erf) GELU, as visc_gelu_forward/backward ---- */
+int visc_cuda_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n);
+int visc_cuda_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const float *in,
+                            size_t n);
+/* The epilogue of an MLP's first linear layer over [rows, C]:
+ * out = gelu(in + bias), written as fp32 (out) and/or bf16 (out_bf16, the
+ * next product's operand); either may be NULL. */
+int visc_cuda_bias_gelu_forward(visc_cuda *ctx, float *out, uint16_t *out_bf16, const float *in,
+                                const float *bias, int64_t rows, int C);
+/* din = dout * gelu'(in + bias); dbias = column sums of din (NULL: skipped). */
+int visc_cuda_bias_gelu_backward(visc_cuda *ctx, float *din, float *dbias, const float *dout,
+                                 const float *in, const float *bias, int64_t rows, int C);
+
+/* ---- optim.cu: fused AdamW / SGD steps over the flat parameter buffer ----
+ * Built from a CPU optimizer (visc_optimizer_init): its kind, settings and
+ * per-tensor weight decay (no decay for norm weights and biases unless
+ * --decay-norm-bias), uploaded once. `state` holds the optimizer's slots
+ * laid out as on the CPU (momentum; AdamW: first then second moment), so a
+ * checkpoint moves between devices unchanged. `step` counts the steps
+ * completed before this one (visc_optimizer.step). The arithmetic is the
+ * CPU's, operation for operation in the same order and rounding. */
+typedef struct visc_cuda_optim visc_cuda_optim;
+/* NULL with the error set for kinds not on the GPU yet (LAMB, LARS). */
+visc_cuda_optim *visc_cuda_optim_create(visc_cuda *ctx, const visc_optimizer *cpu);
+int visc_cuda_optim_step(visc_cuda_optim *opt, float *params, const float *grads, float *state,
+                         float lr, int64_t step);
+void visc_cuda_optim_destroy(visc_cuda_optim *opt);
+
+/* ---- convert.cu: round to nearest even, as visc_f32_to_bf16 ---- */
+int visc_cuda_f32_to_bf16(visc_cuda *ctx, uint16_t *out, const float *in, size_t n);
+int visc_cuda_bf16_to_f32(visc_cuda *ctx, float *out, const uint16_t *in, size_t n);
+
+/* ---- matmul.cu: cuBLASLt, row-major ----
+ * D[M, N] = op(A)[M, K] op(B)[K, N] (+ beta D) (+ bias[N] on every row),
+ * A and B bf16, accumulation and D fp32. trans_a: A is stored [K, M];
+ * trans_b: B is stored [N, K]. So a linear layer is
+ *   forward  Y = X W^T + b   (A = X, B = W, trans_b = 1, bias = b)
+ *   dX = dY W                (A = dY, B = W)
+ *   dW += dY^T X             (A = dY, trans_a = 1, B = X, beta = 1)
+ * The algorithm is cuBLASLt's first heuristic choice for the shape and for
+ * the alignment the four pointers really have (a tensor may start anywhere
+ * inside a larger buffer), within the context's workspace (32 MiB). With
+ * beta 0, D's old contents are never read. */
+int visc_cuda_matmul_bf16(visc_cuda *ctx, float *D, const uint16_t *A, const uint16_t *B,
+                          const float *bias, int M, int N, int K, int trans_a, int trans_b,
+                          float beta);
+
+/* ---- swin_window.cu: as visc_swin_partition / visc_swin_reverse ----
+ * The grid as visc_swin_grid_make gives it (src/models/swin_window.h). */
+typedef struct {
+    int H, W, wh, ww, sh, sw;
+} visc_cuda_swin_grid;
+int visc_cuda_swin_partition(visc_cuda *ctx, float *out, const float *in,
+                             const visc_cuda_swin_grid *g, int B, int C);
+int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
+                           const visc_cuda_swin_grid *g, int B, int C);
+
+/* ---- conv.cu: cuDNN convolutions (dilation 1, groups 1, no bias: ResNets) ----
+ * Two forms: fp32 in NCHW (x [N, C, H, W], w [K, C, R, S], y [N, K, P, Q],
+ * as visc_conv2d), computed with FMA math only, never TF32, so it agrees
+ * with the CPU to fp32 rounding; and bf16 channels-last (x [N, H, W, C],
+ * w [K, R, S, C], y [N, P, Q, K]) with fp32 accumulation on tensor cores.
+ * P = (H + 2 pad - R) / stride + 1, likewise Q. The algorithm of each
+ * direction is cuDNN's first deterministic heuristic choice that fits the
+ * workspace, cached per shape with its descriptors (the context keeps the
+ * 64 most recent shapes); the workspace is the context's, grown on the
+ * first use of a shape. cuDNN is opened (dlopen) by the first call. */
+typedef enum { VISC_CUDA_CONV_F32_NCHW = 0, VISC_CUDA_CONV_BF16_NHWC = 1 } visc_cuda_conv_type;
+typedef struct {
+    int N, C, H, W; /* input */
+    int K, R, S;    /* output channels, kernel height, width */
+    int stride, pad;
+    visc_cuda_conv_type type;
+} visc_cuda_conv_shape;
+int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *y, const void *x,
+                           const void *w);
+int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dx,
+                                 const void *dy, const void *w);
+/* dw = beta dw + the gradient (beta 0: dw's old contents are not read). */
+int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dw,
+                                    const void *x, const void *dy, float beta);
+
+/* ---- batchnorm.cu: as visc_batchnorm2d_* (PyTorch semantics), fp32 ----
+ * Over [N, C, HW] (nchw = 1, the CPU's layout) or [N, HW, C] (nchw = 0,
+ * channels-last). Training: batch statistics, save_mean and save_rstd
+ * (1/sqrt(var + eps)) kept for backward, running statistics updated with
+ * `momentum` and the unbiased variance; relu = 1 fuses a following ReLU
+ * (backward then masks with `out`). The sums are in double, one block per
+ * channel in a fixed order: the same inputs give the same bits. */
+typedef struct {
+    int N, C, HW, nchw, relu;
+    float eps, momentum;
+} visc_cuda_bn_shape;
+int visc_cuda_batchnorm_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *out,
+                                      float *save_mean, float *save_rstd, const float *in,
+                                      const float *gamma, const float *beta, float *running_mean,
+                                      float *running_var);
+int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *out,
+                                     const float *in, const float *gamma, const float *beta,
+                                     const float *running_mean, const float *running_var);
+/* din may be NULL (parameter gradients only) or alias dout. */
+int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *din,
+                                 float *dgamma, float *dbeta, const float *dout, const float *in,
+                                 const float *out, const float *gamma, const float *save_mean,
+                                 const float *save_rstd);
+
+/* ---- pool.cu: NCHW fp32, as src/nn/pool2d.c, global_pool.c, eltwise.c ----
+ * Max pooling keeps the CPU's tie rule (the first maximum in window order
+ * wins, a NaN propagates) and its argmax (the index within the (n, c)
+ * plane); its backward gathers instead of scattering, adding in the CPU's
+ * order, so all of these give the CPU's bits. */
+int visc_cuda_maxpool_forward(visc_cuda *ctx, float *out, int32_t *argmax, const float *in, int N,
+                              int C, int H, int W, int kernel, int stride, int pad);
+int visc_cuda_maxpool_backward(visc_cuda *ctx, float *din, const float *dout, const int32_t *argmax,
+                               int N, int C, int H, int W, int kernel, int stride, int pad);
+int visc_cuda_global_avgpool_forward(visc_cuda *ctx, float *out, const float *in, int N, int C,
+                                     int HW);
+int visc_cuda_global_avgpool_backward(visc_cuda *ctx, float *din, const float *dout, int N, int C,
+                                      int HW);
+int visc_cuda_relu_forward(visc_cuda *ctx, float *out, const float *in, size_t n);
+/* Masked by the forward OUTPUT; din may alias dout. */
+int visc_cuda_relu_backward(visc_cuda *ctx, float *din, const float *dout, const float *out,
+                            size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,171 @@
+/* batchnorm.cu: batch normalization over (N, HW) per channel, as
+ * src/nn/batchnorm2d.c computes it, in NCHW or channels-last.
+ *
+ * One block per channel walks its N * HW values in a fixed order and
+ * reduces in double (a fixed tree), so the statistics do not depend on
+ * timing. The arithmetic is the CPU's: the mean in double, rounded to float
+ * for centring; the variance around that float mean with its rounding error
+ * folded out; the element formulas in float with the CPU's operation order,
+ * written with __fmul_rn / __fadd_rn so that nvcc does not contract them
+ * into FMAs (the CPU, compiled as ISO C11, does not either). One block per
+ * channel is slow for large batches of few channels (64 blocks for
+ * ResNet's first stage); splitting the channels' sums comes with
+ * measurements on a GPU. */
+#include "common.cuh"
+
+#define BN_THREADS 256
+
+/* Address of element m (= n * HW + i) of channel c. */
+__device__ __forceinline__ size_t bn_at(const visc_cuda_bn_shape &s, int c, size_t m) {
+    if (!s.nchw) return m * (size_t)s.C + c;
+    const size_t n = m / (size_t)s.HW, i = m % (size_t)s.HW;
+    return (n * s.C + c) * (size_t)s.HW + i;
+}
+
+/* The sum over the block of each thread's v, in a fixed tree; every
+ * thread gets it. `buf` holds BN_THREADS doubles. */
+__device__ double block_sum(double v, double *buf) {
+    buf[threadIdx.x] = v;
+    __syncthreads();
+    for (int o = BN_THREADS / 2; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) buf[threadIdx.x] += buf[threadIdx.x + o];
+        __syncthreads();
+    }
+    const double r = buf[0];
+    __syncthreads();
+    return r;
+}
+
+/* (x - mean) * scale + shift, optionally through the ReLU, uncontracted. */
+__device__ __forceinline__ float bn_affine(float x, float mean, float scale, float shift,
+                                           int relu) {
+    const float y = __fadd_rn(__fmul_rn(__fsub_rn(x, mean), scale), shift);
+    return relu ? (y > 0 ? y : 0.0f) : y;
+}
+
+__global__ void __launch_bounds__(BN_THREADS)
+    bn_forward_train_kernel(visc_cuda_bn_shape s, float *out, float *save_mean, float *save_rstd,
+                            const float *in, const float *gamma, const float *beta,
+                            float *running_mean, float *running_var) {
+    __shared__ double buf[BN_THREADS];
+    const int c = blockIdx.x;
+    const size_t M = (size_t)s.N * s.HW;
+    double acc = 0;
+    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) acc += in[bn_at(s, c, m)];
+    const double Md = (double)M, mean = block_sum(acc, buf) / Md;
+    const float fmean = (float)mean;
+    acc = 0;
+    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
+        const float d = __fsub_rn(in[bn_at(s, c, m)], fmean);
+        acc += (double)d * d;
+    }
+    const double ss = block_sum(acc, buf);
+    const double dm = mean - (double)fmean;
+    double var = ss / Md - dm * dm;
+    if (var < 0) var = 0;
+    const double rstd = 1.0 / sqrt(var + (double)s.eps);
+    if (threadIdx.x == 0) {
+        save_mean[c] = fmean;
+        save_rstd[c] = (float)rstd;
+        const double unbiased = Md > 1 ? var * Md / (Md - 1) : var;
+        running_mean[c] = (float)((1.0 - s.momentum) * running_mean[c] + s.momentum * mean);
+        running_var[c] = (float)((1.0 - s.momentum) * running_var[c] + s.momentum * unbiased);
+    }
+    const float scale = (float)(gamma[c] * rstd), shift = beta[c];
+    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
+        const size_t a = bn_at(s, c, m);
+        out[a] = bn_affine(in[a], fmean, scale, shift, s.relu);
+    }
+}
+
+__global__ void bn_forward_eval_kernel(visc_cuda_bn_shape s, float *out, const float *in,
+                                       const float *gamma, const float *beta,
+                                       const float *running_mean, const float *running_var) {
+    const size_t n = (size_t)s.N * s.C * s.HW;
+    for (size_t a = blockIdx.x * (size_t)blockDim.x + threadIdx.x; a < n;
+         a += (size_t)gridDim.x * blockDim.x) {
+        const int c = s.nchw ? (int)(a / (size_t)s.HW % (size_t)s.C) : (int)(a % (size_t)s.C);
+        const double rstd = 1.0 / sqrt((double)running_var[c] + (double)s.eps);
+        out[a] = bn_affine(in[a], running_mean[c], (float)(gamma[c] * rstd), beta[c], s.relu);
+    }
+}
+
+/* dout masked by the fused ReLU: the gradient reaching bn's output. */
+__device__ __forceinline__ float bn_dy(const visc_cuda_bn_shape &s, const float *dout,
+                                       const float *out, size_t a) {
+    const float g = dout[a];
+    return s.relu ? (out[a] > 0 ? g : 0.0f) : g;
+}
+
+__global__ void __launch_bounds__(BN_THREADS)
+    bn_backward_kernel(visc_cuda_bn_shape s, float *din, float *dgamma, float *dbeta,
+                       const float *dout, const float *in, const float *out, const float *gamma,
+                       const float *save_mean, const float *save_rstd) {
+    __shared__ double buf[BN_THREADS];
+    const int c = blockIdx.x;
+    const size_t M = (size_t)s.N * s.HW;
+    const float mean = save_mean[c];
+    double a1 = 0, a2 = 0;
+    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
+        const size_t a = bn_at(s, c, m);
+        const float dy = bn_dy(s, dout, out, a);
+        a1 += dy;
+        a2 += (double)dy * __fsub_rn(in[a], mean);
+    }
+    const double sum_dy = block_sum(a1, buf), sum_dy_xc = block_sum(a2, buf);
+    const double rstd = save_rstd[c], Md = (double)M;
+    if (threadIdx.x == 0) {
+        dbeta[c] = (float)sum_dy;
+        dgamma[c] = (float)(sum_dy_xc * rstd);
+    }
+    if (!din) return;
+    /* din = k (dy - mean(dy) - (x - mean) c2); every read of element a
+     * comes before its write, so din may alias dout. */
+    const float k = (float)(gamma[c] * rstd), mean_dy = (float)(sum_dy / Md);
+    const float c2 = (float)(sum_dy_xc / Md * rstd * rstd);
+    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
+        const size_t a = bn_at(s, c, m);
+        const float dy = bn_dy(s, dout, out, a);
+        din[a] =
+            __fmul_rn(k, __fsub_rn(__fsub_rn(dy, mean_dy), __fmul_rn(__fsub_rn(in[a], mean), c2)));
+    }
+}
+
+static int bn_check(const visc_cuda_bn_shape *s) {
+    if (!s || s->N <= 0 || s->C <= 0 || s->HW <= 0 || !(s->eps > 0))
+        return visc_set_error("batchnorm: bad shape or eps");
+    return 0;
+}
+
+int visc_cuda_batchnorm_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *out,
+                                      float *save_mean, float *save_rstd, const float *in,
+                                      const float *gamma, const float *beta, float *running_mean,
+                                      float *running_var) {
+    if (bn_check(s)) return -1;
+    bn_forward_train_kernel<<<s->C, BN_THREADS, 0, ctx->stream>>>(*s, out, save_mean, save_rstd, in,
+                                                                  gamma, beta, running_mean,
+                                                                  running_var);
+    return visc_cuda_launched("batchnorm forward (training)");
+}
+
+int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *out,
+                                     const float *in, const float *gamma, const float *beta,
+                                     const float *running_mean, const float *running_var) {
+    if (bn_check(s)) return -1;
+    const size_t n = (size_t)s->N * s->C * s->HW;
+    bn_forward_eval_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(*s, out, in, gamma,
+                                                                              beta, running_mean,
+                                                                              running_var);
+    return visc_cuda_launched("batchnorm forward (eval)");
+}
+
+int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *din,
+                                 float *dgamma, float *dbeta, const float *dout, const float *in,
+                                 const float *out, const float *gamma, const float *save_mean,
+                                 const float *save_rstd) {
+    if (bn_check(s)) return -1;
+    if (s->relu && !out) return visc_set_error("batchnorm backward: the fused ReLU needs `out`");
+    bn_backward_kernel<<<s->C, BN_THREADS, 0, ctx->stream>>>(*s, din, dgamma, dbeta, dout, in, out,
+                                                             gamma, save_mean, save_rstd);
+    return visc_cuda_launched("batchnorm backward");
+}

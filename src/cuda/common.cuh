@@ -1,0 +1,109 @@
+/* common.cuh: what the CUDA files share and nothing outside src/cuda sees.
+ *
+ * The context (stream, cuBLASLt handle and workspace, a scratch buffer for
+ * partial sums), the error helpers that turn CUDA and cuBLAS statuses into
+ * visc_set_error messages, launch sizes, and the deterministic column sum
+ * that layer norm's and the bias epilogue's parameter gradients share. */
+#ifndef VISC_CUDA_COMMON_CUH
+#define VISC_CUDA_COMMON_CUH
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+/* core.h declares its no-return functions with C11's _Noreturn, which the
+ * CUDA front end does not know; C++11 spells it [[noreturn]]. */
+#define _Noreturn [[noreturn]]
+#include "visc/cuda.h"
+#undef _Noreturn
+
+struct visc_cuda {
+    int device;
+    cudaStream_t stream;
+    cublasLtHandle_t lt; /* NULL until the first matrix product (visc_cuda_lt) */
+    void *workspace;     /* cuBLASLt's, VISC_CUDA_WORKSPACE bytes */
+    void *scratch;       /* partial sums, grown by visc_cuda_scratch */
+    size_t scratch_bytes;
+    struct visc_conv_state *conv; /* cuDNN handle, plans, workspace (conv.cu), or NULL */
+};
+/* Frees ctx->conv (conv.cu). */
+void visc_conv_state_free(visc_cuda *ctx);
+
+/* cuBLASLt's entry points, loaded by visc_lt_load (cublaslt_dl.cu): the
+ * library is opened by the first matrix product, not when a program
+ * starts, and the other kernels never need it. */
+typedef struct {
+    decltype(&cublasLtCreate) create;
+    decltype(&cublasLtDestroy) destroy;
+    decltype(&cublasLtGetStatusString) status_string;
+    decltype(&cublasLtMatmul) matmul;
+    decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+    decltype(&cublasLtMatmulDescCreate) desc_create;
+    decltype(&cublasLtMatmulDescDestroy) desc_destroy;
+    decltype(&cublasLtMatmulDescSetAttribute) desc_set;
+    decltype(&cublasLtMatrixLayoutCreate) layout_create;
+    decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+    decltype(&cublasLtMatmulPreferenceCreate) pref_create;
+    decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy;
+    decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;
+} visc_lt_api;
+extern visc_lt_api visc_lt;
+/* 0 once the table is filled (thread-safe, loads once); -1 with the reason. */
+int visc_lt_load(void);
+/* The context's cuBLASLt handle and workspace, made on first use; NULL with the error set. */
+cublasLtHandle_t visc_cuda_lt(visc_cuda *ctx);
+
+#define VISC_CUDA_WORKSPACE ((size_t)32 << 20)
+
+/* 0 if ok, else -1 with "<what>: <CUDA's message>" as the error. */
+int visc_cuda_check(cudaError_t e, const char *what);
+int visc_cublas_check(cublasStatus_t s, const char *what);
+/* After a launch: the launch's own error, if any. */
+static inline int visc_cuda_launched(const char *kernel) {
+    return visc_cuda_check(cudaGetLastError(), kernel);
+}
+/* At least `bytes` of device scratch (kept for the next call); NULL with the error set. */
+void *visc_cuda_scratch(visc_cuda *ctx, size_t bytes);
+
+/* Blocks for n independent elements at `threads` per block, capped: the
+ * kernels loop over the rest (grid-stride), so any n fits. */
+static inline unsigned visc_cuda_blocks(size_t n, unsigned threads) {
+    size_t b = (n + threads - 1) / threads;
+    const size_t cap = 132 * 32; /* an H200's 132 SMs, 32 blocks each in flight at most */
+    return (unsigned)(b < 1 ? 1 : b > cap ? cap : b);
+}
+
+/* Column sums in a fixed order, so the result never depends on timing:
+ * the rows are cut into VISC_CUDA_COL_CHUNKS ranges (fewer when there are
+ * fewer rows), each range is summed into a partial row (scratch), and the
+ * partials are added in range order. Used for dgamma/dbeta and dbias. */
+#define VISC_CUDA_COL_CHUNKS 64
+static inline int visc_cuda_col_chunks(int64_t rows) {
+    return rows < VISC_CUDA_COL_CHUNKS ? (int)(rows > 0 ? rows : 1) : VISC_CUDA_COL_CHUNKS;
+}
+/* Rows [r0, r1) of chunk k of `chunks` over `rows`. */
+__device__ __forceinline__ void visc_chunk_rows(int64_t rows, int k, int chunks, int64_t *r0,
+                                                int64_t *r1) {
+    *r0 = rows * k / chunks;
+    *r1 = rows * (k + 1) / chunks;
+}
+/* out[c] = sum over k < chunks of part[k * stride + c], for c < C. */
+int visc_cuda_add_partials(visc_cuda *ctx, float *out, const float *part, int chunks, int stride,
+                           int C);
+/* out[c] = sum over rows of a[r * C + c]. */
+int visc_cuda_column_sums(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C);
+
+/* The float a warp holds in every lane, summed over the warp. */
+__device__ __forceinline__ float visc_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ double visc_warp_sum(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float visc_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+#endif

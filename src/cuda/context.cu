@@ -1,0 +1,181 @@
+/* context.cu: devices, the context, device memory and copies, errors, and
+ * the deterministic column sums the gradient kernels share.
+ *
+ * Nothing here runs before a caller asks: the CUDA runtime is linked
+ * statically and loads the driver (libcuda.so.1) at its first call, and
+ * cuBLASLt is opened by the first matrix product (cublaslt_dl.cu), so a
+ * program linked with this library starts on a machine without a GPU
+ * driver, and visc_cuda_device_count then reports why there is no device. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common.cuh"
+
+int visc_cuda_check(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return 0;
+    return visc_set_error("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+int visc_cublas_check(cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return 0;
+    if (!visc_lt.status_string) return visc_set_error("%s: cuBLAS status %d", what, (int)s);
+    return visc_set_error("%s: %s", what, visc_lt.status_string(s));
+}
+
+int visc_cuda_device_count(void) {
+    int n = 0;
+    if (visc_cuda_check(cudaGetDeviceCount(&n), "no usable CUDA device")) return -1;
+    if (n == 0) return visc_set_error("no usable CUDA device: the driver reports none");
+    return n;
+}
+
+int visc_cuda_describe(int dev, char *buf, size_t len) {
+    cudaDeviceProp p;
+    if (visc_cuda_check(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties")) return -1;
+    snprintf(buf, len, "%s, sm_%d%d, %d SMs, %.1f GiB", p.name, p.major, p.minor,
+             p.multiProcessorCount, (double)p.totalGlobalMem / (double)(1u << 30));
+    return 0;
+}
+
+visc_cuda *visc_cuda_open(int dev) {
+    int n = visc_cuda_device_count();
+    if (n < 0) return NULL;
+    if (dev < 0 || dev >= n) {
+        visc_set_error("no CUDA device %d (there are %d)", dev, n);
+        return NULL;
+    }
+    cudaDeviceProp p;
+    if (visc_cuda_check(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties")) return NULL;
+    /* The library holds sm_90 code only (the Makefile's CUDA_ARCH). */
+    if (p.major * 10 + p.minor != VISC_CUDA_SM) {
+        visc_set_error("CUDA device %d is sm_%d%d; this build has code for sm_%d only "
+                       "(rebuild with CUDA_ARCH=%d%d)",
+                       dev, p.major, p.minor, VISC_CUDA_SM, p.major, p.minor);
+        return NULL;
+    }
+    visc_cuda *ctx = (visc_cuda *)calloc(1, sizeof *ctx);
+    if (!ctx) {
+        visc_set_error("out of memory allocating the CUDA context");
+        return NULL;
+    }
+    ctx->device = dev;
+    if (visc_cuda_check(cudaSetDevice(dev), "cudaSetDevice") ||
+        visc_cuda_check(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking),
+                        "cudaStreamCreate")) {
+        visc_cuda_close(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+void visc_cuda_close(visc_cuda *ctx) {
+    if (!ctx) return;
+    if (ctx->stream) cudaStreamSynchronize(ctx->stream);
+    visc_conv_state_free(ctx);
+    cudaFree(ctx->scratch);
+    cudaFree(ctx->workspace);
+    if (ctx->lt) visc_lt.destroy(ctx->lt);
+    if (ctx->stream) cudaStreamDestroy(ctx->stream);
+    free(ctx);
+}
+
+cublasLtHandle_t visc_cuda_lt(visc_cuda *ctx) {
+    if (ctx->lt) return ctx->lt;
+    if (visc_lt_load()) return NULL;
+    if (!ctx->workspace &&
+        visc_cuda_check(cudaMalloc(&ctx->workspace, VISC_CUDA_WORKSPACE), "cuBLASLt workspace"))
+        return NULL;
+    cublasLtHandle_t h = NULL;
+    if (visc_cublas_check(visc_lt.create(&h), "cublasLtCreate")) return NULL;
+    ctx->lt = h;
+    return h;
+}
+
+int visc_cuda_sync(visc_cuda *ctx) {
+    return visc_cuda_check(cudaStreamSynchronize(ctx->stream), "CUDA work");
+}
+
+void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes) {
+    void *p = NULL;
+    (void)ctx;
+    const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        /* Out of memory is not sticky: clear it, or the next launch would
+         * report it. Any other error (a kernel that faulted earlier) is
+         * named as it is, not mistaken for a full device. */
+        cudaGetLastError();
+        if (e == cudaErrorMemoryAllocation)
+            visc_set_error("out of device memory allocating %zu bytes", bytes);
+        else visc_cuda_check(e, "allocating device memory");
+        return NULL;
+    }
+    return p;
+}
+
+void visc_cuda_free(visc_cuda *ctx, void *p) {
+    (void)ctx;
+    cudaFree(p);
+}
+
+int visc_cuda_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
+    if (visc_cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx->stream),
+                        "copy to the device"))
+        return -1;
+    return visc_cuda_sync(ctx);
+}
+
+int visc_cuda_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
+    if (visc_cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx->stream),
+                        "copy from the device"))
+        return -1;
+    return visc_cuda_sync(ctx);
+}
+
+void *visc_cuda_scratch(visc_cuda *ctx, size_t bytes) {
+    if (ctx->scratch_bytes >= bytes) return ctx->scratch;
+    /* The old buffer may still be read by queued kernels. */
+    if (visc_cuda_sync(ctx)) return NULL;
+    cudaFree(ctx->scratch);
+    ctx->scratch = visc_cuda_alloc(ctx, bytes);
+    ctx->scratch_bytes = ctx->scratch ? bytes : 0;
+    return ctx->scratch;
+}
+
+__global__ void add_partials_kernel(float *out, const float *part, int chunks, int stride, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float s = 0.0f;
+    for (int k = 0; k < chunks; k++) s += part[(size_t)k * stride + c];
+    out[c] = s;
+}
+
+int visc_cuda_add_partials(visc_cuda *ctx, float *out, const float *part, int chunks, int stride,
+                           int C) {
+    add_partials_kernel<<<(C + 255) / 256, 256, 0, ctx->stream>>>(out, part, chunks, stride, C);
+    return visc_cuda_launched("column sums");
+}
+
+/* Block (x, k): columns x * 256 + thread of rows chunk k. */
+__global__ void column_partials_kernel(float *part, const float *a, int64_t rows, int C,
+                                       int chunks) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    int64_t r0, r1;
+    visc_chunk_rows(rows, blockIdx.y, chunks, &r0, &r1);
+    float s = 0.0f;
+    for (int64_t r = r0; r < r1; r++) s += a[r * C + c];
+    part[(size_t)blockIdx.y * C + c] = s;
+}
+
+int visc_cuda_column_sums(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C) {
+    const int chunks = visc_cuda_col_chunks(rows);
+    float *part = (float *)visc_cuda_scratch(ctx, (size_t)chunks * C * sizeof(float));
+    if (!part) return -1;
+    if (rows == 0)
+        return visc_cuda_check(cudaMemsetAsync(out, 0, sizeof(float) * C, ctx->stream),
+                               "column sums");
+    column_partials_kernel<<<dim3((C + 255) / 256, chunks), 256, 0, ctx->stream>>>(part, a, rows, C,
+                                                                                   chunks);
+    if (visc_cuda_launched("column sums")) return -1;
+    return visc_cuda_add_partials(ctx, out, part, chunks, C, C);
+}

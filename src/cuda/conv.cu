@@ -1,0 +1,293 @@
+/* conv.cu: convolutions through cuDNN's convolution calls, with a plan per
+ * shape.
+ *
+ * A plan holds the shape's descriptors and, per direction, the algorithm
+ * and its workspace size, chosen on first use: cuDNN's heuristic list
+ * (the _v7 queries, no timing runs, so the choice does not depend on the
+ * machine's load), first entry that succeeded, is deterministic (the
+ * backward-weights algorithms 0 and 3 add with atomics) and fits
+ * VISC_CONV_WORKSPACE_MAX. fp32 runs with CUDNN_FMA_MATH: cuDNN's default
+ * math allows TF32 on Hopper (10 mantissa bits), which would break parity
+ * with the CPU; bf16 runs on tensor cores with fp32 accumulation. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if __has_include(<cudnn.h>)
+#include "cudnn_dl.cuh"
+
+#define VISC_CONV_PLANS 64
+#define VISC_CONV_WORKSPACE_MAX ((size_t)256 << 20)
+
+enum { FWD, BWD_DATA, BWD_FILTER, DIRECTIONS };
+static const char *const direction_name[DIRECTIONS] = {"forward", "backward-data",
+                                                       "backward-weights"};
+
+typedef struct {
+    visc_cuda_conv_shape shape;
+    int valid;
+    cudnnTensorDescriptor_t x, y;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv;
+    int chosen[DIRECTIONS];
+    int algo[DIRECTIONS]; /* cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t */
+    cudnnMathType_t math[DIRECTIONS];
+    size_t ws[DIRECTIONS];
+} conv_plan;
+
+struct visc_conv_state {
+    cudnnHandle_t handle;
+    conv_plan plans[VISC_CONV_PLANS];
+    int next; /* the slot the next new shape takes (the oldest: round robin) */
+    void *ws;
+    size_t ws_bytes;
+};
+
+static void plan_release(conv_plan *p) {
+    if (p->conv) visc_dnn.conv_destroy(p->conv);
+    if (p->w) visc_dnn.filter_destroy(p->w);
+    if (p->y) visc_dnn.tensor_destroy(p->y);
+    if (p->x) visc_dnn.tensor_destroy(p->x);
+    memset(p, 0, sizeof *p);
+}
+
+void visc_conv_state_free(visc_cuda *ctx) {
+    visc_conv_state *st = ctx->conv;
+    if (!st) return;
+    for (int i = 0; i < VISC_CONV_PLANS; i++) plan_release(&st->plans[i]);
+    if (st->handle) visc_dnn.destroy(st->handle);
+    cudaFree(st->ws);
+    free(st);
+    ctx->conv = NULL;
+}
+
+static visc_conv_state *state(visc_cuda *ctx) {
+    if (ctx->conv) return ctx->conv;
+    if (visc_dnn_load()) return NULL;
+    visc_conv_state *st = (visc_conv_state *)calloc(1, sizeof *st);
+    if (!st) {
+        visc_set_error("out of memory allocating the convolution plans");
+        return NULL;
+    }
+    if (visc_dnn_check(visc_dnn.create(&st->handle), "cudnnCreate") ||
+        visc_dnn_check(visc_dnn.set_stream(st->handle, ctx->stream), "cudnnSetStream")) {
+        if (st->handle) visc_dnn.destroy(st->handle);
+        free(st);
+        return NULL;
+    }
+    ctx->conv = st;
+    return st;
+}
+
+static int out_size(int in, int k, int stride, int pad) { return (in + 2 * pad - k) / stride + 1; }
+
+static int shape_check(const visc_cuda_conv_shape *s) {
+    if (!s || s->N <= 0 || s->C <= 0 || s->H <= 0 || s->W <= 0 || s->K <= 0 || s->R <= 0 ||
+        s->S <= 0 || s->stride <= 0 || s->pad < 0 ||
+        (s->type != VISC_CUDA_CONV_F32_NCHW && s->type != VISC_CUDA_CONV_BF16_NHWC))
+        return visc_set_error("convolution: bad shape");
+    if (s->H + 2 * s->pad < s->R || s->W + 2 * s->pad < s->S)
+        return visc_set_error("convolution: kernel %dx%d larger than the padded %dx%d input", s->R,
+                              s->S, s->H + 2 * s->pad, s->W + 2 * s->pad);
+    return 0;
+}
+
+static int plan_describe(conv_plan *p, const visc_cuda_conv_shape *s) {
+    const int bf16 = s->type == VISC_CUDA_CONV_BF16_NHWC;
+    const cudnnTensorFormat_t fmt = bf16 ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    const cudnnDataType_t dt = bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+    const int P = out_size(s->H, s->R, s->stride, s->pad),
+              Q = out_size(s->W, s->S, s->stride, s->pad);
+    p->shape = *s;
+    return visc_dnn_check(visc_dnn.tensor_create(&p->x), "convolution input descriptor") ||
+                   visc_dnn_check(visc_dnn.tensor_create(&p->y), "convolution output descriptor") ||
+                   visc_dnn_check(visc_dnn.filter_create(&p->w), "convolution filter descriptor") ||
+                   visc_dnn_check(visc_dnn.conv_create(&p->conv), "convolution descriptor") ||
+                   visc_dnn_check(visc_dnn.tensor_set(p->x, fmt, dt, s->N, s->C, s->H, s->W),
+                                  "convolution input shape") ||
+                   visc_dnn_check(visc_dnn.tensor_set(p->y, fmt, dt, s->N, s->K, P, Q),
+                                  "convolution output shape") ||
+                   visc_dnn_check(visc_dnn.filter_set(p->w, dt, fmt, s->K, s->C, s->R, s->S),
+                                  "convolution filter shape") ||
+                   /* fp32 accumulation in both forms */
+                   visc_dnn_check(visc_dnn.conv_set(p->conv, s->pad, s->pad, s->stride, s->stride,
+                                                    1, 1, CUDNN_CROSS_CORRELATION,
+                                                    CUDNN_DATA_FLOAT),
+                                  "convolution settings") ||
+                   visc_dnn_check(visc_dnn.conv_math(p->conv,
+                                                     bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH),
+                                  "convolution math type")
+               ? -1
+               : 0;
+}
+
+static conv_plan *plan_for(visc_conv_state *st, const visc_cuda_conv_shape *s) {
+    for (int i = 0; i < VISC_CONV_PLANS; i++)
+        if (st->plans[i].valid && memcmp(&st->plans[i].shape, s, sizeof *s) == 0)
+            return &st->plans[i];
+    conv_plan *p = &st->plans[st->next];
+    st->next = (st->next + 1) % VISC_CONV_PLANS;
+    plan_release(p);
+    if (plan_describe(p, s)) {
+        plan_release(p);
+        return NULL;
+    }
+    p->valid = 1;
+    return p;
+}
+
+/* Whether a heuristic entry is usable: it ran, is deterministic, and for
+ * fp32 is not a tensor-core (TF32) kernel. */
+template <typename Perf> static int acceptable(const Perf &r, int bf16) {
+    if (r.status != CUDNN_STATUS_SUCCESS || r.determinism != CUDNN_DETERMINISTIC) return 0;
+    return bf16 || r.mathType == CUDNN_FMA_MATH || r.mathType == CUDNN_DEFAULT_MATH;
+}
+
+/* The workspace size of `algo` in direction `dir` with the plan's math. */
+static cudnnStatus_t workspace_of(visc_conv_state *st, conv_plan *p, int dir, int algo,
+                                  size_t *bytes) {
+    switch (dir) {
+    case FWD:
+        return visc_dnn.fwd_ws(st->handle, p->x, p->w, p->conv, p->y,
+                               (cudnnConvolutionFwdAlgo_t)algo, bytes);
+    case BWD_DATA:
+        return visc_dnn.bwd_data_ws(st->handle, p->w, p->y, p->conv, p->x,
+                                    (cudnnConvolutionBwdDataAlgo_t)algo, bytes);
+    default:
+        return visc_dnn.bwd_filter_ws(st->handle, p->x, p->y, p->conv, p->w,
+                                      (cudnnConvolutionBwdFilterAlgo_t)algo, bytes);
+    }
+}
+
+template <typename Perf>
+static int pick(visc_conv_state *st, conv_plan *p, int dir, const Perf *perf, int n) {
+    const int bf16 = p->shape.type == VISC_CUDA_CONV_BF16_NHWC;
+    for (int i = 0; i < n; i++) {
+        if (!acceptable(perf[i], bf16)) continue;
+        const cudnnMathType_t math = bf16 ? perf[i].mathType : CUDNN_FMA_MATH;
+        size_t bytes = 0;
+        if (visc_dnn.conv_math(p->conv, math) != CUDNN_STATUS_SUCCESS ||
+            workspace_of(st, p, dir, (int)perf[i].algo, &bytes) != CUDNN_STATUS_SUCCESS ||
+            bytes > VISC_CONV_WORKSPACE_MAX)
+            continue;
+        p->algo[dir] = (int)perf[i].algo;
+        p->math[dir] = math;
+        p->ws[dir] = bytes;
+        p->chosen[dir] = 1;
+        return 0;
+    }
+    const visc_cuda_conv_shape *s = &p->shape;
+    return visc_set_error("convolution %s: cuDNN offers no deterministic %s algorithm for N %d C "
+                          "%d %dx%d -> K %d, %dx%d stride %d pad %d",
+                          direction_name[dir], bf16 ? "bf16" : "fp32 (FMA)", s->N, s->C, s->H, s->W,
+                          s->K, s->R, s->S, s->stride, s->pad);
+}
+
+static int choose(visc_conv_state *st, conv_plan *p, int dir) {
+    if (p->chosen[dir]) return 0;
+    int n = 0;
+    if (dir == FWD) {
+        cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        if (visc_dnn_check(visc_dnn.fwd_algos(st->handle, p->x, p->w, p->conv, p->y,
+                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf),
+                           "convolution forward heuristic"))
+            return -1;
+        return pick(st, p, dir, perf, n);
+    }
+    if (dir == BWD_DATA) {
+        cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        if (visc_dnn_check(visc_dnn.bwd_data_algos(st->handle, p->w, p->y, p->conv, p->x,
+                                                   CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf),
+                           "convolution backward-data heuristic"))
+            return -1;
+        return pick(st, p, dir, perf, n);
+    }
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    if (visc_dnn_check(visc_dnn.bwd_filter_algos(st->handle, p->x, p->y, p->conv, p->w,
+                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf),
+                       "convolution backward-weights heuristic"))
+        return -1;
+    return pick(st, p, dir, perf, n);
+}
+
+/* The plan of shape s with direction dir chosen, its math set on the
+ * descriptor, and the workspace (*out's) at least its size; NULL with the
+ * error set. */
+static conv_plan *prepare(visc_cuda *ctx, const visc_cuda_conv_shape *s, int dir,
+                          visc_conv_state **out) {
+    if (shape_check(s)) return NULL;
+    visc_conv_state *st = state(ctx);
+    if (!st) return NULL;
+    conv_plan *p = plan_for(st, s);
+    if (!p || choose(st, p, dir) ||
+        visc_dnn_check(visc_dnn.conv_math(p->conv, p->math[dir]), "convolution math type"))
+        return NULL;
+    if (p->ws[dir] > st->ws_bytes) {
+        /* The old workspace may still be in use by queued work. */
+        if (visc_cuda_sync(ctx)) return NULL;
+        cudaFree(st->ws);
+        st->ws = visc_cuda_alloc(ctx, p->ws[dir]);
+        st->ws_bytes = st->ws ? p->ws[dir] : 0;
+        if (!st->ws) return NULL;
+    }
+    *out = st;
+    return p;
+}
+
+int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *y, const void *x,
+                           const void *w) {
+    visc_conv_state *st;
+    conv_plan *p = prepare(ctx, s, FWD, &st);
+    if (!p) return -1;
+    const float one = 1.0f, zero = 0.0f;
+    return visc_dnn_check(visc_dnn.fwd(st->handle, &one, p->x, x, p->w, w, p->conv,
+                                       (cudnnConvolutionFwdAlgo_t)p->algo[FWD], st->ws, p->ws[FWD],
+                                       &zero, p->y, y),
+                          "cudnnConvolutionForward");
+}
+
+int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dx,
+                                 const void *dy, const void *w) {
+    visc_conv_state *st;
+    conv_plan *p = prepare(ctx, s, BWD_DATA, &st);
+    if (!p) return -1;
+    const float one = 1.0f, zero = 0.0f;
+    return visc_dnn_check(visc_dnn.bwd_data(st->handle, &one, p->w, w, p->y, dy, p->conv,
+                                            (cudnnConvolutionBwdDataAlgo_t)p->algo[BWD_DATA],
+                                            st->ws, p->ws[BWD_DATA], &zero, p->x, dx),
+                          "cudnnConvolutionBackwardData");
+}
+
+int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dw,
+                                    const void *x, const void *dy, float beta) {
+    visc_conv_state *st;
+    conv_plan *p = prepare(ctx, s, BWD_FILTER, &st);
+    if (!p) return -1;
+    const float one = 1.0f;
+    return visc_dnn_check(visc_dnn.bwd_filter(st->handle, &one, p->x, x, p->y, dy, p->conv,
+                                              (cudnnConvolutionBwdFilterAlgo_t)p->algo[BWD_FILTER],
+                                              st->ws, p->ws[BWD_FILTER], &beta, p->w, dw),
+                          "cudnnConvolutionBackwardFilter");
+}
+
+#else /* built where cuDNN's headers are missing: each call says so */
+#include "common.cuh"
+
+static int no_cudnn(void) {
+    return visc_set_error("convolution: this build has no cuDNN (cudnn.h was not found when the "
+                          "CUDA backend was compiled)");
+}
+void visc_conv_state_free(visc_cuda *ctx) { (void)ctx; }
+int visc_cuda_conv_forward(visc_cuda *, const visc_cuda_conv_shape *, void *, const void *,
+                           const void *) {
+    return no_cudnn();
+}
+int visc_cuda_conv_backward_data(visc_cuda *, const visc_cuda_conv_shape *, void *, const void *,
+                                 const void *) {
+    return no_cudnn();
+}
+int visc_cuda_conv_backward_weights(visc_cuda *, const visc_cuda_conv_shape *, void *, const void *,
+                                    const void *, float) {
+    return no_cudnn();
+}
+#endif

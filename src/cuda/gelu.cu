@@ -1,0 +1,87 @@
+/* gelu.cu: GELU in its exact erf form (torch.nn.GELU()), the GPU twin of
+ * src/nn/gelu.c, and the fused bias + GELU epilogue of an MLP's first
+ * linear layer.
+ *   y  = x Phi(x),            Phi(x) = erfc(-x / sqrt 2) / 2
+ *   y' = Phi(x) + x phi(x),   phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+ * Phi through erfcf keeps its precision for large negative x, where
+ * 1 + erf(x) would cancel. cuBLASLt's own GELU epilogue is the tanh
+ * approximation, not this function, hence a kernel of our own. */
+#include <cuda_bf16.h>
+
+#include "common.cuh"
+
+#define INV_SQRT2 0.70710678118654752f
+#define INV_SQRT_2PI 0.39894228040143268f
+
+__device__ __forceinline__ float gelu(float x) { return x * 0.5f * erfcf(-x * INV_SQRT2); }
+__device__ __forceinline__ float gelu_grad(float x) {
+    return 0.5f * erfcf(-x * INV_SQRT2) + x * INV_SQRT_2PI * expf(-0.5f * x * x);
+}
+
+__global__ void gelu_forward_kernel(float *out, const float *in, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = gelu(in[i]);
+}
+
+__global__ void gelu_backward_kernel(float *din, const float *dout, const float *in, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        din[i] = dout[i] * gelu_grad(in[i]);
+}
+
+int visc_cuda_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n) {
+    if (n == 0) return 0;
+    gelu_forward_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(out, in, n);
+    return visc_cuda_launched("gelu forward");
+}
+
+int visc_cuda_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const float *in,
+                            size_t n) {
+    if (n == 0) return 0;
+    gelu_backward_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(din, dout, in, n);
+    return visc_cuda_launched("gelu backward");
+}
+
+__global__ void bias_gelu_forward_kernel(float *out, __nv_bfloat16 *out_bf16, const float *in,
+                                         const float *bias, size_t n, int C) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float y = gelu(in[i] + bias[i % C]);
+        if (out) out[i] = y;
+        if (out_bf16) out_bf16[i] = __float2bfloat16_rn(y);
+    }
+}
+
+__global__ void bias_gelu_backward_kernel(float *din, const float *dout, const float *in,
+                                          const float *bias, size_t n, int C) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        din[i] = dout[i] * gelu_grad(in[i] + bias[i % C]);
+}
+
+int visc_cuda_bias_gelu_forward(visc_cuda *ctx, float *out, uint16_t *out_bf16, const float *in,
+                                const float *bias, int64_t rows, int C) {
+    if (rows < 0 || C <= 0)
+        return visc_set_error("bias + gelu: bad shape [%lld, %d]", (long long)rows, C);
+    const size_t n = (size_t)rows * C;
+    if (n == 0) return 0;
+    bias_gelu_forward_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(out,
+                                                                                (__nv_bfloat16 *)
+                                                                                    out_bf16,
+                                                                                in, bias, n, C);
+    return visc_cuda_launched("bias + gelu forward");
+}
+
+int visc_cuda_bias_gelu_backward(visc_cuda *ctx, float *din, float *dbias, const float *dout,
+                                 const float *in, const float *bias, int64_t rows, int C) {
+    if (rows < 0 || C <= 0)
+        return visc_set_error("bias + gelu: bad shape [%lld, %d]", (long long)rows, C);
+    const size_t n = (size_t)rows * C;
+    if (n > 0) {
+        bias_gelu_backward_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(din, dout, in,
+                                                                                     bias, n, C);
+        if (visc_cuda_launched("bias + gelu backward")) return -1;
+    }
+    return dbias ? visc_cuda_column_sums(ctx, dbias, din, rows, C) : 0;
+}

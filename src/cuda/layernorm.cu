@@ -1,0 +1,131 @@
+/* layernorm.cu: LayerNorm over the last dimension of [rows, C], the GPU
+ * twin of src/nn/layernorm.c with the same formulas:
+ *   forward   xhat = (x - mean) * rstd,  out = xhat * gamma + beta
+ *   backward  din = rstd * (g - mean(g) - xhat * mean(g * xhat)),  g = dout * gamma
+ *             dgamma = sum_rows dout * xhat,  dbeta = sum_rows dout
+ * One warp per row: rows are short (C <= 1024 in every model here) and
+ * there are many of them (batch x tokens). The statistics take the CPU's
+ * two passes (the mean relative to the row's first element, then the
+ * centred variance), which keep their precision on rows with a large mean. */
+#include "common.cuh"
+
+#define ROWS_PER_BLOCK 8 /* warps of 32 threads */
+
+__global__ void ln_forward_kernel(float *out, float *save_mean, float *save_rstd, const float *in,
+                                  const float *gamma, const float *beta, int64_t rows, int C,
+                                  float eps) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    if (r >= rows) return; /* whole warps leave together: r is the warp's */
+    const float *x = in + r * C;
+    float *y = out + r * C;
+    const float x0 = x[0];
+    float sum = 0.0f;
+    for (int c = lane; c < C; c += 32) sum += x[c] - x0;
+    const float mean = x0 + visc_warp_sum(sum) / (float)C;
+    float var = 0.0f;
+    for (int c = lane; c < C; c += 32) var += (x[c] - mean) * (x[c] - mean);
+    const float rstd =
+        1.0f / sqrtf(visc_warp_sum(var) / (float)C + eps); /* as the CPU: not rsqrtf */
+    for (int c = lane; c < C; c += 32) {
+        float v = (x[c] - mean) * rstd;
+        if (gamma) v *= gamma[c];
+        if (beta) v += beta[c];
+        y[c] = v;
+    }
+    if (lane == 0) {
+        save_mean[r] = mean;
+        save_rstd[r] = rstd;
+    }
+}
+
+int visc_cuda_layernorm_forward(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
+                                const float *in, const float *gamma, const float *beta,
+                                int64_t rows, int C, float eps) {
+    if (rows < 0 || C <= 0)
+        return visc_set_error("layernorm: bad shape [%lld, %d]", (long long)rows, C);
+    if (rows == 0) return 0;
+    const int64_t blocks = (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
+    ln_forward_kernel<<<(unsigned)blocks, 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(out, save_mean,
+                                                                                 save_rstd, in,
+                                                                                 gamma, beta, rows,
+                                                                                 C, eps);
+    return visc_cuda_launched("layernorm forward");
+}
+
+__global__ void ln_backward_kernel(float *din, const float *dout, const float *in,
+                                   const float *gamma, const float *save_mean,
+                                   const float *save_rstd, int64_t rows, int C) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    if (r >= rows) return;
+    const float *x = in + r * C, *dy = dout + r * C;
+    float *dx = din + r * C;
+    const float mean = save_mean[r], rstd = save_rstd[r];
+    float sg = 0.0f, sgx = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        const float g = gamma ? dy[c] * gamma[c] : dy[c];
+        sg += g;
+        sgx += g * (x[c] - mean);
+    }
+    const float mg = visc_warp_sum(sg) / (float)C, mgx = visc_warp_sum(sgx) * rstd / (float)C;
+    for (int c = lane; c < C; c += 32) {
+        const float g = gamma ? dy[c] * gamma[c] : dy[c];
+        dx[c] = rstd * (g - mg - (x[c] - mean) * rstd * mgx);
+    }
+}
+
+/* Block (x, k): the dgamma / dbeta partials of rows chunk k for 256 columns. */
+__global__ void ln_param_partials_kernel(float *part, const float *dout, const float *in,
+                                         const float *save_mean, const float *save_rstd,
+                                         int64_t rows, int C, int chunks) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    int64_t r0, r1;
+    visc_chunk_rows(rows, blockIdx.y, chunks, &r0, &r1);
+    float sg = 0.0f, sb = 0.0f;
+    for (int64_t r = r0; r < r1; r++) {
+        const float dy = dout[r * C + c];
+        sg += dy * (in[r * C + c] - save_mean[r]) * save_rstd[r];
+        sb += dy;
+    }
+    float *p = part + (size_t)blockIdx.y * 2 * C;
+    p[c] = sg;
+    p[C + c] = sb;
+}
+
+int visc_cuda_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                 const float *dout, const float *in, const float *gamma,
+                                 const float *save_mean, const float *save_rstd, int64_t rows,
+                                 int C) {
+    if (rows < 0 || C <= 0)
+        return visc_set_error("layernorm: bad shape [%lld, %d]", (long long)rows, C);
+    if (din && rows > 0) {
+        const int64_t blocks = (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
+        ln_backward_kernel<<<(unsigned)blocks, 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(din, dout, in,
+                                                                                      gamma,
+                                                                                      save_mean,
+                                                                                      save_rstd,
+                                                                                      rows, C);
+        if (visc_cuda_launched("layernorm backward")) return -1;
+    }
+    if (!gamma || !dgamma) return 0; /* no affine: nothing to learn */
+    const int chunks = visc_cuda_col_chunks(rows);
+    float *part = (float *)visc_cuda_scratch(ctx, (size_t)chunks * 2 * C * sizeof(float));
+    if (!part) return -1;
+    if (rows == 0) {
+        if (visc_cuda_check(cudaMemsetAsync(dgamma, 0, sizeof(float) * C, ctx->stream), "dgamma"))
+            return -1;
+        return dbeta ? visc_cuda_check(cudaMemsetAsync(dbeta, 0, sizeof(float) * C, ctx->stream),
+                                       "dbeta")
+                     : 0;
+    }
+    ln_param_partials_kernel<<<dim3((C + 255) / 256, chunks), 256, 0, ctx->stream>>>(part, dout, in,
+                                                                                     save_mean,
+                                                                                     save_rstd,
+                                                                                     rows, C,
+                                                                                     chunks);
+    if (visc_cuda_launched("layernorm parameter gradients")) return -1;
+    if (visc_cuda_add_partials(ctx, dgamma, part, chunks, 2 * C, C)) return -1;
+    return dbeta ? visc_cuda_add_partials(ctx, dbeta, part + C, chunks, 2 * C, C) : 0;
+}

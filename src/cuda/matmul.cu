@@ -1,0 +1,121 @@
+/* matmul.cu: bf16 matrix products with fp32 accumulation through cuBLASLt.
+ *
+ * cuBLASLt is column-major; a row-major [M, N] matrix is the column-major
+ * [N, M] one, so D = op(A) op(B) is computed as D^T = op(B)^T op(A)^T:
+ * cuBLASLt's A is our B and its B is our A, with the transposes carried
+ * over, and the bias (cuBLASLt's per-row vector of D^T) lands on our
+ * columns. The descriptors and the heuristic query are made per call (tens
+ * of microseconds); caching them per shape comes with the training step. */
+#include <stdio.h>
+
+#include "common.cuh"
+
+typedef struct {
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulPreference_t pref;
+} lt_plan;
+
+static void plan_free(lt_plan *p) {
+    if (p->pref) visc_lt.pref_destroy(p->pref);
+    if (p->d) visc_lt.layout_destroy(p->d);
+    if (p->b) visc_lt.layout_destroy(p->b);
+    if (p->a) visc_lt.layout_destroy(p->a);
+    if (p->op) visc_lt.desc_destroy(p->op);
+}
+
+/* The largest power of two up to 256 that divides the address. */
+static uint32_t alignment_of(const void *ptr) {
+    uint32_t a = 256;
+    while (a > 1 && ((uintptr_t)ptr % a) != 0) a >>= 1;
+    return a;
+}
+
+static int plan_make(lt_plan *p, const float *bias, const void *A, const void *B, const float *D,
+                     int M, int N, int K, int trans_a, int trans_b) {
+    const cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's A: our B */
+    const cublasOperation_t tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's B: our A */
+    const size_t ws = VISC_CUDA_WORKSPACE;
+    if (visc_cublas_check(visc_lt.desc_create(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                          "matmul descriptor") ||
+        visc_cublas_check(visc_lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
+                          "matmul transa") ||
+        visc_cublas_check(visc_lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
+                          "matmul transb"))
+        return -1;
+    if (bias) {
+        const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        const cudaDataType_t bias_type = CUDA_R_32F;
+        if (visc_cublas_check(visc_lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                               sizeof epi),
+                              "matmul epilogue") ||
+            visc_cublas_check(visc_lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                               sizeof bias),
+                              "matmul bias pointer") ||
+            visc_cublas_check(visc_lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                               &bias_type, sizeof bias_type),
+                              "matmul bias type"))
+            return -1;
+    }
+    /* Stored shapes (rows, cols, leading dimension), column-major. */
+    if (visc_cublas_check(trans_b ? visc_lt.layout_create(&p->a, CUDA_R_16BF, K, N, K)
+                                  : visc_lt.layout_create(&p->a, CUDA_R_16BF, N, K, N),
+                          "matmul layout of B") ||
+        visc_cublas_check(trans_a ? visc_lt.layout_create(&p->b, CUDA_R_16BF, M, K, M)
+                                  : visc_lt.layout_create(&p->b, CUDA_R_16BF, K, M, K),
+                          "matmul layout of A") ||
+        visc_cublas_check(visc_lt.layout_create(&p->d, CUDA_R_32F, N, M, N),
+                          "matmul layout of D") ||
+        visc_cublas_check(visc_lt.pref_create(&p->pref), "matmul preference") ||
+        visc_cublas_check(visc_lt.pref_set(p->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                           sizeof ws),
+                          "matmul workspace"))
+        return -1;
+    /* The heuristic assumes 256-byte aligned operands unless told otherwise,
+     * and may pick a kernel that fails on (or misreads) a tensor that starts
+     * anywhere else: a weight inside the flat parameter buffer (64-byte
+     * aligned in fp32, 32 in its bf16 copy), an activation at an arena
+     * offset. So it is told the alignment each pointer really has. */
+    const uint32_t align[4] = {alignment_of(B), alignment_of(A), alignment_of(D), alignment_of(D)};
+    const cublasLtMatmulPreferenceAttributes_t which[4] =
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++)
+        if (visc_cublas_check(visc_lt.pref_set(p->pref, which[i], &align[i], sizeof align[i]),
+                              "matmul alignment"))
+            return -1;
+    return 0;
+}
+
+int visc_cuda_matmul_bf16(visc_cuda *ctx, float *D, const uint16_t *A, const uint16_t *B,
+                          const float *bias, int M, int N, int K, int trans_a, int trans_b,
+                          float beta) {
+    if (M <= 0 || N <= 0 || K <= 0)
+        return visc_set_error("matmul: bad shape M %d, N %d, K %d", M, N, K);
+    cublasLtHandle_t lt = visc_cuda_lt(ctx);
+    if (!lt) return -1;
+    lt_plan p = {};
+    int rc = plan_make(&p, bias, A, B, D, M, N, K, trans_a, trans_b);
+    cublasLtMatmulHeuristicResult_t h = {};
+    int found = 0;
+    /* The shape goes into the message: cuBLASLt answers a shape it has no
+     * kernel for with a bare "not supported". */
+    char what[96];
+    snprintf(what, sizeof what, "matmul heuristic for M %d, N %d, K %d%s", M, N, K,
+             bias ? " with a bias" : "");
+    if (rc == 0)
+        rc = visc_cublas_check(visc_lt.heuristic(lt, p.op, p.a, p.b, p.d, p.d, p.pref, 1, &h,
+                                                 &found),
+                               what);
+    if (rc == 0 && found == 0)
+        rc = visc_set_error("matmul: cuBLASLt has no algorithm for M %d, N %d, K %d%s", M, N, K,
+                            bias ? " with a bias" : "");
+    const float alpha = 1.0f;
+    if (rc == 0)
+        rc = visc_cublas_check(visc_lt.matmul(lt, p.op, &alpha, B, p.a, A, p.b, &beta, D, p.d, D,
+                                              p.d, &h.algo, ctx->workspace, VISC_CUDA_WORKSPACE,
+                                              ctx->stream),
+                               "cublasLtMatmul");
+    plan_free(&p);
+    return rc;
+}

@@ -1,0 +1,1107 @@
+/* test_cuda_kernels.c: every CUDA kernel (include/visc/cuda.h) against its
+ * CPU twin in the engine, on the same random inputs, forward and backward.
+ *
+ * Prints one "ok NAME (worst ...)" or "FAIL NAME: ..." line per check and
+ * closes with "N passed, N failed"; exits 1 on any failure. Without a
+ * usable GPU it prints one line saying why and exits 77 (`make test-gpu`
+ * reports that as skipped).
+ *
+ * Tolerances, per element, |gpu - cpu| <= atol + rtol |cpu|:
+ *   fp32 kernels       rtol 1e-5, atol 1e-5 x the tensor's largest |value|
+ *                      (the two sides add in different orders); column sums
+ *                      over many rows atol 1e-5 x the sum of |terms|
+ *   GELU               atol 2e-6 more: the CPU's erf is Abramowitz & Stegun
+ *                      7.1.26 (absolute error 1.5e-7), the GPU's is erfcf
+ *   bf16 outputs       rtol 1e-2 (one bf16 step is 2^-8 = 3.9e-3)
+ *   matmul             atol 1e-4 x sum_k |a_k b_k|, against a double-precision
+ *                      product of the same bf16 operands (fp32 accumulation
+ *                      error only; oneDNN's fp32 path is not linked here)
+ *   optimizer steps, bf16 conversion, Swin windows: bit-identical.
+ *   convolutions       against a direct double-precision convolution of the
+ *                      same operands (oneDNN is not linked here): fp32 atol
+ *                      3e-5 x the sum of |terms| (cuDNN runs FMA math, no
+ *                      TF32); bf16 outputs that + 2e-4 x the sum of |terms|
+ *                      and rtol 8e-3, the operands rounded to bf16 first
+ *   batch norm         fp32 as above against visc_batchnorm2d (also in
+ *                      channels-last, transposed in and out)
+ *   max pooling (values, argmax, gradient), global average pooling, ReLU:
+ *                      bit-identical.
+ * This program links the CPU twins' objects, not libvisc.a (no oneDNN). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../src/models/swin_window.h"
+#include "../../src/nn/linear_bf16.h"
+#include "visc/cuda.h"
+#include "visc/nn.h"
+#include "visc/tokens.h"
+
+static visc_cuda *ctx;
+static int passed, failed;
+
+/* The CPU GELU twin (src/nn/gelu.c) asks visc_cpu_avx512, which lives in
+ * src/cpu/dnnl.c and asks oneDNN; oneDNN is not linked here, so this
+ * stand-in gives the same answer (avx512_core: F, CD, BW, VL, DQ) from
+ * the CPU's flags. Weak: a build that links dnnl.o uses the real one. */
+int visc_cpu_avx512(void);
+__attribute__((weak)) int visc_cpu_avx512(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq");
+}
+
+/* ---- deterministic inputs (splitmix64) ---- */
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t next_u64(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)((double)(next_u64() >> 11) / 9007199254740992.0);
+}
+static float *random_floats(size_t n, float lo, float hi) {
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) x[i] = uniform(lo, hi);
+    return x;
+}
+
+/* ---- device helpers: a failure here ends the program (it is not a mismatch) ---- */
+static void die_cuda(const char *what) {
+    printf("FAIL %s: %s\n", what, visc_last_error());
+    printf("%d passed, %d failed\n", passed, failed + 1);
+    exit(1);
+}
+static void *up(const void *host, size_t bytes) {
+    void *d = visc_cuda_alloc(ctx, bytes);
+    if (!d || visc_cuda_upload(ctx, d, host, bytes)) die_cuda("upload");
+    return d;
+}
+static void *dev(size_t bytes) {
+    void *d = visc_cuda_alloc(ctx, bytes);
+    if (!d) die_cuda("device allocation");
+    return d;
+}
+static float *down(const void *d, size_t floats) {
+    float *h = malloc(sizeof(float) * (floats ? floats : 1));
+    if (visc_cuda_download(ctx, h, d, sizeof(float) * floats)) die_cuda("download");
+    return h;
+}
+/* A kernel that failed to launch or run is a FAIL line, and the checks go
+ * on (their comparisons then fail too); an error that breaks the context
+ * for good ends the program at its next copy, with the summary. */
+static void launched(int rc, const char *what) {
+    if (rc == 0 && visc_cuda_sync(ctx) == 0) return;
+    printf("FAIL %s: %s\n", what, visc_last_error());
+    failed++;
+}
+
+/* ---- comparisons ---- */
+static void report(const char *name, size_t bad, size_t n, size_t worst, double got, double want,
+                   double ratio) {
+    if (bad == 0) {
+        printf("ok   %s (%zu values, worst error %.3g of the tolerance)\n", name, n, ratio);
+        passed++;
+    } else {
+        printf("FAIL %s: %zu of %zu values out of tolerance; worst [%zu] gpu %.9g cpu %.9g\n", name,
+               bad, n, worst, got, want);
+        failed++;
+    }
+}
+
+static double max_abs(const float *x, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)x[i]));
+    return m;
+}
+
+/* |g - c| <= atol + rtol |c| elementwise; a NaN on either side is a failure. */
+static void expect_close(const char *name, const float *g, const float *c, size_t n, double atol,
+                         double rtol) {
+    size_t bad = 0, worst = 0;
+    double worst_ratio = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double err = fabs((double)g[i] - (double)c[i]),
+                     tol = atol + rtol * fabs((double)c[i]);
+        const double ratio = tol > 0 ? err / tol : (err > 0 ? INFINITY : 0.0);
+        if (!(err <= tol)) bad++;
+        if (!(ratio <= worst_ratio)) {
+            worst_ratio = ratio;
+            worst = i;
+        }
+    }
+    report(name, bad, n, worst, n ? g[worst] : 0, n ? c[worst] : 0, worst_ratio);
+}
+
+/* Column sums: |g - c| <= 1e-5 (sum of |terms| of that column) + 1e-5 |c|. */
+static void expect_sums(const char *name, const float *g, const float *c, const double *abs_sum,
+                        size_t n) {
+    size_t bad = 0, worst = 0;
+    double worst_ratio = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double err = fabs((double)g[i] - (double)c[i]);
+        const double ratio = err / (1e-5 * abs_sum[i] + 1e-5 * fabs((double)c[i]) + 1e-30);
+        if (!(ratio <= 1.0)) bad++;
+        if (!(ratio <= worst_ratio)) {
+            worst_ratio = ratio;
+            worst = i;
+        }
+    }
+    report(name, bad, n, worst, n ? g[worst] : 0, n ? c[worst] : 0, worst_ratio);
+}
+
+/* fp32 kernels: rtol 1e-5, atol 1e-5 of the tensor's scale. */
+static void expect_fp32(const char *name, const float *g, const float *c, size_t n) {
+    expect_close(name, g, c, n, 1e-5 * max_abs(c, n), 1e-5);
+}
+
+static void expect_bits(const char *name, const void *g, const void *c, size_t n, size_t elem) {
+    size_t bad = 0, worst = 0;
+    for (size_t i = 0; i < n; i++)
+        if (memcmp((const char *)g + i * elem, (const char *)c + i * elem, elem)) {
+            if (!bad) worst = i;
+            bad++;
+        }
+    double gv = 0, cv = 0;
+    if (bad && elem == 4) {
+        gv = ((const float *)g)[worst];
+        cv = ((const float *)c)[worst];
+    } else if (bad && elem == 2) {
+        gv = ((const uint16_t *)g)[worst];
+        cv = ((const uint16_t *)c)[worst];
+    }
+    report(name, bad, n, worst, gv, cv, 0.0);
+}
+
+/* ---- layer norm ---- */
+static void check_layernorm(int64_t rows, int C, int affine, float offset, float spread) {
+    char name[128];
+    const size_t n = (size_t)rows * C;
+    float *x = random_floats(n, offset - spread, offset + spread);
+    float *gamma = random_floats((size_t)C, 0.5f, 1.5f), *beta = random_floats((size_t)C, -1, 1);
+    float *dy = random_floats(n, -1, 1);
+    float *out = malloc(sizeof(float) * n), *mean = malloc(sizeof(float) * rows);
+    float *rstd = malloc(sizeof(float) * rows), *dx = malloc(sizeof(float) * n);
+    float *dg = malloc(sizeof(float) * C), *db = malloc(sizeof(float) * C);
+    const float *g = affine ? gamma : NULL, *b = affine ? beta : NULL;
+    visc_layernorm_forward(out, mean, rstd, x, g, b, rows, C, 1e-5f);
+    visc_layernorm_backward(dx, affine ? dg : NULL, affine ? db : NULL, dy, x, g, mean, rstd, rows,
+                            C);
+
+    float *d_x = up(x, sizeof(float) * n), *d_dy = up(dy, sizeof(float) * n);
+    float *d_g = up(gamma, sizeof(float) * C), *d_b = up(beta, sizeof(float) * C);
+    float *d_out = dev(sizeof(float) * n), *d_mean = dev(sizeof(float) * rows);
+    float *d_rstd = dev(sizeof(float) * rows), *d_dx = dev(sizeof(float) * n);
+    float *d_dg = dev(sizeof(float) * C), *d_db = dev(sizeof(float) * C);
+    launched(visc_cuda_layernorm_forward(ctx, d_out, d_mean, d_rstd, d_x, affine ? d_g : NULL,
+                                         affine ? d_b : NULL, rows, C, 1e-5f),
+             "layernorm forward");
+    launched(visc_cuda_layernorm_backward(ctx, d_dx, affine ? d_dg : NULL, affine ? d_db : NULL,
+                                          d_dy, d_x, affine ? d_g : NULL, d_mean, d_rstd, rows, C),
+             "layernorm backward");
+    float *h_out = down(d_out, n), *h_mean = down(d_mean, (size_t)rows);
+    float *h_rstd = down(d_rstd, (size_t)rows), *h_dx = down(d_dx, n);
+    const char *tag = affine ? "affine" : "plain";
+    snprintf(name, sizeof name, "layernorm forward [%lld, %d] %s, mean %g, spread %g: out",
+             (long long)rows, C, tag, offset, spread);
+    expect_fp32(name, h_out, out, n);
+    snprintf(name, sizeof name, "layernorm forward [%lld, %d] %s: mean, rstd", (long long)rows, C,
+             tag);
+    expect_fp32(name, h_mean, mean, (size_t)rows);
+    expect_fp32(name, h_rstd, rstd, (size_t)rows);
+    snprintf(name, sizeof name, "layernorm backward [%lld, %d] %s: din", (long long)rows, C, tag);
+    expect_fp32(name, h_dx, dx, n);
+    if (affine) {
+        float *h_dg = down(d_dg, (size_t)C), *h_db = down(d_db, (size_t)C);
+        double *abs_g = calloc((size_t)C, sizeof(double)),
+               *abs_b = calloc((size_t)C, sizeof(double));
+        for (int64_t r = 0; r < rows; r++)
+            for (int c = 0; c < C; c++) {
+                const size_t i = (size_t)r * C + c;
+                abs_g[c] += fabs((double)dy[i] * ((double)x[i] - mean[r]) * rstd[r]);
+                abs_b[c] += fabs((double)dy[i]);
+            }
+        snprintf(name, sizeof name, "layernorm backward [%lld, %d]: dgamma", (long long)rows, C);
+        expect_sums(name, h_dg, dg, abs_g, (size_t)C);
+        snprintf(name, sizeof name, "layernorm backward [%lld, %d]: dbeta", (long long)rows, C);
+        expect_sums(name, h_db, db, abs_b, (size_t)C);
+        free(h_dg);
+        free(h_db);
+        free(abs_g);
+        free(abs_b);
+    }
+    void *dfree[] = {d_x, d_dy, d_g, d_b, d_out, d_mean, d_rstd, d_dx, d_dg, d_db};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x, gamma, beta, dy, out, mean, rstd, dx, dg, db, h_out, h_mean, h_rstd, h_dx};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* ---- softmax cross-entropy ---- */
+static void check_xent(int N, int K, float smoothing) {
+    char name[128];
+    const size_t n = (size_t)N * K;
+    float *logits = random_floats(n, -8, 8), *probs = malloc(sizeof(float) * n);
+    float *dl = malloc(sizeof(float) * n);
+    int32_t *labels = malloc(sizeof(int32_t) * N);
+    /* The label's logit stands out, as in a trained network: with logits
+     * all alike, the smoothing term (x_y - mean x) averages to nearly 0
+     * and a wrong smoothing formula (s / (K - 1) for s / K, say) would
+     * change the mean loss by less than the tolerance. */
+    for (int i = 0; i < N; i++) {
+        labels[i] = (int32_t)(next_u64() % (uint64_t)K);
+        logits[(size_t)i * K + labels[i]] += 6.0f;
+    }
+    const float loss = visc_softmax_xent_forward(probs, logits, labels, N, K, smoothing);
+    visc_softmax_xent_backward(dl, probs, labels, N, K, smoothing);
+
+    float *d_logits = up(logits, sizeof(float) * n), *d_probs = dev(sizeof(float) * n);
+    float *d_dl = dev(sizeof(float) * n), *d_loss = dev(sizeof(float));
+    int32_t *d_labels = up(labels, sizeof(int32_t) * N);
+    launched(visc_cuda_softmax_xent_forward(ctx, d_loss, d_probs, d_logits, d_labels, N, K,
+                                            smoothing),
+             "softmax cross-entropy forward");
+    launched(visc_cuda_softmax_xent_backward(ctx, d_dl, d_probs, d_labels, N, K, smoothing),
+             "softmax cross-entropy backward");
+    float *h_loss = down(d_loss, 1), *h_probs = down(d_probs, n), *h_dl = down(d_dl, n);
+    snprintf(name, sizeof name, "softmax xent forward [%d, %d] smoothing %g: loss", N, K,
+             smoothing);
+    expect_close(name, h_loss, &loss, 1, 0.0, 1e-5);
+    snprintf(name, sizeof name, "softmax xent forward [%d, %d] smoothing %g: probs", N, K,
+             smoothing);
+    expect_fp32(name, h_probs, probs, n);
+    snprintf(name, sizeof name, "softmax xent backward [%d, %d] smoothing %g: dlogits", N, K,
+             smoothing);
+    expect_fp32(name, h_dl, dl, n);
+
+    /* A label out of range: NaN loss, no read out of bounds. */
+    int32_t bad_label = K;
+    if (visc_cuda_upload(ctx, d_labels, &bad_label, sizeof bad_label)) die_cuda("upload");
+    launched(visc_cuda_softmax_xent_forward(ctx, d_loss, d_probs, d_logits, d_labels, N, K,
+                                            smoothing),
+             "softmax cross-entropy forward, bad label");
+    float *h_bad = down(d_loss, 1);
+    snprintf(name, sizeof name, "softmax xent forward [%d, %d]: label %d gives a NaN loss", N, K,
+             K);
+    report(name, isnan(h_bad[0]) ? 0 : 1, 1, 0, h_bad[0], NAN, 0.0);
+    void *dfree[] = {d_logits, d_probs, d_dl, d_loss, d_labels};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {logits, probs, dl, labels, h_loss, h_probs, h_dl, h_bad};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* ---- GELU and the bias + GELU epilogue ---- */
+static void check_gelu(size_t n) {
+    char name[128];
+    float *x = random_floats(n, -6, 6), *dy = random_floats(n, -1, 1);
+    float *y = malloc(sizeof(float) * n), *dx = malloc(sizeof(float) * n);
+    visc_gelu_forward(y, x, n);
+    visc_gelu_backward(dx, dy, x, n);
+    float *d_x = up(x, sizeof(float) * n), *d_dy = up(dy, sizeof(float) * n);
+    float *d_y = dev(sizeof(float) * n), *d_dx = dev(sizeof(float) * n);
+    launched(visc_cuda_gelu_forward(ctx, d_y, d_x, n), "gelu forward");
+    launched(visc_cuda_gelu_backward(ctx, d_dx, d_dy, d_x, n), "gelu backward");
+    float *h_y = down(d_y, n), *h_dx = down(d_dx, n);
+    snprintf(name, sizeof name, "gelu forward [%zu]", n);
+    expect_close(name, h_y, y, n, 2e-6 + 1e-5 * max_abs(y, n), 1e-5);
+    snprintf(name, sizeof name, "gelu backward [%zu]", n);
+    expect_close(name, h_dx, dx, n, 2e-6 + 1e-5 * max_abs(dx, n), 1e-5);
+    void *dfree[] = {d_x, d_dy, d_y, d_dx};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x, dy, y, dx, h_y, h_dx};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+static void check_bias_gelu(int64_t rows, int C) {
+    char name[128];
+    const size_t n = (size_t)rows * C;
+    float *x = random_floats(n, -4, 4), *bias = random_floats((size_t)C, -1, 1);
+    float *dy = random_floats(n, -1, 1), *pre = malloc(sizeof(float) * n);
+    float *y = malloc(sizeof(float) * n), *dx = malloc(sizeof(float) * n);
+    float *y16 = malloc(sizeof(float) * n), *dbias = calloc((size_t)C, sizeof(float));
+    double *dbias_sum = calloc((size_t)C, sizeof(double));
+    double *abs_sum = calloc((size_t)C, sizeof(double));
+    for (size_t i = 0; i < n; i++) pre[i] = x[i] + bias[i % C];
+    visc_gelu_forward(y, pre, n);
+    visc_gelu_backward(dx, dy, pre, n);
+    for (size_t i = 0; i < n; i++) {
+        y16[i] = visc_bf16_to_f32(visc_f32_to_bf16(y[i]));
+        dbias_sum[i % C] += dx[i];
+        abs_sum[i % C] += fabs((double)dx[i]);
+    }
+    for (int c = 0; c < C; c++) dbias[c] = (float)dbias_sum[c];
+
+    float *d_x = up(x, sizeof(float) * n), *d_bias = up(bias, sizeof(float) * C);
+    float *d_dy = up(dy, sizeof(float) * n), *d_y = dev(sizeof(float) * n);
+    uint16_t *d_y16 = dev(sizeof(uint16_t) * n);
+    float *d_dx = dev(sizeof(float) * n), *d_dbias = dev(sizeof(float) * C);
+    float *d_y32 = dev(sizeof(float) * n);
+    launched(visc_cuda_bias_gelu_forward(ctx, d_y, d_y16, d_x, d_bias, rows, C),
+             "bias + gelu forward");
+    launched(visc_cuda_bf16_to_f32(ctx, d_y32, d_y16, n), "bf16 to fp32");
+    launched(visc_cuda_bias_gelu_backward(ctx, d_dx, d_dbias, d_dy, d_x, d_bias, rows, C),
+             "bias + gelu backward");
+    float *h_y = down(d_y, n), *h_y16 = down(d_y32, n), *h_dx = down(d_dx, n);
+    float *h_dbias = down(d_dbias, (size_t)C);
+    snprintf(name, sizeof name, "bias + gelu forward [%lld, %d]: fp32 out", (long long)rows, C);
+    expect_close(name, h_y, y, n, 2e-6 + 1e-5 * max_abs(y, n), 1e-5);
+    snprintf(name, sizeof name, "bias + gelu forward [%lld, %d]: bf16 out", (long long)rows, C);
+    expect_close(name, h_y16, y16, n, 1e-6, 1e-2);
+    snprintf(name, sizeof name, "bias + gelu backward [%lld, %d]: din", (long long)rows, C);
+    expect_close(name, h_dx, dx, n, 2e-6 + 1e-5 * max_abs(dx, n), 1e-5);
+    snprintf(name, sizeof name, "bias + gelu backward [%lld, %d]: dbias", (long long)rows, C);
+    expect_sums(name, h_dbias, dbias, abs_sum, (size_t)C);
+    void *dfree[] = {d_x, d_bias, d_dy, d_y, d_y16, d_dx, d_dbias, d_y32};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x,     bias,      dy,      pre, y,     dx,   y16,
+                     dbias, dbias_sum, abs_sum, h_y, h_y16, h_dx, h_dbias};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* ---- optimizers: three steps on a table of decayed and excluded tensors ---- */
+static void check_optimizer(visc_opt_kind kind, float momentum, int nesterov, int decay_all,
+                            int64_t big_numel) {
+    char name[160];
+    visc_table t;
+    visc_table_init(&t);
+    const int64_t w[2] = {64, 33}, b[1] = {33}, big[1] = {big_numel}, odd[1] = {5};
+    visc_table_add(&t, "fc.weight", 2, w, 0);
+    visc_table_add(&t, "fc.bias", 1, b, VISC_TENSOR_NO_DECAY | VISC_TENSOR_BIAS);
+    visc_table_add(&t, "norm.weight", 1, b, VISC_TENSOR_NO_DECAY | VISC_TENSOR_NORM);
+    visc_table_add(&t, "big.weight", 1, big, 0); /* several pieces of <= 16384 floats */
+    visc_table_add(&t, "odd.weight", 1, odd, 0);
+    visc_table_alloc(&t);
+    visc_opt_config cfg = visc_opt_defaults(kind);
+    cfg.momentum = momentum;
+    cfg.nesterov = nesterov;
+    cfg.weight_decay = kind == VISC_OPT_ADAMW ? 0.05f : 1e-4f;
+    cfg.decay_norm_and_bias = decay_all;
+    visc_optimizer o;
+    visc_optimizer_init(&o, &cfg, &t);
+    const size_t total = t.total, state_n = (size_t)o.slots * total;
+    float *p = random_floats(total, -1, 1);
+    memcpy(t.data, p, sizeof(float) * total);
+
+    float *d_p = up(p, sizeof(float) * total), *d_g = dev(sizeof(float) * total);
+    float *d_state = dev(sizeof(float) * state_n);
+    float *zero = calloc(state_n, sizeof(float));
+    if (visc_cuda_upload(ctx, d_state, zero, sizeof(float) * state_n)) die_cuda("upload");
+    visc_cuda_optim *go = visc_cuda_optim_create(ctx, &o);
+    if (!go) die_cuda("optimizer create");
+    const float lrs[3] = {0.1f, 0.05f, 0.0123f};
+    for (int s = 0; s < 3; s++) {
+        float *g = random_floats(total, -0.5f, 0.5f);
+        if (visc_cuda_upload(ctx, d_g, g, sizeof(float) * total)) die_cuda("upload");
+        launched(visc_cuda_optim_step(go, d_p, d_g, d_state, lrs[s], o.step), "optimizer step");
+        visc_optimizer_step(&o, t.data, g, lrs[s]);
+        free(g);
+    }
+    float *h_p = down(d_p, total), *h_state = down(d_state, state_n);
+    snprintf(name, sizeof name, "%s%s%s%s step x3 over %zu floats: params bit-identical",
+             visc_opt_kind_name(kind), momentum != 0.0f && kind == VISC_OPT_SGD ? " momentum" : "",
+             nesterov ? " nesterov" : "", decay_all ? " decay-norm-bias" : "", total);
+    expect_bits(name, h_p, t.data, total, sizeof(float));
+    snprintf(name, sizeof name, "%s%s%s step x3: state bit-identical", visc_opt_kind_name(kind),
+             momentum != 0.0f && kind == VISC_OPT_SGD ? " momentum" : "",
+             nesterov ? " nesterov" : "");
+    if (kind == VISC_OPT_ADAMW || momentum != 0.0f)
+        expect_bits(name, h_state, o.state, state_n, sizeof(float));
+    visc_cuda_optim_destroy(go);
+    visc_cuda_free(ctx, d_p);
+    visc_cuda_free(ctx, d_g);
+    visc_cuda_free(ctx, d_state);
+    free(p);
+    free(zero);
+    free(h_p);
+    free(h_state);
+    visc_optimizer_free(&o);
+    visc_table_free(&t);
+}
+
+static void check_optimizer_refuses_lamb(void) {
+    visc_table t;
+    visc_table_init(&t);
+    const int64_t w[1] = {8};
+    visc_table_add(&t, "w", 1, w, 0);
+    visc_table_alloc(&t);
+    visc_opt_config cfg = visc_opt_defaults(VISC_OPT_LAMB);
+    visc_optimizer o;
+    visc_optimizer_init(&o, &cfg, &t);
+    visc_cuda_optim *go = visc_cuda_optim_create(ctx, &o);
+    report("lamb has no CUDA step yet: refused with a message", go ? 1 : 0, 1, 0, 0, 0, 0.0);
+    if (!go) printf("     (%s)\n", visc_last_error());
+    visc_cuda_optim_destroy(go);
+    visc_optimizer_free(&o);
+    visc_table_free(&t);
+}
+
+/* ---- fp32 <-> bf16 ---- */
+static void check_convert(void) {
+    const size_t n = 1 << 16;
+    float *x = random_floats(n, -1e4f, 1e4f);
+    const float specials[] = {0.0f,        -0.0f,
+                              INFINITY,    -INFINITY,
+                              1e-40f,      -1e-40f,
+                              3.4e38f,     1.00390625f /* a tie: rounds to even */,
+                              1.01171875f, 65504.0f};
+    memcpy(x, specials, sizeof specials);
+    for (size_t i = sizeof specials / sizeof *specials; i < n; i += 7) x[i] *= 1e-30f;
+    /* Subnormals, which a converter that flushes to zero would lose. */
+    for (size_t i = sizeof specials / sizeof *specials + 3; i < n; i += 11) x[i] *= 1e-42f;
+    uint16_t *want = malloc(sizeof(uint16_t) * n);
+    float *back = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) {
+        want[i] = visc_f32_to_bf16(x[i]);
+        back[i] = visc_bf16_to_f32(want[i]);
+    }
+    float *d_x = up(x, sizeof(float) * n), *d_back = dev(sizeof(float) * n);
+    uint16_t *d_h = dev(sizeof(uint16_t) * n);
+    launched(visc_cuda_f32_to_bf16(ctx, d_h, d_x, n), "fp32 to bf16");
+    launched(visc_cuda_bf16_to_f32(ctx, d_back, d_h, n), "bf16 to fp32");
+    uint16_t *got = malloc(sizeof(uint16_t) * n);
+    if (visc_cuda_download(ctx, got, d_h, sizeof(uint16_t) * n)) die_cuda("download");
+    float *got_back = down(d_back, n);
+    expect_bits("fp32 -> bf16 (round to nearest even, specials): bit-identical", got, want, n,
+                sizeof(uint16_t));
+    expect_bits("bf16 -> fp32: bit-identical", got_back, back, n, sizeof(float));
+
+    /* NaNs: the payload may differ from the CPU's (the hardware gives its
+     * canonical NaN), but a NaN must stay a NaN, never become an infinity. */
+    const uint32_t nan_bits[4] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0x7fffffffu};
+    float nans[4];
+    memcpy(nans, nan_bits, sizeof nans);
+    float *d_nan = up(nans, sizeof nans), *d_nan_back = dev(sizeof nans);
+    launched(visc_cuda_f32_to_bf16(ctx, d_h, d_nan, 4), "fp32 to bf16, NaN");
+    launched(visc_cuda_bf16_to_f32(ctx, d_nan_back, d_h, 4), "bf16 to fp32, NaN");
+    float *nan_back = down(d_nan_back, 4);
+    size_t not_nan = 0;
+    for (int i = 0; i < 4; i++) not_nan += !isnan(nan_back[i]);
+    report("fp32 -> bf16 -> fp32: NaN stays NaN", not_nan, 4, 0, nan_back[0], NAN, 0.0);
+    visc_cuda_free(ctx, d_nan);
+    visc_cuda_free(ctx, d_nan_back);
+    free(nan_back);
+    visc_cuda_free(ctx, d_x);
+    visc_cuda_free(ctx, d_back);
+    visc_cuda_free(ctx, d_h);
+    free(x);
+    free(want);
+    free(back);
+    free(got);
+    free(got_back);
+}
+
+/* ---- matmul ---- */
+/* The bf16 value of x, as an fp32. */
+static float bf16_round(float x) { return visc_bf16_to_f32(visc_f32_to_bf16(x)); }
+
+/* A device copy of a host array, `shift` elements into a fresh buffer
+ * (*base, to free): a tensor that starts inside a larger buffer. */
+static void *up_shifted(const void *host, size_t bytes, size_t elem, int shift, void **base) {
+    *base = dev(bytes + elem * (size_t)shift);
+    char *d = (char *)*base + elem * (size_t)shift;
+    if (visc_cuda_upload(ctx, d, host, bytes)) die_cuda("upload");
+    return d;
+}
+
+static void check_matmul(const char *what, int M, int N, int K, int trans_a, int trans_b,
+                         int with_bias, float beta, int shift) {
+    char name[160];
+    float *a = random_floats((size_t)M * K, -1, 1), *b = random_floats((size_t)K * N, -1, 1);
+    float *bias = random_floats((size_t)N, -1, 1), *d0 = random_floats((size_t)M * N, -1, 1);
+    uint16_t *a16 = malloc(sizeof(uint16_t) * M * K), *b16 = malloc(sizeof(uint16_t) * K * N);
+    for (size_t i = 0; i < (size_t)M * K; i++) {
+        a16[i] = visc_f32_to_bf16(a[i]);
+        a[i] = bf16_round(a[i]);
+    }
+    for (size_t i = 0; i < (size_t)K * N; i++) {
+        b16[i] = visc_f32_to_bf16(b[i]);
+        b[i] = bf16_round(b[i]);
+    }
+    /* With beta 0, D's old contents must not be read (BLAS's rule; a
+     * forward product writes into an arena that holds stale values): they
+     * are NaNs here, which would show through 0 * NaN. */
+    if (beta == 0.0f)
+        for (size_t i = 0; i < (size_t)M * N; i++) d0[i] = NAN;
+    float *want = malloc(sizeof(float) * M * N);
+    size_t bad = 0, worst = 0;
+    double worst_ratio = 0.0;
+    void *base[4];
+    uint16_t *d_a = up_shifted(a16, sizeof(uint16_t) * M * K, sizeof(uint16_t), shift, &base[0]);
+    uint16_t *d_b = up_shifted(b16, sizeof(uint16_t) * K * N, sizeof(uint16_t), shift, &base[1]);
+    float *d_bias = up_shifted(bias, sizeof(float) * N, sizeof(float), shift, &base[2]);
+    float *d_d = up_shifted(d0, sizeof(float) * M * N, sizeof(float), shift, &base[3]);
+    launched(visc_cuda_matmul_bf16(ctx, d_d, d_a, d_b, with_bias ? d_bias : NULL, M, N, K, trans_a,
+                                   trans_b, beta),
+             "matmul");
+    float *got = down(d_d, (size_t)M * N);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0.0, mag = 0.0;
+            for (int k = 0; k < K; k++) {
+                const double av = trans_a ? a[(size_t)k * M + i] : a[(size_t)i * K + k];
+                const double bv = trans_b ? b[(size_t)j * K + k] : b[(size_t)k * N + j];
+                s += av * bv;
+                mag += fabs(av * bv);
+            }
+            const double old = beta == 0.0f ? 0.0 : (double)beta * d0[(size_t)i * N + j];
+            s += old + (with_bias ? bias[j] : 0.0);
+            mag += fabs(old) + (with_bias ? fabs(bias[j]) : 0.0);
+            const size_t at = (size_t)i * N + j;
+            want[at] = (float)s;
+            const double err = fabs((double)got[at] - s), ratio = err / (1e-4 * mag + 1e-30);
+            if (!(ratio <= 1.0)) bad++;
+            if (!(ratio <= worst_ratio)) {
+                worst_ratio = ratio;
+                worst = at;
+            }
+        }
+    snprintf(name, sizeof name, "matmul bf16 %s: M %d N %d K %d%s%s%s, beta %g, shift %d", what, M,
+             N, K, trans_a ? " A^T" : "", trans_b ? " B^T" : "", with_bias ? " + bias" : "", beta,
+             shift);
+    report(name, bad, (size_t)M * N, worst, got[worst], want[worst], worst_ratio);
+    for (int i = 0; i < 4; i++) visc_cuda_free(ctx, base[i]);
+    void *hfree[] = {a, b, bias, d0, a16, b16, want, got};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* ---- Swin windows ---- */
+static void check_swin(int B, int H, int W, int window, int shifted, int C) {
+    char name[128];
+    visc_swin_grid g;
+    if (visc_swin_grid_make(&g, H, W, window, shifted)) die_cuda("swin grid");
+    const visc_cuda_swin_grid cg = {g.H, g.W, g.wh, g.ww, g.sh, g.sw};
+    const size_t n = (size_t)B * H * W * C;
+    float *x = random_floats(n, -1, 1), *part = malloc(sizeof(float) * n);
+    float *rev = malloc(sizeof(float) * n);
+    visc_swin_partition(part, x, &g, B, C);
+    visc_swin_reverse(rev, part, &g, B, C);
+    float *d_x = up(x, sizeof(float) * n), *d_part = dev(sizeof(float) * n);
+    float *d_rev = dev(sizeof(float) * n);
+    launched(visc_cuda_swin_partition(ctx, d_part, d_x, &cg, B, C), "swin partition");
+    launched(visc_cuda_swin_reverse(ctx, d_rev, d_part, &cg, B, C), "swin reverse");
+    float *h_part = down(d_part, n), *h_rev = down(d_rev, n);
+    snprintf(name, sizeof name, "swin partition B %d %dx%d window %d%s C %d: bit-identical", B, H,
+             W, window, shifted ? " shifted" : "", C);
+    expect_bits(name, h_part, part, n, sizeof(float));
+    snprintf(name, sizeof name, "swin reverse B %d %dx%d window %d%s C %d: the input again", B, H,
+             W, window, shifted ? " shifted" : "", C);
+    expect_bits(name, h_rev, x, n, sizeof(float));
+    visc_cuda_free(ctx, d_x);
+    visc_cuda_free(ctx, d_part);
+    visc_cuda_free(ctx, d_rev);
+    void *hfree[] = {x, part, rev, h_part, h_rev};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* ---- convolutions ---- */
+typedef struct {
+    int N, C, H, W, K, R, S, stride, pad, P, Q;
+} conv_dims;
+
+/* [n][c][i] (NCHW, HW = i's range) <-> [n][i][c] (channels-last). */
+static void to_nhwc(float *dst, const float *src, int N, int C, int HW) {
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++)
+            for (int i = 0; i < HW; i++)
+                dst[((size_t)n * HW + i) * C + c] = src[((size_t)n * C + c) * HW + i];
+}
+static void to_nchw(float *dst, const float *src, int N, int C, int HW) {
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++)
+            for (int i = 0; i < HW; i++)
+                dst[((size_t)n * C + c) * HW + i] = src[((size_t)n * HW + i) * C + c];
+}
+
+/* Direct convolution in double, NCHW, all three directions: y = x * w,
+ * dx from dy and w, dw from x and dy, each with the sum of |terms| of
+ * every value (the scale its rounding error is measured against). The
+ * first nest is split over k (y and dw), the second over c (dx), so the
+ * threads never share an output. */
+static void conv_reference(const conv_dims *d, const float *x, const float *w, const float *dy,
+                           double *y, double *y_mag, double *dx, double *dx_mag, double *dw,
+                           double *dw_mag) {
+    const int N = d->N, C = d->C, H = d->H, W = d->W, K = d->K, R = d->R, S = d->S;
+    const int P = d->P, Q = d->Q;
+#pragma omp parallel for schedule(dynamic)
+    for (int k = 0; k < K; k++)
+        for (int n = 0; n < N; n++)
+            for (int p = 0; p < P; p++)
+                for (int q = 0; q < Q; q++) {
+                    const size_t yi = (((size_t)n * K + k) * P + p) * Q + q;
+                    double s = 0, m = 0;
+                    for (int c = 0; c < C; c++)
+                        for (int r = 0; r < R; r++) {
+                            const int h = p * d->stride - d->pad + r;
+                            if (h < 0 || h >= H) continue;
+                            for (int t = 0; t < S; t++) {
+                                const int v = q * d->stride - d->pad + t;
+                                if (v < 0 || v >= W) continue;
+                                const double xv = x[(((size_t)n * C + c) * H + h) * W + v];
+                                const size_t wi = (((size_t)k * C + c) * R + r) * S + t;
+                                s += xv * w[wi];
+                                m += fabs(xv * w[wi]);
+                                dw[wi] += (double)dy[yi] * xv;
+                                dw_mag[wi] += fabs((double)dy[yi] * xv);
+                            }
+                        }
+                    y[yi] = s;
+                    y_mag[yi] = m;
+                }
+#pragma omp parallel for schedule(dynamic)
+    for (int c = 0; c < C; c++)
+        for (int n = 0; n < N; n++)
+            for (int k = 0; k < K; k++)
+                for (int p = 0; p < P; p++)
+                    for (int q = 0; q < Q; q++) {
+                        const double g = dy[(((size_t)n * K + k) * P + p) * Q + q];
+                        for (int r = 0; r < R; r++) {
+                            const int h = p * d->stride - d->pad + r;
+                            if (h < 0 || h >= H) continue;
+                            for (int t = 0; t < S; t++) {
+                                const int v = q * d->stride - d->pad + t;
+                                if (v < 0 || v >= W) continue;
+                                const size_t xi = (((size_t)n * C + c) * H + h) * W + v;
+                                const double term = g * w[(((size_t)k * C + c) * R + r) * S + t];
+                                dx[xi] += term;
+                                dx_mag[xi] += fabs(term);
+                            }
+                        }
+                    }
+}
+
+/* |g - want| <= amag x (sum of |terms|) + rtol |want|, elementwise. */
+static void expect_conv(const char *name, const float *g, const double *want, const double *mag,
+                        size_t n, double amag, double rtol) {
+    size_t bad = 0, worst = 0;
+    double worst_ratio = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double err = fabs((double)g[i] - want[i]);
+        const double ratio = err / (amag * mag[i] + rtol * fabs(want[i]) + 1e-30);
+        if (!(ratio <= 1.0)) bad++;
+        if (!(ratio <= worst_ratio)) {
+            worst_ratio = ratio;
+            worst = i;
+        }
+    }
+    report(name, bad, n, worst, n ? g[worst] : 0, n ? want[worst] : 0, worst_ratio);
+}
+
+/* Device copy of an NCHW host tensor in the layout and type of `type`. */
+static void *up_conv(const float *host, int N, int C, int HW, visc_cuda_conv_type type) {
+    const size_t n = (size_t)N * C * HW;
+    if (type == VISC_CUDA_CONV_F32_NCHW) return up(host, sizeof(float) * n);
+    float *t = malloc(sizeof(float) * n);
+    uint16_t *b = malloc(sizeof(uint16_t) * n);
+    to_nhwc(t, host, N, C, HW);
+    for (size_t i = 0; i < n; i++) b[i] = visc_f32_to_bf16(t[i]);
+    void *d = up(b, sizeof(uint16_t) * n);
+    free(t);
+    free(b);
+    return d;
+}
+/* The device tensor back in NCHW fp32. */
+static float *down_conv(const void *d, int N, int C, int HW, visc_cuda_conv_type type) {
+    const size_t n = (size_t)N * C * HW;
+    if (type == VISC_CUDA_CONV_F32_NCHW) return down(d, n);
+    uint16_t *b = malloc(sizeof(uint16_t) * n);
+    if (visc_cuda_download(ctx, b, d, sizeof(uint16_t) * n)) die_cuda("download");
+    float *t = malloc(sizeof(float) * n), *out = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) t[i] = visc_bf16_to_f32(b[i]);
+    to_nchw(out, t, N, C, HW);
+    free(b);
+    free(t);
+    return out;
+}
+
+/* Tolerances: fp32 (FMA math, no TF32) 3e-5 of the sum of |terms| (a
+ * single missing tap of 1000s moves a value by more); bf16 outputs 8e-3
+ * of the value (rounding to bf16 moves it by 2^-8 of itself at most) + 2e-4 of the sum of
+ * |terms| (fp32 accumulation), against the product of the same bf16
+ * operands. */
+static void check_conv(const char *what, int N, int C, int H, int W, int K, int R, int stride,
+                       int pad, visc_cuda_conv_type type) {
+    char name[200];
+    conv_dims d = {N, C, H, W, K, R, R, stride, pad, 0, 0};
+    d.P = (H + 2 * pad - R) / stride + 1;
+    d.Q = (W + 2 * pad - R) / stride + 1;
+    const size_t nx = (size_t)N * C * H * W, nw = (size_t)K * C * R * R;
+    const size_t ny = (size_t)N * K * d.P * d.Q;
+    const int bf16 = type == VISC_CUDA_CONV_BF16_NHWC;
+    float *x = random_floats(nx, -1, 1), *w = random_floats(nw, -1, 1);
+    float *dy = random_floats(ny, -1, 1);
+    if (bf16) { /* the reference multiplies the operands the GPU sees */
+        for (size_t i = 0; i < nx; i++) x[i] = bf16_round(x[i]);
+        for (size_t i = 0; i < nw; i++) w[i] = bf16_round(w[i]);
+        for (size_t i = 0; i < ny; i++) dy[i] = bf16_round(dy[i]);
+    }
+    double *y = calloc(ny, sizeof(double)), *y_mag = calloc(ny, sizeof(double));
+    double *dx = calloc(nx, sizeof(double)), *dx_mag = calloc(nx, sizeof(double));
+    double *dw = calloc(nw, sizeof(double)), *dw_mag = calloc(nw, sizeof(double));
+    conv_reference(&d, x, w, dy, y, y_mag, dx, dx_mag, dw, dw_mag);
+
+    const visc_cuda_conv_shape s = {N, C, H, W, K, R, R, stride, pad, type};
+    void *d_x = up_conv(x, N, C, H * W, type), *d_w = up_conv(w, K, C, R * R, type);
+    void *d_dy = up_conv(dy, N, K, d.P * d.Q, type);
+    const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+    void *d_y = dev(elem * ny), *d_dx = dev(elem * nx), *d_dw = dev(elem * nw);
+    /* beta 0: dw's old contents (NaN bits) must not be read */
+    void *nan_bits = memset(malloc(elem * nw), 0xff, elem * nw);
+    if (visc_cuda_upload(ctx, d_dw, nan_bits, elem * nw)) die_cuda("upload");
+    free(nan_bits);
+    launched(visc_cuda_conv_forward(ctx, &s, d_y, d_x, d_w), "convolution forward");
+    launched(visc_cuda_conv_backward_data(ctx, &s, d_dx, d_dy, d_w), "convolution backward-data");
+    launched(visc_cuda_conv_backward_weights(ctx, &s, d_dw, d_x, d_dy, 0.0f),
+             "convolution backward-weights");
+    float *h_y = down_conv(d_y, N, K, d.P * d.Q, type), *h_dx = down_conv(d_dx, N, C, H * W, type);
+    float *h_dw = down_conv(d_dw, K, C, R * R, type);
+    const double amag = bf16 ? 2e-4 : 3e-5, rtol = bf16 ? 8e-3 : 0.0;
+    const char *form = bf16 ? "bf16 NHWC" : "fp32 NCHW";
+    snprintf(name, sizeof name, "conv %s %s: N %d C %d %dx%d K %d %dx%d/%d pad %d: forward", what,
+             form, N, C, H, W, K, R, R, stride, pad);
+    expect_conv(name, h_y, y, y_mag, ny, amag, rtol);
+    snprintf(name, sizeof name, "conv %s %s: backward-data", what, form);
+    expect_conv(name, h_dx, dx, dx_mag, nx, amag, rtol);
+    snprintf(name, sizeof name, "conv %s %s: backward-weights", what, form);
+    expect_conv(name, h_dw, dw, dw_mag, nw, amag, rtol);
+    /* beta 1 adds the gradient to what dw holds: twice the gradient now */
+    launched(visc_cuda_conv_backward_weights(ctx, &s, d_dw, d_x, d_dy, 1.0f),
+             "convolution backward-weights, beta 1");
+    float *h_dw2 = down_conv(d_dw, K, C, R * R, type);
+    for (size_t i = 0; i < nw; i++) dw[i] *= 2, dw_mag[i] *= 2;
+    snprintf(name, sizeof name, "conv %s %s: backward-weights accumulated (beta 1)", what, form);
+    expect_conv(name, h_dw2, dw, dw_mag, nw, amag, 2 * rtol);
+    void *dfree[] = {d_x, d_w, d_dy, d_y, d_dx, d_dw};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x, w, dy, y, y_mag, dx, dx_mag, dw, dw_mag, h_y, h_dx, h_dw, h_dw2};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* ---- batch normalization ---- */
+/* The CPU's layer on NCHW; the GPU on NCHW or channels-last (inputs
+ * transposed in, outputs back). Backward runs on the CPU's forward
+ * results on both sides, so a ReLU mask of a value near 0 cannot differ. */
+static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offset) {
+    char name[200];
+    const size_t n = (size_t)N * C * HW;
+    float *x = random_floats(n, offset - 1.5f, offset + 1.5f), *dy = random_floats(n, -1, 1);
+    float *gamma = random_floats((size_t)C, 0.5f, 1.5f), *beta = random_floats((size_t)C, -1, 1);
+    float *rm = random_floats((size_t)C, -0.5f, 0.5f), *rv = random_floats((size_t)C, 0.5f, 2);
+    float *rm0 = malloc(sizeof(float) * C), *rv0 = malloc(sizeof(float) * C);
+    memcpy(rm0, rm, sizeof(float) * C);
+    memcpy(rv0, rv, sizeof(float) * C);
+    float *out = malloc(sizeof(float) * n), *eval = malloc(sizeof(float) * n);
+    float *dx = malloc(sizeof(float) * n), *mean = malloc(sizeof(float) * C);
+    float *rstd = malloc(sizeof(float) * C), *dg = malloc(sizeof(float) * C);
+    float *db = malloc(sizeof(float) * C);
+    visc_batchnorm2d bn;
+    visc_batchnorm2d_init(&bn, N, C, HW, 1e-5f, 0.1f, relu);
+    visc_batchnorm2d_forward_eval(&bn, eval, x, gamma, beta, rm0, rv0);
+    visc_batchnorm2d_forward_train(&bn, out, mean, rstd, x, gamma, beta, rm, rv);
+    visc_batchnorm2d_backward(&bn, dx, dg, db, dy, x, out, gamma, mean, rstd);
+    visc_batchnorm2d_destroy(&bn);
+
+    /* the GPU's layout */
+    float *t = malloc(sizeof(float) * n);
+    const float *gx = x, *gdy = dy, *gout = out;
+    float *tx = NULL, *tdy = NULL, *tout = NULL;
+    if (!nchw) {
+        tx = malloc(sizeof(float) * n), tdy = malloc(sizeof(float) * n);
+        tout = malloc(sizeof(float) * n);
+        to_nhwc(tx, x, N, C, HW), to_nhwc(tdy, dy, N, C, HW), to_nhwc(tout, out, N, C, HW);
+        gx = tx, gdy = tdy, gout = tout;
+    }
+    const visc_cuda_bn_shape s = {N, C, HW, nchw, relu, 1e-5f, 0.1f};
+    float *d_x = up(gx, sizeof(float) * n), *d_dy = up(gdy, sizeof(float) * n);
+    float *d_out_cpu = up(gout, sizeof(float) * n);
+    float *d_g = up(gamma, sizeof(float) * C), *d_b = up(beta, sizeof(float) * C);
+    float *d_rm = up(rm0, sizeof(float) * C), *d_rv = up(rv0, sizeof(float) * C);
+    float *d_mean_cpu = up(mean, sizeof(float) * C), *d_rstd_cpu = up(rstd, sizeof(float) * C);
+    float *d_out = dev(sizeof(float) * n), *d_eval = dev(sizeof(float) * n);
+    float *d_dx = dev(sizeof(float) * n), *d_mean = dev(sizeof(float) * C);
+    float *d_rstd = dev(sizeof(float) * C), *d_dg = dev(sizeof(float) * C);
+    float *d_db = dev(sizeof(float) * C);
+    launched(visc_cuda_batchnorm_forward_eval(ctx, &s, d_eval, d_x, d_g, d_b, d_rm, d_rv),
+             "batchnorm forward (eval)");
+    launched(visc_cuda_batchnorm_forward_train(ctx, &s, d_out, d_mean, d_rstd, d_x, d_g, d_b, d_rm,
+                                               d_rv),
+             "batchnorm forward (training)");
+    launched(visc_cuda_batchnorm_backward(ctx, &s, d_dx, d_dg, d_db, d_dy, d_x, d_out_cpu, d_g,
+                                          d_mean_cpu, d_rstd_cpu),
+             "batchnorm backward");
+    float *h_out = down(d_out, n), *h_eval = down(d_eval, n), *h_dx = down(d_dx, n);
+    if (!nchw) {
+        float *bufs[] = {h_out, h_eval, h_dx};
+        for (int i = 0; i < 3; i++) {
+            to_nchw(t, bufs[i], N, C, HW);
+            memcpy(bufs[i], t, sizeof(float) * n);
+        }
+    }
+    float *h_mean = down(d_mean, (size_t)C), *h_rstd = down(d_rstd, (size_t)C);
+    float *h_rm = down(d_rm, (size_t)C), *h_rv = down(d_rv, (size_t)C);
+    float *h_dg = down(d_dg, (size_t)C), *h_db = down(d_db, (size_t)C);
+    char tag[96];
+    snprintf(tag, sizeof tag, "batchnorm N %d C %d HW %d%s %s mean %g", N, C, HW,
+             relu ? " + relu" : "", nchw ? "NCHW" : "NHWC", offset);
+    snprintf(name, sizeof name, "%s: eval forward", tag);
+    expect_fp32(name, h_eval, eval, n);
+    snprintf(name, sizeof name, "%s: training forward", tag);
+    expect_fp32(name, h_out, out, n);
+    snprintf(name, sizeof name, "%s: saved mean, rstd", tag);
+    expect_fp32(name, h_mean, mean, (size_t)C);
+    expect_fp32(name, h_rstd, rstd, (size_t)C);
+    snprintf(name, sizeof name, "%s: running mean, var", tag);
+    expect_fp32(name, h_rm, rm, (size_t)C);
+    expect_fp32(name, h_rv, rv, (size_t)C);
+    snprintf(name, sizeof name, "%s: backward din", tag);
+    expect_fp32(name, h_dx, dx, n);
+    double *abs_g = calloc((size_t)C, sizeof(double)), *abs_b = calloc((size_t)C, sizeof(double));
+    for (int b = 0; b < N; b++)
+        for (int c = 0; c < C; c++)
+            for (int i = 0; i < HW; i++) {
+                const size_t a = ((size_t)b * C + c) * HW + i;
+                const double g = relu && !(out[a] > 0) ? 0.0 : dy[a];
+                abs_b[c] += fabs(g);
+                abs_g[c] += fabs(g * ((double)x[a] - mean[c]) * rstd[c]);
+            }
+    snprintf(name, sizeof name, "%s: dgamma", tag);
+    expect_sums(name, h_dg, dg, abs_g, (size_t)C);
+    snprintf(name, sizeof name, "%s: dbeta", tag);
+    expect_sums(name, h_db, db, abs_b, (size_t)C);
+    void *dfree[] = {d_x,        d_dy,  d_out_cpu, d_g,  d_b,    d_rm,   d_rv, d_mean_cpu,
+                     d_rstd_cpu, d_out, d_eval,    d_dx, d_mean, d_rstd, d_dg, d_db};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x,      dy,   gamma,  beta,   rm,   rv,   rm0,  rv0,  out,   eval,
+                     dx,     mean, rstd,   dg,     db,   t,    tx,   tdy,  tout,  h_out,
+                     h_eval, h_dx, h_mean, h_rstd, h_rm, h_rv, h_dg, h_db, abs_g, abs_b};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* ---- pooling and ReLU: bit-identical ---- */
+/* Inputs from {0, 1, 2, 3} make ties in nearly every window, so the
+ * first-maximum rule shows; nan_every > 0 puts a NaN at every such index. */
+static void check_maxpool(int N, int C, int H, int W, int k, int s, int pad, int ties,
+                          int nan_every) {
+    char name[160];
+    visc_pool2d p;
+    visc_pool2d_init(&p, N, C, H, W, k, s, pad);
+    const size_t n = (size_t)N * C * H * W, m = (size_t)N * C * p.P * p.Q;
+    float *x = random_floats(n, -4, 4), *dy = random_floats(m, -1, 1);
+    for (size_t i = 0; i < n; i++) {
+        if (ties) x[i] = (float)(next_u64() % 4);
+        if (nan_every && i % (size_t)nan_every == 7) x[i] = NAN;
+    }
+    float *y = malloc(sizeof(float) * m), *dx = malloc(sizeof(float) * n);
+    int32_t *am = malloc(sizeof(int32_t) * m);
+    visc_maxpool2d_forward(&p, y, am, x);
+    visc_maxpool2d_backward(&p, dx, dy, am);
+    float *d_x = up(x, sizeof(float) * n), *d_dy = up(dy, sizeof(float) * m);
+    int32_t *d_am_cpu = up(am, sizeof(int32_t) * m), *d_am = dev(sizeof(int32_t) * m);
+    float *d_y = dev(sizeof(float) * m), *d_dx = dev(sizeof(float) * n);
+    launched(visc_cuda_maxpool_forward(ctx, d_y, d_am, d_x, N, C, H, W, k, s, pad),
+             "max pooling forward");
+    launched(visc_cuda_maxpool_backward(ctx, d_dx, d_dy, d_am_cpu, N, C, H, W, k, s, pad),
+             "max pooling backward");
+    float *h_y = down(d_y, m), *h_dx = down(d_dx, n);
+    int32_t *h_am = malloc(sizeof(int32_t) * m);
+    if (visc_cuda_download(ctx, h_am, d_am, sizeof(int32_t) * m)) die_cuda("download");
+    char tag[120];
+    snprintf(tag, sizeof tag, "maxpool N %d C %d %dx%d, %dx%d/%d pad %d%s%s", N, C, H, W, k, k, s,
+             pad, ties ? ", ties" : "", nan_every ? ", NaNs" : "");
+    snprintf(name, sizeof name, "%s: forward, bit-identical", tag);
+    expect_bits(name, h_y, y, m, sizeof(float));
+    /* as floats (exact below 2^24), so that a mismatch prints the indices */
+    float *fam = malloc(sizeof(float) * m), *fh_am = malloc(sizeof(float) * m);
+    for (size_t i = 0; i < m; i++) fam[i] = (float)am[i], fh_am[i] = (float)h_am[i];
+    snprintf(name, sizeof name, "%s: argmax, identical", tag);
+    expect_bits(name, fh_am, fam, m, sizeof(float));
+    free(fam);
+    free(fh_am);
+    snprintf(name, sizeof name, "%s: backward, bit-identical", tag);
+    expect_bits(name, h_dx, dx, n, sizeof(float));
+    void *dfree[] = {d_x, d_dy, d_am_cpu, d_am, d_y, d_dx};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x, dy, y, dx, am, h_y, h_dx, h_am};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+static void check_global_avgpool(int N, int C, int HW) {
+    char name[128];
+    const size_t n = (size_t)N * C * HW, m = (size_t)N * C;
+    float *x = random_floats(n, -3, 3), *dy = random_floats(m, -1, 1);
+    float *y = malloc(sizeof(float) * m), *dx = malloc(sizeof(float) * n);
+    visc_global_avgpool_forward(y, x, N, C, HW);
+    visc_global_avgpool_backward(dx, dy, N, C, HW);
+    float *d_x = up(x, sizeof(float) * n), *d_dy = up(dy, sizeof(float) * m);
+    float *d_y = dev(sizeof(float) * m), *d_dx = dev(sizeof(float) * n);
+    launched(visc_cuda_global_avgpool_forward(ctx, d_y, d_x, N, C, HW), "global avgpool forward");
+    launched(visc_cuda_global_avgpool_backward(ctx, d_dx, d_dy, N, C, HW),
+             "global avgpool backward");
+    float *h_y = down(d_y, m), *h_dx = down(d_dx, n);
+    snprintf(name, sizeof name, "global avgpool N %d C %d HW %d: forward, bit-identical", N, C, HW);
+    expect_bits(name, h_y, y, m, sizeof(float));
+    snprintf(name, sizeof name, "global avgpool N %d C %d HW %d: backward, bit-identical", N, C,
+             HW);
+    expect_bits(name, h_dx, dx, n, sizeof(float));
+    void *dfree[] = {d_x, d_dy, d_y, d_dx};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x, dy, y, dx, h_y, h_dx};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* Exact zeros and a NaN among the inputs: ReLU(0) = 0 with gradient 0, NaN stays NaN. */
+static void check_relu(size_t n) {
+    char name[128];
+    float *x = random_floats(n, -2, 2), *dy = random_floats(n, -1, 1);
+    for (size_t i = 0; i < n; i += 97) x[i] = 0.0f;
+    x[5] = NAN;
+    float *y = malloc(sizeof(float) * n), *dx = malloc(sizeof(float) * n);
+    visc_relu_forward(y, x, n);
+    visc_relu_backward(dx, dy, y, n);
+    float *d_x = up(x, sizeof(float) * n), *d_dy = up(dy, sizeof(float) * n);
+    float *d_y = dev(sizeof(float) * n), *d_dx = dev(sizeof(float) * n);
+    launched(visc_cuda_relu_forward(ctx, d_y, d_x, n), "relu forward");
+    launched(visc_cuda_relu_backward(ctx, d_dx, d_dy, d_y, n), "relu backward");
+    float *h_y = down(d_y, n), *h_dx = down(d_dx, n);
+    snprintf(name, sizeof name, "relu [%zu]: forward, bit-identical", n);
+    expect_bits(name, h_y, y, n, sizeof(float));
+    snprintf(name, sizeof name, "relu [%zu]: backward, bit-identical", n);
+    expect_bits(name, h_dx, dx, n, sizeof(float));
+    void *dfree[] = {d_x, d_dy, d_y, d_dx};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x, dy, y, dx, h_y, h_dx};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* The checks in groups, each runnable alone (`test_cuda_kernels matmul`),
+ * so that a kernel that breaks the context cannot hide the others. */
+static void group_layernorm(void) {
+    check_layernorm(1000, 192, 1, 0.0f, 2.0f);
+    check_layernorm(997, 768, 1, 100.0f, 2.0f); /* a large mean: the centred statistics */
+    check_layernorm(65, 1000, 0, 3.0f, 2.0f);   /* C not a multiple of 32, no affine */
+    check_layernorm(3, 40, 1, 0.0f, 2.0f);      /* fewer rows than column-sum chunks */
+    /* A variance below eps (1e-5): where eps enters the formula shows (with
+     * a variance near 1 a misplaced or missing eps moves rstd by < 1e-5). */
+    check_layernorm(512, 384, 1, 0.0f, 0.003f);
+    check_layernorm(256 * 197, 384, 1, 0.0f, 2.0f); /* ViT-S/16, batch 256: 50432 rows */
+}
+static void group_xent(void) {
+    check_xent(256, 10, 0.0f);
+    check_xent(300, 1000, 0.1f);
+    check_xent(64, 5, 0.3f); /* few classes: the off-label target s / K weighs in the gradient */
+}
+static void group_gelu(void) {
+    check_gelu(((size_t)1 << 20) + 3);
+    check_bias_gelu(257, 384);
+}
+static void group_optim(void) {
+    check_optimizer(VISC_OPT_ADAMW, 0.0f, 0, 0, 40000);
+    check_optimizer(VISC_OPT_ADAMW, 0.0f, 0, 1, 40000);
+    check_optimizer(VISC_OPT_SGD, 0.9f, 0, 0, 40000);
+    check_optimizer(VISC_OPT_SGD, 0.9f, 1, 0, 40000);
+    check_optimizer(VISC_OPT_SGD, 0.0f, 0, 0, 40000);
+    /* A ViT-S sized buffer (22M parameters in one tensor here): 1343 pieces. */
+    check_optimizer(VISC_OPT_ADAMW, 0.0f, 0, 0, 22000000);
+    check_optimizer_refuses_lamb();
+}
+static void group_convert(void) { check_convert(); }
+static void group_matmul(void) {
+    check_matmul("linear forward Y = X W^T + b", 394, 192, 384, 0, 1, 1, 0.0f, 0);
+    check_matmul("linear dX = dY W", 394, 384, 192, 0, 0, 0, 0.0f, 0);
+    check_matmul("linear dW += dY^T X", 192, 384, 394, 1, 0, 0, 1.0f, 0);
+    check_matmul("odd shapes", 33, 17, 50, 0, 1, 1, 0.0f, 0);
+    /* Tensors inside larger buffers: the heuristic must not assume 256-byte
+     * alignment. Shift 16: a tensor of the parameter table (64 bytes in
+     * fp32, 32 in bf16); shift 1: one element, the least there can be. */
+    check_matmul("linear forward, table-aligned", 394, 192, 384, 0, 1, 1, 0.0f, 16);
+    check_matmul("linear dW += dY^T X, element-aligned", 192, 384, 394, 1, 0, 0, 1.0f, 1);
+}
+static void group_swin(void) {
+    check_swin(2, 8, 8, 4, 1, 48);
+    check_swin(2, 8, 8, 4, 0, 48);
+    check_swin(1, 14, 7, 7, 1, 24); /* an axis of one window is never shifted */
+    /* A grid the kernel would index outside the tensor with is refused
+     * before any launch (the pointers are never touched). */
+    const visc_cuda_swin_grid bad = {8, 8, 4, 4, -2, 0};
+    const int rc = visc_cuda_swin_partition(ctx, NULL, NULL, &bad, 1, 8);
+    report("swin partition: a negative shift is refused", rc == -1 ? 0 : 1, 1, 0, rc, -1, 0.0);
+    if (rc == -1) printf("     (%s)\n", visc_last_error());
+}
+
+static void group_conv(void) {
+    for (int t = 0; t < 2; t++) {
+        const visc_cuda_conv_type type = t ? VISC_CUDA_CONV_BF16_NHWC : VISC_CUDA_CONV_F32_NCHW;
+        check_conv("ResNet stage 1, 3x3", 2, 64, 56, 56, 64, 3, 1, 1, type);
+        check_conv("ResNet downsample, 1x1/2", 2, 64, 56, 56, 128, 1, 2, 0, type);
+        check_conv("ResNet stage 2 entry, 3x3/2", 2, 64, 56, 56, 128, 3, 2, 1, type);
+        check_conv("ResNet stem, 7x7/2", 2, 3, 224, 224, 64, 7, 2, 3, type);
+        check_conv("CIFAR stem, 3x3", 4, 3, 32, 32, 64, 3, 1, 1, type);
+        check_conv("odd sizes", 3, 5, 13, 11, 7, 3, 2, 1, type);
+    }
+    /* A bad shape is refused before cuDNN is asked (no pointer is read). */
+    const visc_cuda_conv_shape bad = {1, 3, 8, 8, 4, 3, 3, 0, 1, VISC_CUDA_CONV_F32_NCHW};
+    const int rc = visc_cuda_conv_forward(ctx, &bad, NULL, NULL, NULL);
+    report("conv: stride 0 is refused", rc == -1 ? 0 : 1, 1, 0, rc, -1, 0.0);
+    if (rc == -1) printf("     (%s)\n", visc_last_error());
+}
+static void group_batchnorm(void) {
+    check_batchnorm(8, 64, 56 * 56, 0, 1, 0.0f);
+    check_batchnorm(8, 64, 56 * 56, 1, 1, 0.0f);
+    check_batchnorm(4, 96, 28 * 28, 1, 0, 0.0f);  /* channels-last */
+    check_batchnorm(16, 512, 4 * 4, 1, 1, 0.0f);  /* the CPU's small-plane path */
+    check_batchnorm(32, 256, 2 * 2, 0, 0, 0.0f);  /* small planes, channels-last */
+    check_batchnorm(4, 32, 17 * 17, 0, 1, 50.0f); /* |mean| >> std: the centred variance */
+}
+static void group_pool(void) {
+    check_maxpool(4, 64, 112, 112, 3, 2, 1, 0, 0); /* ResNet's stem pooling */
+    check_maxpool(2, 16, 57, 57, 3, 2, 1, 1, 0);   /* ties: the first maximum wins */
+    check_maxpool(2, 8, 32, 32, 3, 2, 1, 0, 41);   /* NaNs propagate */
+    check_maxpool(2, 8, 16, 16, 2, 2, 0, 1, 0);
+    check_global_avgpool(32, 512, 49); /* ResNet at 224 px */
+    check_global_avgpool(64, 512, 16); /* at 32 px */
+    check_global_avgpool(5, 7, 3);
+    check_relu(((size_t)1 << 20) + 5);
+}
+
+static const struct {
+    const char *name;
+    void (*run)(void);
+} groups[] = {{"layernorm", group_layernorm}, {"xent", group_xent},
+              {"gelu", group_gelu},           {"optim", group_optim},
+              {"convert", group_convert},     {"matmul", group_matmul},
+              {"swin", group_swin},           {"conv", group_conv},
+              {"batchnorm", group_batchnorm}, {"pool", group_pool}};
+#define NUM_GROUPS (sizeof groups / sizeof *groups)
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--list") == 0) {
+        for (size_t g = 0; g < NUM_GROUPS; g++) puts(groups[g].name);
+        return 0;
+    }
+    for (int a = 1; a < argc; a++) {
+        size_t g = 0;
+        while (g < NUM_GROUPS && strcmp(argv[a], groups[g].name) != 0) g++;
+        if (g == NUM_GROUPS) {
+            fprintf(stderr, "test_cuda_kernels: no group '%s' (--list lists them)\n", argv[a]);
+            return 2;
+        }
+    }
+    if (visc_cuda_device_count() < 0) {
+        printf("test_cuda_kernels: skipped: no GPU (%s)\n", visc_last_error());
+        return 77;
+    }
+    char line[256];
+    if (visc_cuda_describe(0, line, sizeof line) == 0) printf("# device 0: %s\n", line);
+    ctx = visc_cuda_open(0);
+    if (!ctx) die_cuda("open device 0");
+    for (size_t g = 0; g < NUM_GROUPS; g++) {
+        int wanted = argc == 1;
+        for (int a = 1; a < argc; a++) wanted |= strcmp(argv[a], groups[g].name) == 0;
+        if (wanted) groups[g].run();
+    }
+    visc_cuda_close(ctx);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
