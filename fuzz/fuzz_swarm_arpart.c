@@ -5,7 +5,8 @@
  * Input: a selector byte (bit 7: hello, else bits 0-1 the compression),
  * two bytes of value count (1..8192), one byte of expected part index,
  * then the message. A part that parses holds only finite values, and a
- * hello that parses has a usable weight and known enumerations. */
+ * hello that parses has a usable weight (finite, >= 0: 0 is an auxiliary
+ * member's) and known enumerations. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -23,7 +24,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (data[0] & 0x80) {
         visc_ar_hello h;
         if (visc_ar_hello_parse(msg, n, &h) == 0) {
-            VISC_ASSERT(isfinite(h.weight) && h.weight > 0);
+            VISC_ASSERT(isfinite(h.weight) && !signbit(h.weight)); /* 0: an auxiliary's */
             VISC_ASSERT(h.compression <= VISC_COMP_Q8 && h.aggregation <= VISC_AGG_CENTERED_CLIP);
             uint8_t again[VISC_AR_HELLO_BYTES];
             visc_ar_hello_encode(&h, again);

@@ -20,7 +20,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static void check_member(const visc_group_member *m) {
     VISC_ASSERT(strlen(m->addr) <= VISC_MM_ADDR_MAX);
     VISC_ASSERT(isfinite(m->bandwidth) && m->bandwidth > 0);
-    VISC_ASSERT(m->client == 0 || m->client == 1);
+    VISC_ASSERT((m->client == 0 || m->client == 1) && (m->auxiliary == 0 || m->auxiliary == 1));
+    VISC_ASSERT(!(m->client && m->auxiliary));
     VISC_ASSERT(m->client ? m->addr[0] == '\0' : m->addr[0] != '\0');
 }
 

@@ -66,7 +66,12 @@ TEST(hello_round_trip_and_rejects) {
     memcpy(bad, m, sizeof m);
     bad[65] = 4; /* compression */
     CHECK(visc_ar_hello_parse(bad, sizeof bad, &back) != 0);
-    const double weights[] = {0.0, -1.0, NAN, INFINITY};
+    /* 0 parses (an auxiliary member's; the round checks the role), a
+     * negative zero does not (one encoding per value) */
+    memcpy(bad, m, sizeof m);
+    visc_put_f64(bad + 57, 0.0);
+    CHECK(visc_ar_hello_parse(bad, sizeof bad, &back) == 0 && back.weight == 0);
+    const double weights[] = {-0.0, -1.0, NAN, INFINITY};
     for (int i = 0; i < 4; i++) {
         memcpy(bad, m, sizeof m);
         visc_put_f64(bad + 57, weights[i]);
@@ -122,6 +127,7 @@ static void *run_peer(void *arg) {
 static visc_compression round_compression = VISC_COMP_NONE;
 static size_t round_exact_from = SIZE_MAX;
 static int round_tiny_values = 0;
+static int round_auxiliary = -1; /* this member joins as an auxiliary (weight 0) */
 
 static float test_value(int i, size_t j) {
     if (round_tiny_values && j % 2) return 1e-5f * (float)((i + 1) * (int)(j % 13));
@@ -154,6 +160,7 @@ static int round_in_process(peer *ps, int alive, int with_client, size_t n, size
                  visc_swarm_node_address(ps[i].node));
         g.members[i].bandwidth = 1e7 * (i + 1);
         g.members[i].client = client;
+        g.members[i].auxiliary = i == round_auxiliary;
     }
     CHECK_MSG(ok, "opening nodes: %s", visc_last_error());
     pthread_t th[PEERS];
@@ -167,7 +174,7 @@ static int round_in_process(peer *ps, int alive, int with_client, size_t n, size
         ps[i].cfg.compression = round_compression;
         ps[i].cfg.exact_from = round_exact_from;
         ps[i].n = n;
-        ps[i].weight = i + 1;
+        ps[i].weight = i == round_auxiliary ? 0 : i + 1;
         ps[i].x = malloc(n * sizeof(float));
         for (size_t j = 0; j < n; j++) ps[i].x[j] = test_value(i, j);
         pthread_create(&th[i], NULL, run_peer, &ps[i]);
@@ -197,6 +204,45 @@ TEST(round_in_process_gives_the_weighted_mean) {
         CHECK(ps[2].rep.parts_with[2] == 0); /* the client reduces nothing */
         CHECK(ps[0].rep.bytes_sent > n * 4 / 3);
     }
+    for (int i = 0; i < PEERS; i++) free(ps[i].x);
+}
+
+/* An auxiliary member (the largest bandwidth: the largest shard) reduces
+ * its shard with weight 0: every training member ends with exactly the
+ * weighted mean of the training members' values, the auxiliary's own
+ * values never enter it, and it holds the result of its shard only. */
+TEST(round_with_an_auxiliary_gives_the_mean_of_the_others) {
+    peer ps[PEERS];
+    memset(ps, 0, sizeof ps);
+    size_t n = 6000;
+    round_auxiliary = PEERS - 1;
+    if (round_in_process(ps, PEERS, 0, n, 4096) == 0) {
+        static float want[6000];
+        for (size_t j = 0; j < n; j++) /* weights 1 and 2; small integers: exact in double */
+            want[j] = (float)((1.0 * test_value(0, j) + 2.0 * test_value(1, j)) / 3.0);
+        for (int i = 0; i < PEERS; i++)
+            CHECK_MSG(ps[i].rc == 0, "peer %d: rc %d (%s)", i, ps[i].rc, ps[i].rep.what_failed);
+        for (int i = 0; i < PEERS - 1; i++) {
+            CHECK(ps[i].rep.averaged_fraction == 1.0 && ps[i].rep.n_failed_keys == 0);
+            CHECK_ARRAYS("mean of the training members", ps[i].x, want, n, 0, 0);
+            CHECK(ps[i].rep.parts_with[PEERS - 1] == 0); /* nothing of the auxiliary's */
+        }
+        const visc_allreduce_report *a = &ps[PEERS - 1].rep;
+        size_t b0 = a->shard_begin[PEERS - 1], b1 = a->shard_begin[PEERS];
+        CHECK_MSG(b1 - b0 == n / 2, "the auxiliary's shard: %zu values", b1 - b0);
+        CHECK(a->values_reduced == b1 - b0 && a->averaged_fraction == 1.0);
+        CHECK(a->parts_with[PEERS - 1] == 0 && a->parts_with[0] == a->parts_with[1] &&
+              a->parts_with[0] > 1);
+        CHECK_ARRAYS("the auxiliary's shard", ps[PEERS - 1].x + b0, want + b0, b1 - b0, 0, 0);
+        for (size_t j = 0; j < b0; j++)
+            if (ps[PEERS - 1].x[j] != test_value(PEERS - 1, j)) {
+                CHECK_MSG(0, "the auxiliary's value %zu changed outside its shard", j);
+                break;
+            }
+        /* it sent only results: its shard once to each of the 2 others */
+        CHECK(a->bytes_sent >= 2 * (b1 - b0) * 4 && a->bytes_sent < 2 * (b1 - b0) * 4 + 4096);
+    }
+    round_auxiliary = -1;
     for (int i = 0; i < PEERS; i++) free(ps[i].x);
 }
 
@@ -277,6 +323,17 @@ TEST(bad_arguments_are_refused) {
     CHECK(visc_allreduce(NULL, &g, &c, x, 0, 1, NULL, &rep) == -1);
     g.self = 5;
     CHECK(visc_allreduce(NULL, &g, &c, x, 4, 1, NULL, &rep) == -1);
+    /* an auxiliary's weight is 0, a training member's is not; someone trains */
+    g.self = 0;
+    g.members[1].client = 0;
+    g.members[0].auxiliary = 1;
+    CHECK(visc_allreduce(NULL, &g, &c, x, 4, 1, NULL, &rep) == -1);
+    CHECK(strstr(visc_last_error(), "auxiliary") != NULL);
+    g.members[0].auxiliary = 0;
+    CHECK(visc_allreduce(NULL, &g, &c, x, 4, 0, NULL, &rep) == -1);
+    g.members[0].auxiliary = g.members[1].auxiliary = 1;
+    CHECK(visc_allreduce(NULL, &g, &c, x, 4, 0, NULL, &rep) == -1);
+    CHECK(strstr(visc_last_error(), "every member is an auxiliary") != NULL);
 }
 
 TEST(messages_refuse_unknown_aggregation_and_non_finite_values) {
@@ -338,6 +395,7 @@ typedef enum {
     H_ABORTS,
     H_NAN_RESULT,
     H_SECOND_HELLO, /* a hello where data belongs */
+    H_WEIGHTLESS,   /* weight 0 without the auxiliary role */
     H_SILENT,
 } hand_play;
 
@@ -369,6 +427,7 @@ static void *hand_main(void *arg) {
     if (h->play == H_OTHER_N) hello.n++;
     if (h->play == H_OTHER_COMPRESSION) hello.compression = VISC_COMP_FP16;
     if (h->play == H_HEAVY) hello.weight = 1e12;
+    if (h->play == H_WEIGHTLESS) hello.weight = 0; /* an auxiliary's, but it is not one */
     uint8_t m[VISC_AR_HELLO_BYTES];
     visc_ar_hello_encode(&hello, m);
     int ok = visc_chan_send(c, VISC_MSG_AR_HELLO, m, sizeof m, visc_now() + 5) == 0;
@@ -460,12 +519,16 @@ static int round_against(hand_play play, double round_timeout_s, visc_allreduce_
 }
 
 TEST(round_bans_a_peer_with_another_hello_or_a_forged_result) {
-    const hand_play plays[] = {H_OTHER_SCHEMA, H_OTHER_N,    H_OTHER_COMPRESSION,
-                               H_HEAVY,        H_NAN_RESULT, H_SECOND_HELLO};
-    const char *why[] = {"other schema hash",    "vector of 65 values (here 64)",
-                         "other compression",    "weight 1e+12 above",
-                         "banned: invalid data", "unexpected frame type"};
-    for (int i = 0; i < 6; i++) {
+    const hand_play plays[] = {H_OTHER_SCHEMA, H_OTHER_N,      H_OTHER_COMPRESSION, H_HEAVY,
+                               H_NAN_RESULT,   H_SECOND_HELLO, H_WEIGHTLESS};
+    const char *why[] = {"other schema hash",
+                         "vector of 65 values (here 64)",
+                         "other compression",
+                         "weight 1e+12 above",
+                         "banned: invalid data",
+                         "unexpected frame type",
+                         "weight 0 from a training member"};
+    for (int i = 0; i < 7; i++) {
         float x[64];
         for (int j = 0; j < 64; j++) x[j] = (float)j;
         visc_allreduce_report rep;

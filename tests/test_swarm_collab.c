@@ -536,7 +536,7 @@ TEST(collab_config_errors) {
         double mm;
         const char *says;
     } bad[] = {
-        {VISC_ROLE_AUX, 8, 16, 2, 0, 5, "auxiliary"},
+        {7, 8, 16, 2, 0, 5, "unknown peer role"},
         {VISC_ROLE_FULL, 0, 16, 2, 0, 5, "target batch size"},
         {VISC_ROLE_FULL, 8, 16, 1, 0, 5, "group sizes"},
         {VISC_ROLE_FULL, 8, 2, 3, 0, 5, "group sizes"},

@@ -360,6 +360,22 @@ TEST(mm_group_message_strict) {
     /* a non-finite bandwidth */
     visc_put_f64(msg + 58 + 32, 0.0 / 0.0);
     CHECK(visc_mm_group_parse(msg, (size_t)n, 9, schema, k[0], k[0], &got) != 0);
+    /* an auxiliary member (role 2) travels; a group needs 2 members that
+     * train; a client is never an auxiliary */
+    visc_group aux = g;
+    aux.members[1].auxiliary = 1;
+    n = visc_mm_group_encode(&aux, 9, schema, msg, sizeof msg);
+    CHECK(n > 0 && msg[58 + 32 + 8 + 1 + 1 + 14 + 32 + 8] == 2); /* member 1's role */
+    CHECK(visc_mm_group_parse(msg, (size_t)n, 9, schema, k[1], k[0], &got) == 0);
+    CHECK(got.members[1].auxiliary == 1 && got.members[0].auxiliary == 0 && got.self == 1);
+    CHECK(got.members[2].client == 1 && got.members[2].auxiliary == 0);
+    aux.members[0].auxiliary = 1;
+    n = visc_mm_group_encode(&aux, 9, schema, msg, sizeof msg);
+    CHECK(n > 0 && visc_mm_group_parse(msg, (size_t)n, 9, schema, k[1], k[0], &got) != 0);
+    CHECK(strstr(visc_last_error(), "training members") != NULL);
+    aux.members[0].auxiliary = 0;
+    aux.members[2].auxiliary = 1; /* and a client */
+    CHECK(visc_mm_group_encode(&aux, 9, schema, msg, sizeof msg) < 0);
 }
 
 TEST(mm_info_and_reject_messages_strict) {
@@ -374,7 +390,12 @@ TEST(mm_info_and_reject_messages_strict) {
     CHECK(strcmp(out.addr, in.addr) == 0 && out.client == 0);
     CHECK(visc_mm_info_parse(msg, (size_t)n - 1, &out) != 0);
     CHECK(visc_mm_info_parse(msg, (size_t)n + 1, &out) != 0);
-    msg[25] = 2; /* client flag */
+    msg[25] = 2; /* role: an auxiliary (it has an address: it reduces) */
+    CHECK(visc_mm_info_parse(msg, (size_t)n, &out) == 0 && out.auxiliary == 1 && out.client == 0);
+    uint8_t again[VISC_MM_INFO_MAX_BYTES];
+    CHECK(visc_mm_info_encode(&out, again, sizeof again) == n &&
+          memcmp(again, msg, (size_t)n) == 0);
+    msg[25] = 3; /* no such role */
     CHECK(visc_mm_info_parse(msg, (size_t)n, &out) != 0);
     msg[25] = 1; /* a client with an address */
     CHECK(visc_mm_info_parse(msg, (size_t)n, &out) != 0);
@@ -631,6 +652,51 @@ TEST(mm_client_is_grouped_but_never_leads) {
         CHECK(jobs[i].rc != 0 && strstr(jobs[i].err, "no group") != NULL);
         CHECK(jobs[i].took < 2.0);
     }
+}
+
+/* An auxiliary is grouped like a full peer (it counts toward the group
+ * size and its role reaches every member); with one training peer there
+ * is no group. */
+TEST(mm_auxiliary_is_grouped_and_needs_two_trainers) {
+    CHECK(swarm_up());
+    if (swarm_ready != 1) return;
+    job jobs[3];
+    int idx[3] = {0, 1, 2};
+    run_round(jobs, idx, 3, 3, 3, NULL); /* fills the configs; a plain round first */
+    for (int i = 0; i < 3; i++) CHECK_MSG(jobs[i].rc == 0, "peer %d: %s", i, jobs[i].err);
+    pthread_t th[3];
+    uint64_t round = next_round++;
+    for (int i = 0; i < 3; i++) {
+        jobs[i].cfg.round = round;
+        jobs[i].cfg.auxiliary = i == 0; /* it would lead: its declaration expires first */
+        jobs[i].start_delay = i ? 0.3 : 0;
+    }
+    for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, run_job, &jobs[i]);
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++) CHECK_MSG(jobs[i].rc == 0, "peer %d: %s", i, jobs[i].err);
+    CHECK(check_consistent(jobs, 3) == 1);
+    if (jobs[1].rc == 0) {
+        const visc_group *g = &jobs[1].g;
+        int aux = 0;
+        for (int m = 0; m < g->size; m++) {
+            aux += g->members[m].auxiliary;
+            if (g->members[m].auxiliary)
+                CHECK(memcmp(g->members[m].key, key_of(&swarm[0]), VISC_KEY_BYTES) == 0);
+        }
+        CHECK(g->size == 3 && aux == 1);
+    }
+    /* an auxiliary and one training peer: no group for either */
+    round = next_round++;
+    for (int i = 0; i < 2; i++) {
+        jobs[i].cfg.round = round, jobs[i].cfg.matchmaking_time_s = 1.5;
+        jobs[i].cfg.target_group_size = jobs[i].cfg.min_group_size = 2;
+        jobs[i].start_delay = 0;
+    }
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, run_job, &jobs[i]);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++)
+        CHECK_MSG(jobs[i].rc != 0 && strstr(jobs[i].err, "no group") != NULL, "peer %d: %s", i,
+                  jobs[i].err);
 }
 
 /* Sends one JOIN-purpose frame to a leader and returns the reply type and

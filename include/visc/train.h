@@ -148,7 +148,10 @@ typedef struct visc_step_hooks {
     /* Once, when model, optimizer and state exist (after --resume), before
      * the first batch: the hooks may replace the state (a newcomer
      * downloads the swarm's). steps_per_epoch of the LR schedule: the
-     * hooks' (e.g. dataset size / target batch) when > 0. */
+     * hooks' (e.g. dataset size / target batch) when > 0. Returns 0, -1
+     * on error, or 1: the hooks did the run's work and nothing is trained
+     * (an auxiliary swarm peer, which only helps others average; `visc
+     * train` only). */
     int (*start)(void *ctx, visc_train_access *a, int64_t *schedule_steps_per_epoch);
     /* After the backward pass of a batch of n samples (m->grads: the mean
      * over them). Returns 1: step now, with m->grads replaced by the

@@ -41,7 +41,7 @@ void visc_swarm_train_help(FILE *f) { (void)f; }
 struct visc_swarm_train_opts {
     visc_swarm_flags flags;
     visc_collab_config collab;
-    int client, shard_index, shard_count;
+    int client, auxiliary, shard_index, shard_count;
 };
 
 void visc_swarm_train_help(FILE *f) {
@@ -62,6 +62,9 @@ void visc_swarm_train_help(FILE *f) {
           "  --compression C          none | fp16 | bf16 | q8 (default none)\n"
           "  --aggregation A          mean | trimmed | clip (robust to a hostile peer)\n"
           "  --client                 behind NAT: connect out only, reduce nothing\n"
+          "  --auxiliary              no training: help the swarm's all-reduce (a shard\n"
+          "                           by bandwidth, weight 0); same model flags as the\n"
+          "                           peers, --max-steps to end with them\n"
           "  --swarm-linger S         after training, serve the state S seconds more\n"
           "  --swarm-verbose          one line per averaging round (group, bytes, time)\n",
           f);
@@ -84,6 +87,7 @@ static int take_collab_flag(visc_swarm_train_opts *o, int argc, char **argv, int
     visc_collab_config *c = &o->collab;
     if (strcmp(a, "--lockstep") == 0) return c->lockstep = 1, 1;
     if (strcmp(a, "--client") == 0) return o->client = 1, 1;
+    if (strcmp(a, "--auxiliary") == 0) return o->auxiliary = 1, 1;
     if (strcmp(a, "--swarm-verbose") == 0) return c->verbose = 1, 1;
     static const char *const with_value[] = {"--target-batch-size",
                                              "--averaging",
@@ -185,6 +189,11 @@ int visc_swarm_run(visc_train_config *c, visc_swarm_train_opts *o,
                    int (*run)(const visc_train_config *c)) {
     if (!o->collab.target_batch_size)
         return visc_set_error("--swarm needs --target-batch-size (the swarm's batch per step)");
+    if (o->auxiliary && o->client)
+        return visc_set_error("--auxiliary reduces for others: it needs --listen, not --client");
+    if (o->auxiliary && run != visc_train)
+        return visc_set_error("--auxiliary: use `visc train --swarm --auxiliary` (same model "
+                              "flags as the peers)");
     if (getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE"))
         return visc_set_error("--swarm and mpirun do not mix: start one peer per machine");
     visc_swarm_auth auth;
@@ -204,12 +213,15 @@ int visc_swarm_run(visc_train_config *c, visc_swarm_train_opts *o,
     int port = visc_dht_port(visc_swarm_node_dht(node));
     printf("swarm: peer %s of run '%s'%s%s, DHT port %d; others join with --initial-peers "
            "<this host>:%d\n",
-           peer, o->flags.run_id, o->client ? " (client)" : " at ",
+           peer, o->flags.run_id,
+           o->client      ? " (client)"
+           : o->auxiliary ? " (auxiliary) at "
+                          : " at ",
            o->client ? "" : visc_swarm_node_address(node), port, port);
     /* lockstep: every step is the whole group's, never a part of it */
     if (o->collab.lockstep) o->collab.min_group_size = o->collab.target_group_size;
     o->collab.node = node;
-    o->collab.role = o->client ? VISC_ROLE_CLIENT : VISC_ROLE_FULL;
+    o->collab.role = o->client ? VISC_ROLE_CLIENT : o->auxiliary ? VISC_ROLE_AUX : VISC_ROLE_FULL;
     o->collab.seed = c->seed;
     int rc = -1;
     if (visc_mkdirs(c->output) == 0) {

@@ -107,8 +107,9 @@ int visc_ar_hello_parse(const uint8_t *msg, size_t n, visc_ar_hello *out) {
         return visc_set_error("all-reduce hello: unknown compression %u", out->compression);
     if (out->aggregation > VISC_AGG_CENTERED_CLIP)
         return visc_set_error("all-reduce hello: unknown aggregation %u", out->aggregation);
-    if (!isfinite(out->weight) || out->weight <= 0)
-        return visc_set_error("all-reduce hello: weight %g is not positive", out->weight);
+    /* 0 only from an auxiliary member: exchange_hellos checks the role */
+    if (!isfinite(out->weight) || signbit(out->weight))
+        return visc_set_error("all-reduce hello: weight %g is negative or not finite", out->weight);
     return 0;
 }
 
@@ -236,6 +237,9 @@ static int invalid(int set_error_result) {
 }
 
 static int reduces(const ar_round *r, int member) { return r->nparts[member] > 0; }
+/* An auxiliary member reduces its shard and contributes nothing: it sends
+ * no parts and is sent no results. */
+static int is_aux(const ar_round *r, int member) { return r->g->members[member].auxiliary; }
 
 /* The rate (bytes/s) deadlines on this link are sized by: measured once
  * enough has arrived, else what the two members declared, shared among the
@@ -329,6 +333,10 @@ static int exchange_hellos(ar_round *r, ar_link *L, visc_ar_hello *peer) {
         return invalid(visc_set_error("other compression, aggregation or part size"));
     if (!(peer->weight <= c->agg.max_weight))
         return invalid(visc_set_error("weight %g above %g", peer->weight, c->agg.max_weight));
+    /* weight 0 exactly for the members the group lists as auxiliaries */
+    if ((peer->weight == 0) != (is_aux(r, L->idx) != 0))
+        return invalid(visc_set_error("weight %g from %s member", peer->weight,
+                                      is_aux(r, L->idx) ? "an auxiliary" : "a training"));
     return 0;
 }
 
@@ -336,6 +344,7 @@ static int exchange_hellos(ar_round *r, ar_link *L, visc_ar_hello *peer) {
  * the link failed or banned. */
 static int take_part(ar_round *r, ar_link *L, const uint8_t *msg, size_t got) {
     int k = L->parts_in;
+    if (is_aux(r, L->idx)) return invalid(visc_set_error("a part from an auxiliary member"));
     if (k >= r->nparts[r->self]) return invalid(visc_set_error("part beyond the shard"));
     size_t count = part_len(r, r->self, k);
     float *buf = visc_malloc(count * sizeof(float), "all-reduce part");
@@ -387,8 +396,8 @@ static void receive_loop(ar_round *r, ar_link *L) {
     if (!buf) fail_locked(r, L, 1, "%s", visc_last_error());
     for (;;) {
         if (L->failed || r->over) break;
-        int want_parts = L->parts_in < r->nparts[r->self];
-        int want_results = L->results_in < r->nparts[L->idx];
+        int want_parts = !is_aux(r, L->idx) && L->parts_in < r->nparts[r->self];
+        int want_results = !is_aux(r, r->self) && L->results_in < r->nparts[L->idx];
         if (!want_parts && !want_results) break;
         double dl;
         if (want_parts) {
@@ -501,13 +510,15 @@ static void *tx_main(void *arg) {
         wait_until(r, r->deadline);
     for (;;) {
         if (L->failed || r->over) break;
-        int owe_parts = L->parts_out < r->nparts[L->idx];
+        int owe_parts = !is_aux(r, r->self) && L->parts_out < r->nparts[L->idx];
+        int owe_results = is_aux(r, L->idx) ? 0 : r->nparts[r->self];
         /* every part before any result: reducers get their inputs as early
          * as possible (on rate-limited links, 0.92 of the butterfly bound
          * with 8 peers, against 0.78 with results first), and a peer's
          * first data frames are always its own (checked) parts */
-        int result_ready = !owe_parts && L->results_out < r->reduced;
-        if (!owe_parts && L->results_out >= r->nparts[r->self]) break;
+        int result_ready =
+            !owe_parts && L->results_out < r->reduced && L->results_out < owe_results;
+        if (!owe_parts && L->results_out >= owe_results) break;
         if (!result_ready && !owe_parts) {
             wait_until(r, r->deadline);
             if (visc_now() >= r->deadline) break;
@@ -554,9 +565,10 @@ static int reduce_part(ar_round *r, int k, float *out) {
     double weights[VISC_GROUP_MAX];
     int who[VISC_GROUP_MAX], cnt = 0;
     size_t off = part_off(r, r->self, k), count = part_len(r, r->self, k);
-    parts[cnt] = r->x + off, weights[cnt] = r->weight, who[cnt++] = r->self;
+    if (!is_aux(r, r->self))
+        parts[cnt] = r->x + off, weights[cnt] = r->weight, who[cnt++] = r->self;
     for (int p = 0; p < r->m; p++) {
-        if (!r->has_link[p]) continue;
+        if (!r->has_link[p] || is_aux(r, p)) continue;
         float **slot = &r->inbuf[(size_t)k * r->m + p];
         if (r->links[p].failed) {
             free(*slot);
@@ -611,7 +623,8 @@ static void reduce_shard(ar_round *r, float *out, char *err, size_t errcap) {
     while (r->reduced < total && !r->over && visc_now() < r->deadline) {
         int k = r->reduced, complete = 1;
         for (int p = 0; p < r->m && complete; p++)
-            if (r->has_link[p] && !r->links[p].failed && r->links[p].parts_in <= k) complete = 0;
+            if (r->has_link[p] && !is_aux(r, p) && !r->links[p].failed && r->links[p].parts_in <= k)
+                complete = 0;
         if (!complete) {
             wait_until(r, r->deadline);
             continue;
@@ -639,6 +652,7 @@ static void fill_report(ar_round *r, visc_allreduce_report *rep, const char *own
     memcpy(rep->shard_begin, r->begin, sizeof r->begin);
     size_t replaced = 0;
     for (int k = 0; k < r->reduced; k++) replaced += part_len(r, r->self, k);
+    rep->values_reduced = replaced;
     rep->results_back[r->self] = r->reduced;
     size_t wl = 0;
     if (own_err && own_err[0])
@@ -667,7 +681,9 @@ static void fill_report(ar_round *r, visc_allreduce_report *rep, const char *own
     }
     size_t len = strlen(rep->what_failed);
     if (len >= 2 && rep->what_failed[len - 2] == ';') rep->what_failed[len - 2] = '\0';
-    rep->averaged_fraction = r->n ? (double)replaced / (double)r->n : 0;
+    /* an auxiliary holds no vector of its own: what it needs is its shard */
+    size_t need = is_aux(r, r->self) ? r->begin[r->self + 1] - r->begin[r->self] : r->n;
+    rep->averaged_fraction = need ? (double)replaced / (double)need : 1;
 }
 
 static int check_args(const visc_group *g, const visc_allreduce_config *cfg, size_t n,
@@ -677,8 +693,11 @@ static int check_args(const visc_group *g, const visc_allreduce_config *cfg, siz
     if (g->self < 0 || g->self >= g->size)
         return visc_set_error("all-reduce: self index %d outside the group", g->self);
     if (n == 0) return visc_set_error("all-reduce: empty vector");
-    if (!isfinite(weight) || weight <= 0 || weight > cfg->agg.max_weight)
-        return visc_set_error("all-reduce: weight %g out of range", weight);
+    const visc_group_member *self = &g->members[g->self];
+    if (self->auxiliary ? weight != 0
+                        : !isfinite(weight) || weight <= 0 || weight > cfg->agg.max_weight)
+        return visc_set_error("all-reduce: weight %g out of range%s", weight,
+                              self->auxiliary ? " (an auxiliary member's is 0)" : "");
     if ((unsigned)cfg->compression > VISC_COMP_Q8)
         return visc_set_error("all-reduce: unknown compression");
     if (cfg->part_bytes > UINT32_MAX) return visc_set_error("all-reduce: part size too large");
@@ -695,9 +714,15 @@ static int check_args(const visc_group *g, const visc_allreduce_config *cfg, siz
     if (!(cfg->round_timeout_s > 0) || !(cfg->part_timeout_min_s > 0) ||
         !(cfg->part_timeout_slack >= 0) || !(cfg->connect_timeout_s > 0))
         return visc_set_error("all-reduce: timeouts must be positive");
-    int full = 0;
-    for (int i = 0; i < g->size; i++) full += !g->members[i].client;
+    int full = 0, contributors = 0;
+    for (int i = 0; i < g->size; i++) {
+        if (g->members[i].client && g->members[i].auxiliary)
+            return visc_set_error("all-reduce: member %d is a client and an auxiliary", i);
+        full += !g->members[i].client;
+        contributors += !g->members[i].auxiliary;
+    }
     if (!full) return visc_set_error("all-reduce: no member reduces (all are clients)");
+    if (!contributors) return visc_set_error("all-reduce: every member is an auxiliary");
     return 0;
 }
 
@@ -720,6 +745,7 @@ static int round_setup(ar_round *r) {
     if (!r->inbuf || !r->res_enc || !r->res_len) return -1;
     for (int p = 0; p < r->m; p++) {
         if (p == r->self || (!reduces(r, p) && !reduces(r, r->self))) continue;
+        if (is_aux(r, p) && is_aux(r, r->self)) continue; /* nothing to trade */
         ar_link *L = &r->links[p];
         L->r = r, L->idx = p;
         L->rx_scratch = visc_malloc(r->pv * sizeof(float), "all-reduce link buffer");

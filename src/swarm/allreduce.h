@@ -17,6 +17,17 @@
  * group id, schema hash, n, compression, aggregation or part size differ,
  * or whose weight is out of range, is banned.
  *
+ * Auxiliary members (group member flag auxiliary, from matchmaking's role
+ * byte; collab.h) hold no data: they reduce a shard in proportion to their
+ * bandwidth like any full member, with weight 0. An auxiliary sends no
+ * parts and is sent no results; its hello carries weight exactly 0, and a
+ * hello with weight 0 from a member the group does not list as auxiliary
+ * (or a positive weight from one it does) is banned, as is any part an
+ * auxiliary sends. Its values never enter an aggregate: the result is the
+ * aggregate of the others'. A group needs a member that is not auxiliary;
+ * an auxiliary's x is only its shard's output (n floats, the rest
+ * untouched).
+ *
  * Deadlines: each part must arrive within a time derived from the part's
  * size and the bandwidth measured so far on that link (times slack, plus
  * a floor); the whole round ends at round_timeout_s.
@@ -34,20 +45,17 @@
  *    (its result, encoded and decoded once), so every peer that received
  *    a part holds the same values
  *  - averaged_fraction is the fraction of the n values that were replaced
- *    by a group result; the call returns 0 when the round completed with
- *    every member (averaged_fraction 1 and nobody dropped), 1 when it
- *    completed partially (the report says what failed), -1 when nothing
- *    could be averaged.
+ *    by a group result (for an auxiliary member: of its own shard); the call returns 0 when the
+ * round completed with every member (averaged_fraction 1 and nobody dropped), 1 when it completed
+ * partially (the report says what failed), -1 when nothing could be averaged.
  *
  * Wire (little-endian; the type byte is the channel frame's):
  *   AR_HELLO   version 1 (u8), group id (16), schema hash (32), n (u64),
- *              weight (f64), compression (u8), aggregation (u8),
- *              part_bytes (u32): VISC_AR_HELLO_BYTES
- *   AR_PART    part index within the receiver's shard (u32), then the
- *              part's values encoded (compress.h, the encoding
- *              visc_compression_for gives for the part's length)
- *   AR_RESULT  part index within the sender's shard (u32), then the
- *              reduced values, encoded the same way */
+ *              weight (f64, >= 0; 0 exactly for an auxiliary member), compression (u8), aggregation
+ * (u8), part_bytes (u32): VISC_AR_HELLO_BYTES AR_PART    part index within the receiver's shard
+ * (u32), then the part's values encoded (compress.h, the encoding visc_compression_for gives for
+ * the part's length) AR_RESULT  part index within the sender's shard (u32), then the reduced
+ * values, encoded the same way */
 #ifndef VISC_SWARM_ALLREDUCE_H
 #define VISC_SWARM_ALLREDUCE_H
 
@@ -97,6 +105,7 @@ typedef struct {
     int n_failed_keys;
     uint64_t bytes_sent, bytes_received;
     double seconds;
+    size_t values_reduced; /* of this peer's shard (an auxiliary's work) */
     char what_failed[512]; /* one line, empty when nothing failed */
     /* in detail, indexed by group member */
     int member_failed[VISC_GROUP_MAX]; /* 1 failed, 2 banned (invalid data) */
@@ -124,7 +133,8 @@ void visc_allreduce_config_default(visc_allreduce_config *c);
  * failed, "; failed: <what_failed>". */
 void visc_allreduce_report_line(const visc_allreduce_report *r, char *out, size_t cap);
 /* x (n floats) is replaced by the group's aggregate where it could be
- * computed; weight: this peer's weight (sample count, or 1). error_buf:
+ * computed; weight: this peer's weight (sample count, or 1; exactly 0 for
+ * an auxiliary member). error_buf:
  * n floats of error feedback state, or NULL. */
 int visc_allreduce(visc_swarm_node *node, const visc_group *g, const visc_allreduce_config *cfg,
                    float *x, size_t n, double weight, float *error_buf, visc_allreduce_report *rep);

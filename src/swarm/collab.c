@@ -232,28 +232,37 @@ static int download_state(visc_collab *c, uint64_t min_epoch) {
     return download_state_from(c, c->recs, c->n_recs, min_epoch);
 }
 
+/* The state hash most trusted records at `epoch` publish (ties: the
+ * smaller); returns how many publish it (0: no record at the epoch has
+ * one yet). */
+static int majority_hash(const visc_collab *c, uint64_t epoch, uint8_t out[32]) {
+    static const uint8_t zero[32];
+    const uint8_t *best = NULL;
+    int best_count = 0;
+    for (int i = 0; i < c->n_recs; i++) {
+        const visc_progress_record *r = &c->recs[i];
+        if (r->epoch != epoch || memcmp(r->state_hash, zero, 32) == 0) continue;
+        int count = 0;
+        for (int j = 0; j < c->n_recs; j++)
+            count +=
+                c->recs[j].epoch == epoch && memcmp(c->recs[j].state_hash, r->state_hash, 32) == 0;
+        if (count > best_count || (count == best_count && memcmp(r->state_hash, best, 32) < 0))
+            best = r->state_hash, best_count = count;
+    }
+    if (best) memcpy(out, best, 32);
+    return best_count;
+}
+
 /* The swarm split at this peer's step: among the trusted records at the
  * step (this peer's own included), the state hash most peers publish (ties:
  * the smaller hash; at least two must agree) is not this peer's. Groups
  * that stepped apart (peers that missed each other in matchmaking) must
  * not stay apart: the side that loses takes the winning state. */
 static int diverged(visc_collab *c, uint8_t winner[32]) {
-    static const uint8_t zero[32];
-    const uint8_t *best = NULL;
-    int best_count = 0;
-    for (int i = 0; i < c->n_recs; i++) {
-        const visc_progress_record *r = &c->recs[i];
-        if (r->epoch != c->epoch || memcmp(r->state_hash, zero, 32) == 0) continue;
-        int count = 0;
-        for (int j = 0; j < c->n_recs; j++)
-            count += c->recs[j].epoch == c->epoch &&
-                     memcmp(c->recs[j].state_hash, r->state_hash, 32) == 0;
-        if (count > best_count || (count == best_count && memcmp(r->state_hash, best, 32) < 0))
-            best = r->state_hash, best_count = count;
-    }
-    uint8_t mine[32];
+    uint8_t best[32], mine[32];
+    int count = majority_hash(c, c->epoch, best);
     current_hash(c, mine);
-    if (!best || best_count < 2 || !c->n_snaps || memcmp(best, mine, 32) == 0) return 0;
+    if (count < 2 || !c->n_snaps || memcmp(best, mine, 32) == 0) return 0;
     memcpy(winner, best, 32);
     return 1;
 }
@@ -378,6 +387,15 @@ static int group_target(const visc_collab *c) {
     return target;
 }
 
+/* The layout's schema bound to the hash of a state (gradient mode). */
+static void schema_of_state(const visc_collab *c, const uint8_t state[32], uint8_t out[32]) {
+    crypto_generichash_state h;
+    crypto_generichash_init(&h, NULL, 0, 32);
+    crypto_generichash_update(&h, c->layout.schema, 32);
+    crypto_generichash_update(&h, state, 32);
+    crypto_generichash_final(&h, out, 32);
+}
+
 /* What a round's members must share (matchmaking and the all-reduce
  * refuse others): the layout's schema and, in gradient mode, the hash of
  * the state at this epoch. The same averaged gradient applied to two
@@ -391,11 +409,7 @@ static void round_schema(visc_collab *c, uint8_t out[32]) {
     }
     uint8_t state[32];
     current_hash(c, state);
-    crypto_generichash_state h;
-    crypto_generichash_init(&h, NULL, 0, 32);
-    crypto_generichash_update(&h, c->layout.schema, 32);
-    crypto_generichash_update(&h, state, 32);
-    crypto_generichash_final(&h, out, 32);
+    schema_of_state(c, state, out);
 }
 
 /* One attempt: matchmaking for round = epoch, then the all-reduce of the
@@ -556,6 +570,116 @@ static int advance(visc_collab *c) {
     return 0;
 }
 
+/* ---- auxiliary peers ---- */
+
+/* The swarm is gone: every record stopped changing (the settle rule). */
+static int swarm_gone(const visc_collab *c) {
+    uint64_t now_ms = visc_unix_ms();
+    uint64_t fresh_ms = (uint64_t)((SETTLE_STALE_S + c->cfg.step_deadline_s) * 1000);
+    for (int i = 0; i < c->n_recs; i++)
+        if (c->recs[i].time_ms + fresh_ms >= now_ms) return 0;
+    return 1;
+}
+
+static void nap(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* One round of an auxiliary: matchmaking for `epoch` with the majority's
+ * schema, then its share of the reducing with weight 0. 1 done, 0 not. */
+static int auxiliary_round(visc_collab *c, uint64_t epoch, const uint8_t state[32]) {
+    visc_matchmaking_config mc = {.round = epoch,
+                                  .target_group_size = c->cfg.target_group_size,
+                                  .min_group_size = c->cfg.min_group_size,
+                                  .matchmaking_time_s = c->cfg.matchmaking_time_s,
+                                  .auxiliary = 1};
+    if (c->cfg.mode == VISC_COLLAB_GRADIENTS) schema_of_state(c, state, mc.schema_hash);
+    else memcpy(mc.schema_hash, c->layout.schema, 32);
+    visc_group g;
+    double t0 = visc_now();
+    c->stats.rounds++;
+    if (visc_matchmake(c->cfg.node, &mc, &g) != 0) {
+        if (c->cfg.verbose)
+            fprintf(stderr, "visc: swarm: auxiliary: step %" PRIu64 ": %s\n", epoch,
+                    visc_last_error());
+        c->stats.rounds_failed++;
+        c->stats.averaging_seconds += visc_now() - t0;
+        return 0;
+    }
+    visc_allreduce_config ac;
+    visc_allreduce_config_default(&ac);
+    ac.compression = c->cfg.compression;
+    ac.round_timeout_s = c->cfg.averaging_timeout_s;
+    ac.agg = c->cfg.aggregate;
+    ac.exact_from = (size_t)c->layout.n_params; /* as attempt() */
+    memcpy(ac.schema_hash, mc.schema_hash, 32);
+    visc_allreduce_report rep;
+    int rc = visc_allreduce(c->cfg.node, &g, &ac, c->vec, c->n_vec, 0, NULL, &rep);
+    c->stats.bytes_sent += rep.bytes_sent;
+    c->stats.bytes_received += rep.bytes_received;
+    c->stats.averaging_seconds += visc_now() - t0;
+    int training = 0;
+    for (int i = 0; i < g.size; i++) training += !g.members[i].auxiliary;
+    size_t shard = rep.shard_begin[g.self + 1] - rep.shard_begin[g.self];
+    fprintf(stderr,
+            "visc: swarm: auxiliary: step %" PRIu64 ": reduced %zu of its %zu values (of %zu) "
+            "for a group of %d (%d training) in %.2f s%s%s\n",
+            epoch, rep.values_reduced, shard, c->n_vec, g.size, training, rep.seconds,
+            rep.what_failed[0] ? "; failed: " : "", rep.what_failed);
+    if (rc < 0 || rep.averaged_fraction < 1.0) {
+        c->stats.rounds_partial += rc >= 0;
+        c->stats.rounds_failed += rc < 0;
+        return 0;
+    }
+    return 1;
+}
+
+/* The auxiliary's whole run (collab.h): follow the swarm's step, help
+ * each step's round once, until --max-steps or the swarm is gone. It
+ * publishes no record (it is nobody's peer for counts, donors or group
+ * targets) and serves no state. */
+static int run_auxiliary(visc_collab *c) {
+    visc_progress_config pc = {.dht = visc_swarm_node_dht(c->cfg.node),
+                               .observe_only = 1,
+                               .target_batch_size = c->cfg.target_batch_size,
+                               .corroborated_epochs = 1};
+    c->tracker = visc_progress_tracker_new(&pc);
+    if (!c->tracker) return -1;
+    memset(c->vec, 0, c->n_vec * sizeof *c->vec); /* only its shard's output lands here */
+    uint64_t last = c->a->max_steps > 0 ? (uint64_t)c->a->max_steps : UINT64_MAX;
+    uint64_t epoch = 0, helped = 0;
+    int seen = 0;
+    fprintf(stderr, "visc: swarm: auxiliary peer: reducing for the swarm (%zu values a round)\n",
+            c->n_vec);
+    while (epoch < last) {
+        refresh(c, 1);
+        seen |= c->n_recs > 0;
+        if (seen && swarm_gone(c)) {
+            fprintf(stderr,
+                    "visc: swarm: auxiliary: the swarm is gone (no record changed for "
+                    "%.0f s)\n",
+                    SETTLE_STALE_S + c->cfg.step_deadline_s);
+            break;
+        }
+        if (c->view.epoch > epoch) epoch = c->view.epoch; /* follow the swarm */
+        uint8_t state[32];
+        if (majority_hash(c, epoch, state) == 0 || !(c->cfg.lockstep || c->view.ready)) {
+            nap(0.1);
+            continue;
+        }
+        if (auxiliary_round(c, epoch, state)) {
+            helped++;
+            epoch++; /* its members step now */
+            c->stats.epoch = epoch;
+        }
+    }
+    c->stats.epoch = epoch;
+    fprintf(stderr, "visc: swarm: auxiliary: helped %" PRIu64 " steps up to step %" PRIu64 "\n",
+            helped, epoch);
+    return 0;
+}
+
 /* ---- the hooks ---- */
 
 static int gradient_round(visc_collab *c, int64_t *global_step) {
@@ -695,8 +819,8 @@ static int setup_layout(visc_collab *c) {
     c->recs = visc_calloc(MAX_RECORDS, sizeof *c->recs, "progress records");
     if (!c->vec || !c->recs || (c->cfg.mode == VISC_COLLAB_GRADIENTS && !c->acc)) return -1;
     /* a client serves nothing, but its state hash goes into every round's
-     * schema too */
-    for (int i = 0; i < SNAPSHOTS; i++)
+     * schema too; an auxiliary has no state */
+    for (int i = 0; i < SNAPSHOTS && c->cfg.role != VISC_ROLE_AUX; i++)
         if (!(c->snaps[i].blob = visc_malloc(c->state_bytes, "swarm state snapshot"))) return -1;
     return 0;
 }
@@ -726,6 +850,7 @@ static int start(void *ctx, visc_train_access *a, int64_t *schedule_steps_per_ep
     if (setup_layout(c)) return -1;
     visc_dht *dht = visc_swarm_node_dht(c->cfg.node);
     if (!dht) return visc_set_error("swarm: collaborative training needs the node's DHT");
+    if (c->cfg.role == VISC_ROLE_AUX) return run_auxiliary(c) ? -1 : 1; /* no training */
     c->epoch = a->state->step > 0 ? (uint64_t)a->state->step : 0;
     c->stats.epoch = c->epoch;
     visc_progress_config pc = {
@@ -817,10 +942,8 @@ visc_collab *visc_collab_new(const visc_collab_config *cfg) {
     const visc_collab_config *k = cfg;
     if (!k || !k->node)
         return visc_set_error("swarm: collaborative optimizer without a node"), NULL;
-    if (k->role != VISC_ROLE_FULL && k->role != VISC_ROLE_CLIENT)
-        return visc_set_error("swarm: a training peer is full or client (an auxiliary peer "
-                              "has no data to train on)"),
-               NULL;
+    if (k->role != VISC_ROLE_FULL && k->role != VISC_ROLE_CLIENT && k->role != VISC_ROLE_AUX)
+        return visc_set_error("swarm: unknown peer role %d", (int)k->role), NULL;
     if (!k->lockstep && k->target_batch_size == 0)
         return visc_set_error("swarm: a target batch size is needed (or lockstep)"), NULL;
     if (k->target_group_size < 2 || k->min_group_size < 2 ||

@@ -93,6 +93,29 @@
  * (tests/e2e_swarm_churn.sh) and after a partition heals
  * (tests/e2e_swarm_partition.sh).
  *
+ * Auxiliary peers (role VISC_ROLE_AUX, `visc train --swarm --auxiliary`
+ * with the peers' model flags, so that its vector layout and schema are
+ * theirs; hivemind's auxiliary mode). It builds the model and optimizer
+ * (the trainer opens the dataset for the class count and input shape) but
+ * trains no batch: start() runs run_auxiliary() and returns 1, so the
+ * trainer ends without training or saving. It follows the swarm through
+ * the progress records as an observer (it publishes no record, so it never
+ * counts as a live peer for group targets, readiness, donors or settling,
+ * and it serves no state) and, once the swarm is ready for step E (in
+ * lockstep: as soon as peers publish step E), matchmakes for round E as an
+ * auxiliary member (matchmaking role 2): it counts toward the group size
+ * (lockstep peers set --group-size to the trainers plus the auxiliaries),
+ * and a group needs 2 members that train. In the all-reduce it reduces a
+ * shard in proportion to its bandwidth with weight 0 (allreduce.h): it
+ * sends no values and receives no results, so the members' result is
+ * exactly the weighted mean of the training members'. Gradient mode puts
+ * the members' state hash in the round schema; an auxiliary has no state,
+ * so it takes the hash that most records at step E publish (the
+ * majority's group is the one it helps; a minority that stepped apart
+ * averages without it). One line per round says how many values it
+ * reduced. It ends after --max-steps steps, or when every record has
+ * stopped changing (the swarm is gone).
+ *
  * A peer steps "alone" without a failure when a fresh read of the swarm
  * shows no other live peer (a swarm of one equals plain training). Known
  * limit: peers that start a new swarm at the same moment must share the

@@ -53,11 +53,16 @@ static size_t put_addr(uint8_t *p, const char *addr) {
 
 static int bandwidth_ok(double b) { return isfinite(b) && b > 0 && b <= MM_MAX_BANDWIDTH; }
 
-/* A full peer needs an address to be reached at; a client has none. */
-static int role_ok(int client, const char *addr) {
+/* A full peer (and an auxiliary: it reduces) needs an address to be
+ * reached at; a client has none. */
+static int role_ok(int client, int auxiliary, const char *addr) {
+    if (client && auxiliary) return visc_set_error("a client cannot be an auxiliary peer");
     if (client) return addr[0] == '\0' ? 0 : visc_set_error("a client peer with an address");
     return addr[0] ? 0 : visc_set_error("a full peer without an address");
 }
+
+/* The role byte: 0 full, 1 client, 2 auxiliary. */
+static uint8_t role_byte(int client, int auxiliary) { return client ? 1 : auxiliary ? 2 : 0; }
 
 static int addr_ok(const char *addr) {
     size_t len = strnlen(addr, VISC_MM_ADDR_MAX + 1);
@@ -68,7 +73,8 @@ static int addr_ok(const char *addr) {
 }
 
 int visc_mm_info_encode(const visc_mm_info *info, uint8_t *out, size_t cap) {
-    if (addr_ok(info->addr) != 0 || role_ok(info->client, info->addr) != 0) return -1;
+    if (addr_ok(info->addr) != 0 || role_ok(info->client, info->auxiliary, info->addr) != 0)
+        return -1;
     if (!bandwidth_ok(info->bandwidth)) return visc_set_error("bandwidth out of range");
     size_t need = 59 + strlen(info->addr);
     if (cap < need) return visc_set_error("matchmaking info: buffer too small");
@@ -77,7 +83,7 @@ int visc_mm_info_encode(const visc_mm_info *info, uint8_t *out, size_t cap) {
     visc_put_u64(p, info->round), p += 8;
     visc_put_u64(p, info->expires_ms), p += 8;
     visc_put_f64(p, info->bandwidth), p += 8;
-    *p++ = (uint8_t)(info->client ? 1 : 0);
+    *p++ = role_byte(info->client, info->auxiliary);
     memcpy(p, info->schema_hash, 32), p += 32;
     p += put_addr(p, info->addr);
     return (int)(p - out);
@@ -91,14 +97,14 @@ int visc_mm_info_parse(const uint8_t *msg, size_t n, visc_mm_info *out) {
     out->round = visc_get_u64(msg + 1);
     out->expires_ms = visc_get_u64(msg + 9);
     out->bandwidth = visc_get_f64(msg + 17);
-    if (msg[25] > 1) return visc_set_error("matchmaking info: client flag %u", msg[25]);
-    out->client = msg[25];
+    if (msg[25] > 2) return visc_set_error("matchmaking info: role %u", msg[25]);
+    out->client = msg[25] == 1, out->auxiliary = msg[25] == 2;
     memcpy(out->schema_hash, msg + 26, 32);
     size_t off = 58;
     if (get_addr(msg, n, &off, out->addr) != 0) return -1;
     if (off != n) return visc_set_error("matchmaking info: %zu trailing bytes", n - off);
     if (!bandwidth_ok(out->bandwidth)) return visc_set_error("matchmaking info: bad bandwidth");
-    return role_ok(out->client, out->addr);
+    return role_ok(out->client, out->auxiliary, out->addr);
 }
 
 int visc_mm_group_encode(const visc_group *g, uint64_t round, const uint8_t schema_hash[32],
@@ -113,11 +119,11 @@ int visc_mm_group_encode(const visc_group *g, uint64_t round, const uint8_t sche
     *p++ = (uint8_t)g->size;
     for (int i = 0; i < g->size; i++) {
         const visc_group_member *m = &g->members[i];
-        if (addr_ok(m->addr) != 0 || role_ok(m->client, m->addr) != 0) return -1;
+        if (addr_ok(m->addr) != 0 || role_ok(m->client, m->auxiliary, m->addr) != 0) return -1;
         if (!bandwidth_ok(m->bandwidth)) return visc_set_error("group: bad bandwidth");
         memcpy(p, m->key, VISC_KEY_BYTES), p += VISC_KEY_BYTES;
         visc_put_f64(p, m->bandwidth), p += 8;
-        *p++ = (uint8_t)(m->client ? 1 : 0);
+        *p++ = role_byte(m->client, m->auxiliary);
         p += put_addr(p, m->addr);
     }
     return (int)(p - out);
@@ -143,12 +149,12 @@ int visc_mm_group_parse(const uint8_t *msg, size_t n, uint64_t round, const uint
         if (n - off < 42) return visc_set_error("GROUP truncated at member %d", i);
         memcpy(m->key, msg + off, VISC_KEY_BYTES);
         m->bandwidth = visc_get_f64(msg + off + 32);
-        if (msg[off + 40] > 1) return visc_set_error("GROUP member %d: client flag", i);
-        m->client = msg[off + 40];
+        if (msg[off + 40] > 2) return visc_set_error("GROUP member %d: role %u", i, msg[off + 40]);
+        m->client = msg[off + 40] == 1, m->auxiliary = msg[off + 40] == 2;
         off += 41;
         if (get_addr(msg, n, &off, m->addr) != 0) return -1;
         if (!bandwidth_ok(m->bandwidth)) return visc_set_error("GROUP member %d: bandwidth", i);
-        if (role_ok(m->client, m->addr) != 0) return -1;
+        if (role_ok(m->client, m->auxiliary, m->addr) != 0) return -1;
         for (int j = 0; j < i; j++)
             if (memcmp(out->members[j].key, m->key, VISC_KEY_BYTES) == 0)
                 return visc_set_error("GROUP lists a member twice");
@@ -156,6 +162,9 @@ int visc_mm_group_parse(const uint8_t *msg, size_t n, uint64_t round, const uint
         if (memcmp(m->key, leader_key, VISC_KEY_BYTES) == 0) leader_at = i;
     }
     if (off != n) return visc_set_error("GROUP: %zu trailing bytes", n - off);
+    int contributors = 0;
+    for (int i = 0; i < count; i++) contributors += !out->members[i].auxiliary;
+    if (contributors < 2) return visc_set_error("GROUP of %d training members", contributors);
     if (out->self < 0) return visc_set_error("GROUP without this peer");
     if (leader_at < 0 || out->members[leader_at].client)
         return visc_set_error("GROUP without its leader as a full member");
@@ -368,6 +377,7 @@ static int read_join(round_state *s, visc_chan *c, const joiner *have, int n_hav
     memcpy(m->key, key, VISC_KEY_BYTES);
     m->bandwidth = info.bandwidth;
     m->client = info.client;
+    m->auxiliary = info.auxiliary;
     memcpy(m->addr, info.addr, sizeof m->addr);
     return 0;
 }
@@ -395,6 +405,7 @@ static int lead(round_state *s, visc_group *out) {
     memset(j, 0, sizeof j);
     memcpy(j[0].m.key, s->self_key, VISC_KEY_BYTES);
     j[0].m.bandwidth = s->self.bandwidth;
+    j[0].m.auxiliary = s->self.auxiliary;
     memcpy(j[0].m.addr, s->self.addr, sizeof j[0].m.addr);
     double gather_end = s->deadline - s->margin;
     double next_check = visc_now() + s->recheck_s;
@@ -431,11 +442,17 @@ static int lead(round_state *s, visc_group *out) {
             i++;
         }
     }
-    if (n < s->cfg->min_group_size) {
+    int contributors = 0;
+    for (int i = 0; i < n; i++) contributors += !j[i].m.auxiliary;
+    if (n < s->cfg->min_group_size || contributors < 2) {
         close_joiners(j, n, VISC_MM_REJECT_DISBANDED);
-        return visc_set_error("no group: %d of at least %d peers joined this leader by the "
-                              "deadline",
-                              n, s->cfg->min_group_size);
+        if (n < s->cfg->min_group_size)
+            return visc_set_error("no group: %d of at least %d peers joined this leader by the "
+                                  "deadline",
+                                  n, s->cfg->min_group_size);
+        return visc_set_error("no group: %d peers joined this leader, %d of them training (a "
+                              "group needs 2)",
+                              n, contributors);
     }
     /* one shuffled order for everyone (Fisher-Yates) */
     for (int i = n - 1; i > 0; i--) {
@@ -580,6 +597,7 @@ int visc_matchmake(visc_swarm_node *n, const visc_matchmaking_config *cfg, visc_
     s->self.expires_ms = visc_unix_ms() + (uint64_t)(T * 1000.0);
     s->self.bandwidth = nc->bandwidth > 0 ? nc->bandwidth : 1.0;
     s->self.client = nc->client ? 1 : 0;
+    s->self.auxiliary = cfg->auxiliary && !nc->client;
     memcpy(s->self.schema_hash, cfg->schema_hash, 32);
     snprintf(s->self.addr, sizeof s->self.addr, "%s", nc->client ? "" : visc_swarm_node_address(n));
     visc_mm_join_tag(cfg->round, s->tag);

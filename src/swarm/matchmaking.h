@@ -28,14 +28,21 @@
  * its GROUP arrives in time. A JOIN must follow its OPEN within 1 s (an
  * admitted but stalling peer delays a leader by at most that).
  *
+ * Auxiliary peers (collab.h) declare role 2: they count toward the group
+ * sizes like any member (they do a member's share of the reducing) and may
+ * lead, but a group needs at least 2 members that train: a leader with
+ * fewer disbands ("no group").
+ *
  * Messages (little-endian; the type byte is the channel frame's):
  *   info (JOIN frame, and the value of a DHT declaration): version 1 (u8),
  *     round (u64), expires_ms (u64, unix ms when the sender stops waiting),
- *     bandwidth (f64, finite, > 0), client (u8, 0/1), schema hash (32),
- *     address length (u8, < 64; 0 exactly for a client), address (no NUL)
+ *     bandwidth (f64, finite, > 0), role (u8: 0 full, 1 client, 2 auxiliary),
+ *     schema hash (32), address length (u8, < 64; 0 exactly for a
+ *     client), address (no NUL)
  *   GROUP: version 1, round (u64), group id (16), schema hash (32),
  *     count (u8, 2..VISC_GROUP_MAX), then count times: key (32),
- *     bandwidth (f64), client (u8), address length (u8), address
+ *     bandwidth (f64), role (u8, as in info), address length (u8), address;
+ *     at least 2 members are not auxiliaries
  *   REJECT: version 1, reason (u8, visc_mm_reject_reason) */
 #ifndef VISC_SWARM_MATCHMAKING_H
 #define VISC_SWARM_MATCHMAKING_H
@@ -47,6 +54,7 @@ typedef struct {
     char addr[64]; /* "host:port"; empty for a client */
     double bandwidth;
     int client;
+    int auxiliary; /* reduces a shard, contributes nothing (weight 0) */
 } visc_group_member;
 
 typedef struct {
@@ -61,6 +69,7 @@ typedef struct {
     int min_group_size;    /* >= 2, <= target */
     double matchmaking_time_s;
     uint8_t schema_hash[32]; /* what is averaged: only equal hashes group */
+    int auxiliary;           /* this peer joins as an auxiliary (not with a client node) */
 } visc_matchmaking_config;
 
 /* 0 and out filled, or -1 with an error ("no group: ..." when the round
@@ -77,7 +86,7 @@ int visc_matchmake(visc_swarm_node *n, const visc_matchmaking_config *cfg, visc_
 typedef struct {
     uint64_t round, expires_ms;
     double bandwidth;
-    int client;
+    int client, auxiliary;
     uint8_t schema_hash[32];
     char addr[VISC_MM_ADDR_MAX + 1];
 } visc_mm_info;

@@ -707,7 +707,12 @@ int visc_train(const visc_train_config *c) {
                                 .trainer = &t};
     if (c->hooks) {
         int64_t sched_steps = 0;
-        if (c->hooks->start(c->hooks->ctx, &access, &sched_steps)) goto done;
+        int started = c->hooks->start(c->hooks->ctx, &access, &sched_steps);
+        if (started < 0) goto done;
+        if (started > 0) { /* the hooks did the run's work (an auxiliary swarm peer) */
+            rc = 0;
+            goto done;
+        }
         if (sched_steps > 0 && setup_schedule(&t, sched_steps)) goto done;
     }
     if (t.world > 1) {
