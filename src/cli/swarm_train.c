@@ -65,6 +65,9 @@ void visc_swarm_train_help(FILE *f) {
           "  --auxiliary              no training: help the swarm's all-reduce (a shard\n"
           "                           by bandwidth, weight 0); same model flags as the\n"
           "                           peers, --max-steps to end with them\n"
+          "  --delay-updates          (--lockstep) average a step's gradient in the\n"
+          "                           background while the next batch computes; applied\n"
+          "                           one step late\n"
           "  --swarm-linger S         after training, serve the state S seconds more\n"
           "  --swarm-verbose          one line per averaging round (group, bytes, time)\n",
           f);
@@ -88,6 +91,7 @@ static int take_collab_flag(visc_swarm_train_opts *o, int argc, char **argv, int
     if (strcmp(a, "--lockstep") == 0) return c->lockstep = 1, 1;
     if (strcmp(a, "--client") == 0) return o->client = 1, 1;
     if (strcmp(a, "--auxiliary") == 0) return o->auxiliary = 1, 1;
+    if (strcmp(a, "--delay-updates") == 0) return c->delay_updates = 1, 1;
     if (strcmp(a, "--swarm-verbose") == 0) return c->verbose = 1, 1;
     static const char *const with_value[] = {"--target-batch-size",
                                              "--averaging",

@@ -62,6 +62,22 @@ struct visc_collab {
     int n_snaps, cur;
     visc_collab_stats stats;
     int started, finished;
+    /* --delay-updates: one worker thread runs a round (matchmaking and
+     * all-reduce of bg_vec) while the trainer computes the next batches;
+     * both planned at start. Under dw.mu: job, done, out, why. */
+    struct {
+        pthread_t th;
+        pthread_mutex_t mu;
+        pthread_cond_t cv;
+        int running, job, done, quit;
+        uint64_t round;
+        uint8_t schema[32];
+        double weight;
+        int out; /* round_outcome */
+        char why[640];
+    } dw;
+    float *bg_vec;
+    int delay_pending; /* a round was handed to the worker and not taken back */
 };
 
 void visc_collab_config_default(visc_collab_config *c) {
@@ -337,11 +353,10 @@ static int catch_up(visc_collab *c) {
 
 /* ---- one averaging round ---- */
 
-/* Fills the round's vector with what this peer averages. */
-static void pack(visc_collab *c) {
+/* Fills a round's vector with what this peer averages. */
+static void pack(visc_collab *c, float *v) {
     visc_train_access *a = c->a;
     size_t P = (size_t)c->layout.n_params, B = (size_t)c->layout.n_buffers;
-    float *v = c->vec;
     if (c->cfg.mode == VISC_COLLAB_GRADIENTS) {
         memcpy(v, c->acc, P * sizeof *v);
         if (B) memcpy(v + P, a->model->buffers.data, B * sizeof *v);
@@ -355,11 +370,10 @@ static void pack(visc_collab *c) {
     v[P + S * P + B] = (float)((double)a->opt->step / STEP_SCALE);
 }
 
-/* Takes the averaged vector (gradient mode: into m->grads). */
-static void unpack(visc_collab *c) {
+/* Takes an averaged vector (gradient mode: into m->grads). */
+static void unpack(visc_collab *c, const float *v) {
     visc_train_access *a = c->a;
     size_t P = (size_t)c->layout.n_params, B = (size_t)c->layout.n_buffers;
-    const float *v = c->vec;
     if (c->cfg.mode == VISC_COLLAB_GRADIENTS) {
         memcpy(a->model->grads, v, P * sizeof *v);
         if (B) memcpy(a->model->buffers.data, v + P, B * sizeof *v);
@@ -412,14 +426,34 @@ static void round_schema(visc_collab *c, uint8_t out[32]) {
     schema_of_state(c, state, out);
 }
 
-/* One attempt: matchmaking for round = epoch, then the all-reduce of the
- * packed vector. why: what failed. */
-static round_outcome attempt(visc_collab *c, char *why, size_t cap) {
-    visc_matchmaking_config mc = {.round = c->epoch,
-                                  .target_group_size = group_target(c),
+/* The all-reduce settings of a round with this schema. */
+static void round_config(const visc_collab *c, const uint8_t schema[32],
+                         visc_allreduce_config *ac) {
+    visc_allreduce_config_default(ac);
+    ac->compression = c->cfg.compression;
+    ac->round_timeout_s = c->cfg.averaging_timeout_s;
+    ac->agg = c->cfg.aggregate;
+    ac->hooks = c->cfg.allreduce_hooks;
+    /* Only the gradients (parameters, in parameter mode) go through a lossy
+     * code: BatchNorm statistics and optimizer moments do not survive an
+     * absmax block (running means came back 0, Adam's second moments 0 and
+     * the next step exploded, docs/swarm_study.md). The layout, hence this
+     * boundary, is in the schema every member agreed on. */
+    ac->exact_from = (size_t)c->layout.n_params;
+    memcpy(ac->schema_hash, schema, 32);
+}
+
+/* One attempt: matchmaking for the round, then the all-reduce of the
+ * packed vector v with this peer's weight. why: what failed. Touches no
+ * view or record (the delayed-update worker runs it too). */
+static round_outcome attempt_on(visc_collab *c, uint64_t round, int target,
+                                const uint8_t schema[32], float *v, double weight, char *why,
+                                size_t cap) {
+    visc_matchmaking_config mc = {.round = round,
+                                  .target_group_size = target,
                                   .min_group_size = c->cfg.min_group_size,
                                   .matchmaking_time_s = c->cfg.matchmaking_time_s};
-    round_schema(c, mc.schema_hash);
+    memcpy(mc.schema_hash, schema, 32);
     visc_group g;
     double t0 = visc_now();
     c->stats.rounds++;
@@ -430,23 +464,10 @@ static round_outcome attempt(visc_collab *c, char *why, size_t cap) {
         return ROUND_FAILED;
     }
     visc_allreduce_config ac;
-    visc_allreduce_config_default(&ac);
-    ac.compression = c->cfg.compression;
-    ac.round_timeout_s = c->cfg.averaging_timeout_s;
-    ac.agg = c->cfg.aggregate;
-    ac.hooks = c->cfg.allreduce_hooks;
-    /* Only the gradients (parameters, in parameter mode) go through a lossy
-     * code: BatchNorm statistics and optimizer moments do not survive an
-     * absmax block (running means came back 0, Adam's second moments 0 and
-     * the next step exploded, docs/swarm_study.md). The layout, hence this
-     * boundary, is in the schema every member agreed on. */
-    ac.exact_from = (size_t)c->layout.n_params;
-    memcpy(ac.schema_hash, mc.schema_hash, 32);
-    pack(c);
+    round_config(c, schema, &ac);
     visc_allreduce_report rep;
     memset(&rep, 0, sizeof rep);
-    double weight = (double)c->samples;
-    int rc = visc_allreduce(c->cfg.node, &g, &ac, c->vec, c->n_vec, weight, NULL, &rep);
+    int rc = visc_allreduce(c->cfg.node, &g, &ac, v, c->n_vec, weight, NULL, &rep);
     c->stats.bytes_sent += rep.bytes_sent;
     c->stats.bytes_received += rep.bytes_received;
     c->stats.averaging_seconds += visc_now() - t0;
@@ -460,7 +481,7 @@ static round_outcome attempt(visc_collab *c, char *why, size_t cap) {
         int dropped = rep.failed_senders + rep.failed_reducers;
         if (dropped || c->cfg.verbose) {
             visc_allreduce_report_line(&rep, line, sizeof line);
-            fprintf(stderr, "visc: swarm: step %" PRIu64 ": %s%s\n", c->epoch, line,
+            fprintf(stderr, "visc: swarm: step %" PRIu64 ": %s%s\n", round, line,
                     dropped ? " (the rest of the group averaged everything)" : "");
         }
         c->stats.members_dropped += (uint64_t)dropped;
@@ -475,6 +496,14 @@ static round_outcome attempt(visc_collab *c, char *why, size_t cap) {
         c->stats.rounds_partial++;
     }
     return ROUND_FAILED;
+}
+
+/* This step's attempt, from the training thread. */
+static round_outcome attempt(visc_collab *c, char *why, size_t cap) {
+    uint8_t schema[32];
+    round_schema(c, schema);
+    pack(c, c->vec);
+    return attempt_on(c, c->epoch, group_target(c), schema, c->vec, (double)c->samples, why, cap);
 }
 
 /* Rounds until one succeeds, the peer turns out alone or behind, or the
@@ -608,12 +637,7 @@ static int auxiliary_round(visc_collab *c, uint64_t epoch, const uint8_t state[3
         return 0;
     }
     visc_allreduce_config ac;
-    visc_allreduce_config_default(&ac);
-    ac.compression = c->cfg.compression;
-    ac.round_timeout_s = c->cfg.averaging_timeout_s;
-    ac.agg = c->cfg.aggregate;
-    ac.exact_from = (size_t)c->layout.n_params; /* as attempt() */
-    memcpy(ac.schema_hash, mc.schema_hash, 32);
+    round_config(c, mc.schema_hash, &ac);
     visc_allreduce_report rep;
     int rc = visc_allreduce(c->cfg.node, &g, &ac, c->vec, c->n_vec, 0, NULL, &rep);
     c->stats.bytes_sent += rep.bytes_sent;
@@ -680,6 +704,130 @@ static int run_auxiliary(visc_collab *c) {
     return 0;
 }
 
+/* ---- delayed updates (--delay-updates) ----
+ * The worker thread runs one round at a time: what the training thread
+ * packed into bg_vec, for the round and schema it chose, with the step's
+ * retries. The training thread hands a round over after a step and takes
+ * the result back at the next step (it waits only if the round is still
+ * running), so a round's network time overlaps the next batches' compute. */
+
+static void *delay_main(void *arg) {
+    visc_collab *c = arg;
+    pthread_mutex_lock(&c->dw.mu);
+    for (;;) {
+        while (!c->dw.job && !c->dw.quit) pthread_cond_wait(&c->dw.cv, &c->dw.mu);
+        if (!c->dw.job) break; /* quit, nothing pending */
+        uint64_t round = c->dw.round;
+        uint8_t schema[32];
+        memcpy(schema, c->dw.schema, 32);
+        double weight = c->dw.weight;
+        pthread_mutex_unlock(&c->dw.mu);
+        char why[640] = "";
+        double deadline = visc_now() + c->cfg.step_deadline_s;
+        round_outcome out;
+        for (int tries = 1;; tries++) {
+            out = attempt_on(c, round, c->cfg.target_group_size, schema, c->bg_vec, weight, why,
+                             sizeof why);
+            if (out == ROUND_DONE) break;
+            double left = deadline - visc_now();
+            fprintf(stderr, "visc: swarm: round %d for step %" PRIu64 " failed: %s%s\n", tries,
+                    round, why, left > 0 ? "; retrying" : "");
+            if (left <= 0) break;
+        }
+        pthread_mutex_lock(&c->dw.mu);
+        c->dw.out = (int)out;
+        memcpy(c->dw.why, why, sizeof why);
+        c->dw.job = 0;
+        c->dw.done = 1;
+        pthread_cond_broadcast(&c->dw.cv);
+    }
+    pthread_mutex_unlock(&c->dw.mu);
+    return NULL;
+}
+
+/* Hands this peer's accumulated gradient to the worker as the round of
+ * the current step (schema: the state this peer holds now). */
+static void delay_launch(visc_collab *c) {
+    uint8_t schema[32];
+    round_schema(c, schema);
+    pack(c, c->bg_vec);
+    pthread_mutex_lock(&c->dw.mu);
+    c->dw.round = c->epoch;
+    memcpy(c->dw.schema, schema, 32);
+    c->dw.weight = (double)c->samples;
+    c->dw.job = 1;
+    c->dw.done = 0;
+    pthread_cond_broadcast(&c->dw.cv);
+    pthread_mutex_unlock(&c->dw.mu);
+    c->samples = 0; /* the next batches accumulate for the next round */
+    c->delay_pending = 1;
+}
+
+/* Waits for the worker's round; its outcome and why. */
+static round_outcome delay_wait(visc_collab *c, char *why, size_t cap) {
+    pthread_mutex_lock(&c->dw.mu);
+    while (!c->dw.done) pthread_cond_wait(&c->dw.cv, &c->dw.mu);
+    c->dw.done = 0;
+    round_outcome out = (round_outcome)c->dw.out;
+    snprintf(why, cap, "%s", c->dw.why);
+    pthread_mutex_unlock(&c->dw.mu);
+    c->delay_pending = 0;
+    return out;
+}
+
+/* A step with delayed updates (lockstep): the first batch only hands its
+ * round over; every later one applies the previous round's mean gradient
+ * (of parameters one step older) and, after the step, hands over its own. */
+static int delayed_round(visc_collab *c, int64_t *global_step) {
+    if (!c->delay_pending) {
+        delay_launch(c);
+        return 0;
+    }
+    char why[640];
+    round_outcome out = delay_wait(c, why, sizeof why);
+    if (out != ROUND_DONE) {
+        fprintf(stderr,
+                "visc: swarm: step %" PRIu64 " skipped: %s (--delay-updates: this batch's "
+                "gradient is averaged for the next try)\n",
+                c->epoch, why);
+        c->stats.steps_skipped++;
+        delay_launch(c);
+        return 0;
+    }
+    unpack(c, c->bg_vec);
+    *global_step = (int64_t)c->epoch;
+    c->publish_epoch = 1;
+    return 1;
+}
+
+static int delay_start(visc_collab *c) {
+    c->bg_vec = visc_malloc(c->n_vec * sizeof(float), "swarm delayed-round vector");
+    if (!c->bg_vec) return -1;
+    pthread_mutex_init(&c->dw.mu, NULL);
+    pthread_cond_init(&c->dw.cv, NULL);
+    if (pthread_create(&c->dw.th, NULL, delay_main, c) != 0) {
+        pthread_cond_destroy(&c->dw.cv);
+        pthread_mutex_destroy(&c->dw.mu);
+        return visc_set_error("swarm: cannot start the delayed-update thread");
+    }
+    c->dw.running = 1;
+    return 0;
+}
+
+/* Ends the worker after its round (a round handed over at the end is
+ * still reduced: the other members count on this peer). */
+static void delay_stop(visc_collab *c) {
+    if (!c->dw.running) return;
+    pthread_mutex_lock(&c->dw.mu);
+    c->dw.quit = 1;
+    pthread_cond_broadcast(&c->dw.cv);
+    pthread_mutex_unlock(&c->dw.mu);
+    pthread_join(c->dw.th, NULL);
+    pthread_cond_destroy(&c->dw.cv);
+    pthread_mutex_destroy(&c->dw.mu);
+    c->dw.running = 0;
+}
+
 /* ---- the hooks ---- */
 
 static int gradient_round(visc_collab *c, int64_t *global_step) {
@@ -692,7 +840,7 @@ static int gradient_round(visc_collab *c, int64_t *global_step) {
     if (out == ROUND_DONE || out == ROUND_ALONE) {
         if (out == ROUND_ALONE)
             memcpy(c->a->model->grads, c->acc, c->layout.n_params * sizeof(float));
-        else unpack(c);
+        else unpack(c, c->vec);
         *global_step = (int64_t)c->epoch;
         c->publish_epoch = 1;
         return 1;
@@ -745,6 +893,7 @@ static int after_backward(void *ctx, int n, float loss, int64_t *global_step) {
         }
         if (!c->view.ready) return 0;
     }
+    if (c->cfg.delay_updates) return delayed_round(c, global_step);
     return gradient_round(c, global_step);
 }
 
@@ -761,7 +910,7 @@ static int parameter_round(visc_collab *c) {
         catch_up(c);
         return 0;
     }
-    if (out == ROUND_DONE) unpack(c);
+    if (out == ROUND_DONE) unpack(c, c->vec);
     if (out == ROUND_FAILED) {
         if (c->cfg.on_failure == VISC_COLLAB_SKIP) {
             fprintf(stderr,
@@ -787,7 +936,13 @@ static int after_step(void *ctx) {
     }
     if (!c->publish_epoch) return 0;
     c->publish_epoch = 0;
-    return advance(c);
+    uint64_t accumulated = c->samples; /* delayed: the batch of this step, not yet handed over */
+    if (advance(c)) return -1;
+    if (c->cfg.delay_updates && (c->a->max_steps <= 0 || (int64_t)c->epoch < c->a->max_steps)) {
+        c->samples = accumulated;
+        delay_launch(c);
+    }
+    return 0;
 }
 
 static int should_stop(void *ctx) {
@@ -851,6 +1006,7 @@ static int start(void *ctx, visc_train_access *a, int64_t *schedule_steps_per_ep
     visc_dht *dht = visc_swarm_node_dht(c->cfg.node);
     if (!dht) return visc_set_error("swarm: collaborative training needs the node's DHT");
     if (c->cfg.role == VISC_ROLE_AUX) return run_auxiliary(c) ? -1 : 1; /* no training */
+    if (c->cfg.delay_updates && delay_start(c)) return -1;
     c->epoch = a->state->step > 0 ? (uint64_t)a->state->step : 0;
     c->stats.epoch = c->epoch;
     visc_progress_config pc = {
@@ -906,6 +1062,7 @@ static void finish(void *ctx) {
     visc_collab *c = ctx;
     if (c->finished || !c->started) return;
     c->finished = 1;
+    delay_stop(c);
     const visc_collab_stats *s = &c->stats;
     fprintf(stderr,
             "visc: swarm: %" PRIu64 " steps, %" PRIu64 " rounds (%" PRIu64 " failed, %" PRIu64
@@ -957,6 +1114,10 @@ visc_collab *visc_collab_new(const visc_collab_config *cfg) {
                NULL;
     if (k->mode != VISC_COLLAB_GRADIENTS && k->mode != VISC_COLLAB_PARAMETERS)
         return visc_set_error("swarm: unknown averaging mode %d", (int)k->mode), NULL;
+    if (k->delay_updates && (k->mode != VISC_COLLAB_GRADIENTS || !k->lockstep))
+        return visc_set_error("swarm: --delay-updates needs gradient averaging and --lockstep "
+                              "(free-running delayed rounds are not built yet)"),
+               NULL;
     if (sodium_init() < 0) return visc_set_error("libsodium failed to initialize"), NULL;
     visc_collab *c = visc_calloc(1, sizeof *c, "collaborative optimizer");
     if (!c) return NULL;
@@ -982,6 +1143,7 @@ void visc_collab_free(visc_collab *c) {
     for (int i = 0; i < SNAPSHOTS; i++) free(c->snaps[i].blob);
     free(c->acc);
     free(c->vec);
+    free(c->bg_vec);
     free(c->recs);
     free(c);
 }

@@ -25,6 +25,23 @@
  * N peers with batch B/N end where one process with batch B ends. For
  * tests and controlled studies; the default is free-running.
  *
+ * Delayed updates (delay_updates, `--delay-updates`; hivemind's
+ * delay_optimizer_step with delay_grad_averaging; lockstep gradient mode
+ * for now). A step's round (matchmaking and all-reduce) runs on a worker
+ * thread, started once with its own vector (no allocation per step),
+ * while the trainer computes the next batch at the same parameters; at
+ * that batch's after_backward the hooks take the round's mean gradient
+ * (waiting only while it still runs) and the trainer steps with it, then
+ * after_step hands this batch's gradient over as the next round. So the
+ * gradient applied at step t+1 was computed at the parameters of step t
+ * - 1 (one step stale), and a run of N steps computes N + 1 batches. The
+ * round's schema is the state hash when it is handed over, which every
+ * member holds alike; the worker touches no view, record or trainer
+ * state, only its vector, the node and the round counters. A failed round
+ * skips its step and the next batch's gradient is averaged in its place.
+ * The last round (at --max-steps) is not handed over; a run that ends
+ * otherwise waits for the round in flight and drops its result.
+ *
  * Failures never pass silently. A round that finds no group or whose
  * all-reduce leaves part of the vector un-averaged is retried while the
  * step's deadline allows; then the policy decides: "skip" (the default: no
@@ -114,7 +131,10 @@
  * majority's group is the one it helps; a minority that stepped apart
  * averages without it). One line per round says how many values it
  * reduced. It ends after --max-steps steps, or when every record has
- * stopped changing (the swarm is gone).
+ * stopped changing (the swarm is gone). Known limits: tested in lockstep
+ * only; free-running peers size their group by the training peers'
+ * records, so an auxiliary that joins a leader first can take a training
+ * peer's place (that peer's round fails and it catches up by download).
  *
  * A peer steps "alone" without a failure when a fresh read of the swarm
  * shows no other live peer (a swarm of one equals plain training). Known
@@ -151,6 +171,8 @@ typedef struct {
     uint64_t seed;         /* donor choice */
     int verbose;           /* one line per round */
     double linger_s;       /* after training: keep serving the state this long */
+    int delay_updates;     /* lockstep gradient mode: a step's round runs in the background
+                              and is applied one step late (see above) */
     /* Tests only (a hostile peer's fault injection): NULL in production. */
     const visc_allreduce_hooks *allreduce_hooks;
 } visc_collab_config;
