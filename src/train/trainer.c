@@ -297,7 +297,6 @@ static void report_bad_samples(trainer *t, int64_t epoch) {
     if (t->log) fflush(t->log);
 }
 
-/* Ends the run mid-epoch: the bar's last line, then the checkpoint. */
 /* --eval-interval: the validation set at the current step, logged as a
  * "val_step" record (the per-epoch "val" records stay one per epoch). */
 static int evaluate_at_step(trainer *t, visc_progress *bar) {
@@ -316,6 +315,8 @@ static int evaluate_at_step(trainer *t, visc_progress *bar) {
     return 0;
 }
 
+/* Ends the run mid-epoch: the bar's last line, the evaluation that
+ * --eval-interval asks for, then the checkpoint. */
 static int stop_early(trainer *t, visc_progress *bar, const char *why) {
     visc_progress_end(bar, why);
     if (evaluate_at_step(t, bar)) return -1;
