@@ -7,7 +7,13 @@
 #     the all-reduce: the reducers drop it from every part, the honest peers
 #     step with the rest of the group's exact mean, and end bit-identical to
 #     two honest peers training without it.
-#  2. Free-running, one peer forges its progress records (sample counts
+#  2. In lockstep, a full peer (a reducer of every round) that sends NaN
+#     in the results it reduces: the round fails for the honest peers, who
+#     then exclude it from their groups (logged), retry as a pair, take
+#     every step and end bit-identical to the two honest peers without it.
+#     (Without a ban that outlives the round, every retry of every step
+#     would fail.)
+#  3. Free-running, one peer forges its progress records (sample counts
 #     growing far faster than its claimed throughput) and another
 #     advertises the epoch after the swarm's, which no other peer has
 #     reached, served by a donor of poisoned bytes: the first is
@@ -76,7 +82,33 @@ for attack in nan huge; do
     echo "$attack: $(grep -m1 'averaged everything' "$tmp/$attack-0.log")"
 done
 
-# 2. forged progress and a poisoned donor ahead (free-running)
+# 2. a lying reducer (lockstep, bit-exact)
+boot reducer
+hostile reducer h-reducer --attack reducer --target 32 --group-size 3 --batch-size 16 \
+    --max-steps 4 --seed 5 --output "$tmp/h-reducer" &
+hp=$!
+pids+=($hp)
+for _ in $(seq 100); do [ -n "$(id_of h-reducer)" ] && break; sleep 0.1; done
+peer reducer reducer-0 "${lock[@]}" --swarm-shard 0/2 --group-size 3 & a=$!
+peer reducer reducer-1 "${lock[@]}" --swarm-shard 1/2 --group-size 3 & b=$!
+wait $a || fail "reducer: honest peer 0 failed"
+wait $b || fail "reducer: honest peer 1 failed"
+kill -9 $hp 2>/dev/null
+hid=$(id_of h-reducer)
+[ -n "$hid" ] || fail "reducer: the hostile peer did not start"
+for p in reducer-0 reducer-1; do
+    finished "$p" 4
+    grep -q "member ${hid:-none} sent invalid data: not grouped with" "$tmp/$p.log" ||
+        fail "$p: the lying reducer $hid was not excluded"
+    # it was in a group once (the round that exposed it), never again
+    n=$(grep -c "($hid): banned" "$tmp/$p.log")
+    [ "$n" -eq 1 ] || fail "$p: $n rounds with the lying reducer $hid (want 1)"
+done
+same reducer-0 reducer-1
+same reducer-0 ref0
+echo "reducer: $(grep -m1 'not grouped with' "$tmp/reducer-0.log")"
+
+# 3. forged progress and a poisoned donor ahead (free-running)
 free=(--model resnet14 --epochs 1 --batch-size 16 --max-steps 16 --seed 3 --no-progress
       --print-freq 1 --threads 1 --opt sgd --lr 0.05 --target-batch-size 48
       --matchmaking-time 2 --swarm-linger 5)

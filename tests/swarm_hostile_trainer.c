@@ -3,7 +3,7 @@
  *
  *   swarm_hostile_trainer --attack forge|epoch --run-id R --secret F --key F
  *                         --initial-peers H:P --target N --seconds S
- *   swarm_hostile_trainer --attack nan|huge --run-id R --secret F --key F
+ *   swarm_hostile_trainer --attack nan|huge|reducer --run-id R --secret F --key F
  *                         --initial-peers H:P --target N --group-size G
  *                         --model M --batch-size B --max-steps K --seed S --output DIR
  *
@@ -15,7 +15,11 @@
  *        hash to it (a donor of poisoned state, if followed);
  * nan, huge  trains as a lockstep client peer with the real collaborative
  *        optimizer, but every part it sends into the all-reduce holds a NaN
- *        (or 1e8) in its middle.
+ *        (or 1e8) in its middle;
+ * reducer  trains as a lockstep full peer (it reduces a shard of every
+ *        round) whose own parts are honest but whose results, the reduced
+ *        values it sends back to every member, hold a NaN: without a ban
+ *        that outlives the round it would fail every retry of every step.
  * It prints its peer id first ("hostile peer <id>"). */
 #include <math.h>
 #include <stdio.h>
@@ -48,18 +52,25 @@ static size_t poison_part(void *ctx, int peer, int k, float *values, size_t coun
     return count;
 }
 
+static void poison_result(void *ctx, int k, float *values, size_t count) {
+    (void)ctx, (void)k;
+    values[count / 2] = NAN;
+}
+
 static int train_poisoned(const opts *o, visc_swarm_node *node) {
-    static const visc_allreduce_hooks hooks = {.on_send_part = poison_part};
+    static const visc_allreduce_hooks part_hooks = {.on_send_part = poison_part};
+    static const visc_allreduce_hooks result_hooks = {.on_result = poison_result};
+    int reducer = strcmp(o->attack, "reducer") == 0;
     g_poison = strcmp(o->attack, "nan") == 0 ? NAN : 1e8f;
     visc_collab_config cc;
     visc_collab_config_default(&cc);
     cc.node = node;
-    cc.role = VISC_ROLE_CLIENT;
+    cc.role = reducer ? VISC_ROLE_FULL : VISC_ROLE_CLIENT;
     cc.lockstep = 1;
     cc.target_batch_size = o->target;
     cc.target_group_size = cc.min_group_size = o->group_size;
     cc.matchmaking_time_s = 3;
-    cc.allreduce_hooks = &hooks;
+    cc.allreduce_hooks = reducer ? &result_hooks : &part_hooks;
     visc_collab *collab = visc_collab_new(&cc);
     if (!collab) return -1;
     visc_train_config tc;
@@ -189,7 +200,8 @@ static int parse(int argc, char **argv, opts *o) {
         return fprintf(stderr, "swarm_hostile_trainer: needs --attack --run-id --secret --key "
                                "--initial-peers --target\n"),
                -1;
-    int poison = !strcmp(o->attack, "nan") || !strcmp(o->attack, "huge");
+    int poison =
+        !strcmp(o->attack, "nan") || !strcmp(o->attack, "huge") || !strcmp(o->attack, "reducer");
     if (!poison && strcmp(o->attack, "forge") && strcmp(o->attack, "epoch"))
         return fprintf(stderr, "swarm_hostile_trainer: unknown attack %s\n", o->attack), -1;
     if (poison && !o->output)
@@ -210,6 +222,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     int client = !strcmp(o.attack, "nan") || !strcmp(o.attack, "huge");
+    int trains = client || !strcmp(o.attack, "reducer");
     visc_swarm_node_config nc = {.listen = client ? NULL : "127.0.0.1:0",
                                  .initial_peers = o.peers,
                                  .auth = &auth,
@@ -224,7 +237,7 @@ int main(int argc, char **argv) {
     visc_peer_id(id.public_key, pid);
     printf("hostile peer %s\n", pid);
     fflush(stdout);
-    int rc = client ? train_poisoned(&o, node) : forge(&o, node);
+    int rc = trains ? train_poisoned(&o, node) : forge(&o, node);
     if (rc) fprintf(stderr, "swarm_hostile_trainer: %s\n", visc_last_error());
     visc_swarm_node_close(node);
     visc_swarm_auth_free(&auth);

@@ -417,6 +417,10 @@ TEST(mm_info_and_reject_messages_strict) {
     CHECK(visc_mm_reject_parse(r, 3, &why) != 0);
     r[1] = 0;
     CHECK(visc_mm_reject_parse(r, 2, &why) != 0);
+    r[1] = VISC_MM_REJECT_EXCLUDED;
+    CHECK(visc_mm_reject_parse(r, 2, &why) == 0 && why == VISC_MM_REJECT_EXCLUDED);
+    r[1] = VISC_MM_REJECT_EXCLUDED + 1;
+    CHECK(visc_mm_reject_parse(r, 2, &why) != 0);
     r[1] = 99;
     CHECK(visc_mm_reject_parse(r, 2, &why) != 0);
 }
@@ -611,6 +615,55 @@ TEST(mm_other_schema_is_not_grouped) {
     CHECK(jobs[3].rc != 0 && strstr(jobs[3].err, "no group") != NULL);
     CHECK(jobs[3].took < 3.5);
     CHECK(check_consistent(jobs, 3) == 1);
+}
+
+/* Peers 0-2 exclude peer 3 (a member that sent them invalid data): they
+ * form one group of three without it, whoever would have led, and peer 3,
+ * which excludes nobody, gets no group. Then only peer 0 excludes peer 3:
+ * peer 3 is never in peer 0's group. */
+TEST(mm_excluded_peer_is_not_grouped) {
+    CHECK(swarm_up());
+    if (swarm_ready != 1) return;
+    int idx[4] = {0, 1, 2, 3};
+    uint8_t banned[1][VISC_KEY_BYTES];
+    memcpy(banned[0], key_of(&swarm[3]), VISC_KEY_BYTES);
+    job jobs[4];
+    for (int rep = 0; rep < 3; rep++) { /* peer 3 leads, joins, or comes late */
+        pthread_t th[4];
+        memset(jobs, 0, sizeof jobs);
+        uint64_t round = next_round++;
+        for (int i = 0; i < 4; i++) {
+            jobs[i].p = &swarm[idx[i]];
+            jobs[i].cfg = (visc_matchmaking_config){.round = round,
+                                                    .target_group_size = 4,
+                                                    .min_group_size = 2,
+                                                    .matchmaking_time_s = 3.0};
+            memset(jobs[i].cfg.schema_hash, 0x5c, 32);
+            if (i < 3) jobs[i].cfg.excluded = banned, jobs[i].cfg.n_excluded = 1;
+        }
+        jobs[3].start_delay = rep == 0 ? 0 : rep == 1 ? 0.05 : 0.5;
+        /* rep 0: peer 3 first, so its declaration expires first (it would lead) */
+        if (rep == 0)
+            for (int i = 0; i < 3; i++) jobs[i].start_delay = 0.1;
+        for (int i = 0; i < 4; i++) pthread_create(&th[i], NULL, run_job, &jobs[i]);
+        for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+        for (int i = 0; i < 3; i++) {
+            CHECK_MSG(jobs[i].rc == 0, "rep %d peer %d: %s", rep, i, jobs[i].err);
+            CHECK(jobs[i].g.size == 3);
+            CHECK(in_group(&jobs[i].g, key_of(&swarm[3])) == 0);
+        }
+        CHECK_MSG(jobs[3].rc != 0 && strstr(jobs[3].err, "no group") != NULL, "rep %d: %s", rep,
+                  jobs[3].err);
+        CHECK(check_consistent(jobs, 3) == 1);
+    }
+    /* a bad list is refused */
+    visc_matchmaking_config bad = {.round = next_round++,
+                                   .target_group_size = 2,
+                                   .min_group_size = 2,
+                                   .matchmaking_time_s = 1.0,
+                                   .n_excluded = 1};
+    visc_group g;
+    CHECK(visc_matchmake(swarm[0].node, &bad, &g) != 0);
 }
 
 TEST(mm_client_is_grouped_but_never_leads) {

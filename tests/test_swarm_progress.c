@@ -256,6 +256,12 @@ TEST(progress_throughput_ema_pauses_during_averaging) {
     visc_progress_local(t, &r);
     CHECK(r.epoch == 3 && r.samples_accumulated == 0);
     CHECK_CLOSE(r.samples_per_second, sps, 1e-9, 0);
+    /* delayed updates: samples computed while the step's round ran count
+     * toward the new epoch, and are not measured again */
+    visc_progress_carry_samples(t, 40);
+    visc_progress_local(t, &r);
+    CHECK(r.epoch == 3 && r.samples_accumulated == 40);
+    CHECK_CLOSE(r.samples_per_second, sps, 1e-9, 0);
     /* local fields */
     visc_progress_set_local(t, VISC_ROLE_AUX, "127.0.0.1:9");
     uint8_t h[32] = {1, 2, 3};

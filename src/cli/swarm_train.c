@@ -65,9 +65,9 @@ void visc_swarm_train_help(FILE *f) {
           "  --auxiliary              no training: help the swarm's all-reduce (a shard\n"
           "                           by bandwidth, weight 0); same model flags as the\n"
           "                           peers, --max-steps to end with them\n"
-          "  --delay-updates          (--lockstep) average a step's gradient in the\n"
-          "                           background while the next batch computes; applied\n"
-          "                           one step late\n"
+          "  --delay-updates          (gradient averaging) average a step's gradient in\n"
+          "                           the background while the next batches compute;\n"
+          "                           applied one step late\n"
           "  --swarm-linger S         after training, serve the state S seconds more\n"
           "  --swarm-verbose          one line per averaging round (group, bytes, time)\n",
           f);

@@ -183,19 +183,35 @@ struct ar_round {
     pthread_cond_t cv;
 };
 
-static size_t part_len(const ar_round *r, int member, int k) {
-    size_t b = r->begin[member] + (size_t)k * r->pv, e = r->begin[member + 1];
-    return e - b < r->pv ? e - b : r->pv;
+/* A shard is cut into parts of pv values, with one more cut at exact_from
+ * when it falls inside the shard: every part is compressed whole or
+ * travels whole as fp32 (a part across the boundary would put the lossy
+ * range in fp32 too: a quarter of the gradients with 4 members). */
+static size_t parts_before_exact(const ar_round *r, int member) {
+    size_t b = r->begin[member], e = r->begin[member + 1], x = r->cfg->exact_from;
+    return x > b && x < e ? (x - b + r->pv - 1) / r->pv : SIZE_MAX;
 }
 static size_t part_off(const ar_round *r, int member, int k) {
-    return r->begin[member] + (size_t)k * r->pv;
+    size_t k1 = parts_before_exact(r, member), uk = (size_t)k;
+    if (uk < k1) return r->begin[member] + uk * r->pv;
+    return r->cfg->exact_from + (uk - k1) * r->pv;
+}
+static size_t part_len(const ar_round *r, int member, int k) {
+    size_t off = part_off(r, member, k), e = r->begin[member + 1], x = r->cfg->exact_from;
+    if (off < x && x < e) e = x;
+    return e - off < r->pv ? e - off : r->pv;
+}
+static int shard_parts(const ar_round *r, int member) {
+    size_t b = r->begin[member], e = r->begin[member + 1], k1 = parts_before_exact(r, member);
+    if (k1 == SIZE_MAX) return (int)((e - b + r->pv - 1) / r->pv);
+    size_t x = r->cfg->exact_from;
+    return (int)(k1 + (e - x + r->pv - 1) / r->pv);
 }
 
 /* The encoding of part k of member's shard: the round's compression, or
- * plain fp32 where the part reaches into the exact range. */
+ * plain fp32 in the exact range. */
 static visc_compression part_encoding(const ar_round *r, int member, int k) {
-    size_t count = part_len(r, member, k);
-    if (part_off(r, member, k) + count > r->cfg->exact_from) return VISC_COMP_NONE;
+    if (part_off(r, member, k) >= r->cfg->exact_from) return VISC_COMP_NONE;
     return r->cfg->compression;
 }
 static double dmin(double a, double b) { return a < b ? a : b; }
@@ -581,6 +597,17 @@ static int reduce_part(ar_round *r, int k, float *out) {
     const visc_allreduce_hooks *hk = r->cfg->hooks;
     if (hk && hk->on_reduce) hk->on_reduce(hk->ctx, k);
     int rc = visc_aggregate(&r->cfg->agg, parts, weights, cnt, count, out);
+    /* a lying reducer (tests): the others get the hook's values, this
+     * peer keeps the true ones */
+    float *lie = NULL;
+    if (rc == 0 && hk && hk->on_result) {
+        lie = visc_malloc(count * sizeof(float), "all-reduce result (fault injection)");
+        if (!lie) rc = -1;
+        else {
+            memcpy(lie, out, count * sizeof(float));
+            hk->on_result(hk->ctx, k, lie, count);
+        }
+    }
     uint8_t *enc = NULL;
     size_t len = 0;
     if (rc == 0) {
@@ -590,13 +617,15 @@ static int reduce_part(ar_round *r, int k, float *out) {
         if (!enc) rc = -1;
         else {
             visc_put_u32(enc, (uint32_t)k);
-            len =
-                VISC_AR_PART_HEADER + visc_compress(c, out, count, enc + VISC_AR_PART_HEADER, NULL);
+            len = VISC_AR_PART_HEADER +
+                  visc_compress(c, lie ? lie : out, count, enc + VISC_AR_PART_HEADER, NULL);
             /* keep exactly what the others receive */
-            rc = visc_decompress(c, enc + VISC_AR_PART_HEADER, len - VISC_AR_PART_HEADER, out,
-                                 count);
+            if (!lie)
+                rc = visc_decompress(c, enc + VISC_AR_PART_HEADER, len - VISC_AR_PART_HEADER, out,
+                                     count);
         }
     }
+    free(lie);
     pthread_mutex_lock(&r->mu);
     if (rc != 0) {
         free(enc);
@@ -734,10 +763,7 @@ static int round_setup(ar_round *r) {
         size_t s = VISC_AR_PART_HEADER + visc_compressed_size((visc_compression)c, r->pv);
         if (s > r->wire_cap) r->wire_cap = s;
     }
-    for (int i = 0; i < r->m; i++) {
-        size_t len = r->begin[i + 1] - r->begin[i];
-        r->nparts[i] = (int)((len + r->pv - 1) / r->pv);
-    }
+    for (int i = 0; i < r->m; i++) r->nparts[i] = shard_parts(r, i);
     int own = r->nparts[r->self];
     r->inbuf = visc_calloc((size_t)own * r->m + 1, sizeof(float *), "all-reduce part table");
     r->res_enc = visc_calloc((size_t)own + 1, sizeof(uint8_t *), "all-reduce result table");

@@ -74,6 +74,10 @@ typedef struct {
     size_t (*on_send_part)(void *ctx, int peer, int k, float *values, size_t count);
     /* Before this peer reduces part k of its own shard. */
     void (*on_reduce)(void *ctx, int k);
+    /* After it: a copy of the reduced values of part k, which the hook may
+     * change; the copy is what every member is sent (a lying reducer),
+     * while this peer keeps the true values. */
+    void (*on_result)(void *ctx, int k, float *values, size_t count);
 } visc_allreduce_hooks;
 
 typedef struct {
@@ -82,8 +86,9 @@ typedef struct {
     /* Values at [exact_from, n) travel as plain fp32 whatever the
      * compression: statistics that lossy codes ruin (BatchNorm buffers and
      * counters, Adam's second moments, whose tiny entries an absmax block
-     * quantizes to zero). A part that reaches into the range is sent whole
-     * in fp32. Default SIZE_MAX: none. Every member must use the same value
+     * quantizes to zero). A shard that holds the boundary is cut there
+     * into parts, so only the range itself travels in fp32. Default
+     * SIZE_MAX: none. Every member must use the same value
      * (put it in the schema hash). */
     size_t exact_from;
     size_t part_bytes;         /* uncompressed part size, default 512 KiB */
@@ -110,7 +115,8 @@ typedef struct {
     /* in detail, indexed by group member */
     int member_failed[VISC_GROUP_MAX]; /* 1 failed, 2 banned (invalid data) */
     size_t shard_begin[VISC_GROUP_MAX + 1];
-    size_t part_values;               /* values per part (the last of a shard may be shorter) */
+    size_t part_values; /* values per part (the last of a shard, or before exact_from, may be
+                           shorter) */
     int parts_with[VISC_GROUP_MAX];   /* parts of this peer's shard that include the member */
     int results_back[VISC_GROUP_MAX]; /* parts of the member's shard replaced here */
 } visc_allreduce_report;

@@ -23,6 +23,8 @@
 #define STEP_SCALE 1024.0            /* parameter mode averages optimizer step / this */
 #define SETTLE_STALE_S 20.0          /* a record unchanged this long is a dead peer's (settle) */
 #define SNAPSHOTS VISC_STATE_HISTORY /* epochs a donor keeps serving */
+#define BAN_S 600.0                  /* a member that sent invalid data is not grouped with */
+#define MAX_BANS 64
 
 struct visc_collab {
     visc_collab_config cfg;
@@ -64,13 +66,15 @@ struct visc_collab {
     int started, finished;
     /* --delay-updates: one worker thread runs a round (matchmaking and
      * all-reduce of bg_vec) while the trainer computes the next batches;
-     * both planned at start. Under dw.mu: job, done, out, why. */
+     * both planned at start. Under dw.mu: job, done, abort, out, why. */
     struct {
         pthread_t th;
         pthread_mutex_t mu;
         pthread_cond_t cv;
         int running, job, done, quit;
+        int abort; /* free-running: the swarm stepped past the round; no more tries */
         uint64_t round;
+        int target; /* group size to wait for */
         uint8_t schema[32];
         double weight;
         int out; /* round_outcome */
@@ -78,6 +82,21 @@ struct visc_collab {
     } dw;
     float *bg_vec;
     int delay_pending; /* a round was handed to the worker and not taken back */
+    /* free-running: the samples of the round in flight (their mean gradient
+     * stays in vec, to be accumulated again if the round fails), and
+     * whether the step being taken leaves acc to the next step */
+    uint64_t launched_samples;
+    int carry;
+    /* Members that sent this peer invalid data (banned by an all-reduce):
+     * matchmaking excludes them until `until` (monotonic), so a hostile
+     * member cannot fail every retry of a step. Under ban_mu (the
+     * delayed-update worker runs rounds too). */
+    pthread_mutex_t ban_mu;
+    struct {
+        uint8_t key[VISC_KEY_BYTES];
+        double until;
+    } bans[MAX_BANS];
+    int n_bans;
 };
 
 void visc_collab_config_default(visc_collab_config *c) {
@@ -389,16 +408,72 @@ static void unpack(visc_collab *c, const float *v) {
 
 typedef enum { ROUND_DONE, ROUND_ALONE, ROUND_BEHIND, ROUND_FAILED } round_outcome;
 
+/* The keys matchmaking excludes now (expired bans are dropped). */
+static int active_bans(visc_collab *c, uint8_t out[MAX_BANS][VISC_KEY_BYTES]) {
+    double now = visc_now();
+    pthread_mutex_lock(&c->ban_mu);
+    int n = 0;
+    for (int i = 0; i < c->n_bans; i++)
+        if (c->bans[i].until > now) {
+            c->bans[n] = c->bans[i];
+            memcpy(out[n++], c->bans[i].key, VISC_KEY_BYTES);
+        }
+    c->n_bans = n;
+    pthread_mutex_unlock(&c->ban_mu);
+    return n;
+}
+
+/* The members an all-reduce banned (they sent invalid data to this peer;
+ * the channels are authenticated, so nobody can be framed) are left out
+ * of this peer's groups for BAN_S: one line each. */
+static void ban_members(visc_collab *c, const visc_group *g, const visc_allreduce_report *rep,
+                        uint64_t round) {
+    for (int i = 0; i < g->size; i++) {
+        if (i == g->self || rep->member_failed[i] != 2) continue;
+        double until = visc_now() + BAN_S;
+        pthread_mutex_lock(&c->ban_mu);
+        int at = 0;
+        while (at < c->n_bans && memcmp(c->bans[at].key, g->members[i].key, VISC_KEY_BYTES) != 0)
+            at++;
+        int fresh = at == c->n_bans;
+        if (fresh && c->n_bans == MAX_BANS) { /* full: replace the one that ends first */
+            at = 0;
+            for (int k = 1; k < c->n_bans; k++)
+                if (c->bans[k].until < c->bans[at].until) at = k;
+        } else if (fresh) {
+            c->n_bans++;
+        }
+        memcpy(c->bans[at].key, g->members[i].key, VISC_KEY_BYTES);
+        c->bans[at].until = until;
+        pthread_mutex_unlock(&c->ban_mu);
+        if (fresh) {
+            char id[VISC_PEER_ID_CHARS + 1];
+            visc_peer_id(g->members[i].key, id);
+            fprintf(stderr,
+                    "visc: swarm: step %" PRIu64 ": member %s sent invalid data: not grouped "
+                    "with for %.0f s\n",
+                    round, id, BAN_S);
+        }
+    }
+}
+
 /* The group to wait for: every live peer at this step (progress records,
  * self included), up to the configured size, so that free-running peers
  * average as one group instead of whoever came first (a peer left out
  * would step with another gradient). Lockstep waits for the whole group. */
-static int group_target(const visc_collab *c) {
+static int group_target(visc_collab *c) {
+    /* the members this peer excludes will not be in it */
+    uint8_t bans[MAX_BANS][VISC_KEY_BYTES];
+    int n_bans = active_bans(c, bans);
     int target = c->cfg.target_group_size, expect = c->view.peers_at_epoch;
-    if (!c->cfg.lockstep && c->view.epoch == c->epoch && expect >= c->cfg.min_group_size &&
-        expect < target)
+    for (int i = 0; i < c->n_recs; i++)
+        for (int b = 0; b < n_bans; b++)
+            expect -= c->recs[i].epoch == c->epoch &&
+                      memcmp(c->recs[i].peer, bans[b], VISC_KEY_BYTES) == 0;
+    if (c->cfg.lockstep) target -= n_bans;
+    else if (c->view.epoch == c->epoch && expect >= c->cfg.min_group_size && expect < target)
         target = expect;
-    return target;
+    return target < 2 ? 2 : target;
 }
 
 /* The layout's schema bound to the hash of a state (gradient mode). */
@@ -449,11 +524,16 @@ static void round_config(const visc_collab *c, const uint8_t schema[32],
 static round_outcome attempt_on(visc_collab *c, uint64_t round, int target,
                                 const uint8_t schema[32], float *v, double weight, char *why,
                                 size_t cap) {
+    /* lockstep peers that exclude members need fewer (group_target) */
+    int min = c->cfg.min_group_size < target ? c->cfg.min_group_size : target;
     visc_matchmaking_config mc = {.round = round,
                                   .target_group_size = target,
-                                  .min_group_size = c->cfg.min_group_size,
+                                  .min_group_size = min < 2 ? 2 : min,
                                   .matchmaking_time_s = c->cfg.matchmaking_time_s};
     memcpy(mc.schema_hash, schema, 32);
+    uint8_t bans[MAX_BANS][VISC_KEY_BYTES];
+    mc.n_excluded = active_bans(c, bans);
+    mc.excluded = (const uint8_t(*)[VISC_KEY_BYTES])bans;
     visc_group g;
     double t0 = visc_now();
     c->stats.rounds++;
@@ -471,6 +551,7 @@ static round_outcome attempt_on(visc_collab *c, uint64_t round, int target,
     c->stats.bytes_sent += rep.bytes_sent;
     c->stats.bytes_received += rep.bytes_received;
     c->stats.averaging_seconds += visc_now() - t0;
+    if (rep.banned) ban_members(c, &g, &rep, round);
     char line[768];
     /* Every value replaced by a group result: every member that got them
      * all holds the same vector, even when a member was dropped (a sender
@@ -542,19 +623,21 @@ static round_outcome run_round(visc_collab *c, char *why, size_t cap) {
     return out;
 }
 
-/* Live peers one step short of this peer's: they may still step to it in
- * a group of their own. (A peer further behind can only catch up by
- * downloading, and the highest corroborated state is this step's.) A
- * killed peer's record lives on until it expires but stops changing: one
- * whose measurement time is older than a step's retries plus
- * SETTLE_STALE_S (a batch and a download) is not waited for. */
+/* Live peers behind this peer's step: one step short, they may still step
+ * to it in a group of their own; further behind, they can only catch up by
+ * downloading, and need a donor that has not exited yet (the study's
+ * parameter-averaging run ended with a peer two steps short, every donor
+ * gone: docs/swarm_study.md). A killed peer's record lives on until it
+ * expires but stops changing: one whose measurement time is older than a
+ * step's retries plus SETTLE_STALE_S (a batch and a download) is not
+ * waited for. */
 static int settle_pending(const visc_collab *c) {
     uint64_t now_ms = visc_unix_ms();
     uint64_t fresh_ms = (uint64_t)((SETTLE_STALE_S + c->cfg.step_deadline_s) * 1000);
     int pending = 0;
     for (int i = 0; i < c->n_recs; i++) {
         const visc_progress_record *r = &c->recs[i];
-        if (r->epoch + 1 == c->epoch && r->time_ms + fresh_ms >= now_ms) pending++;
+        if (r->epoch < c->epoch && r->time_ms + fresh_ms >= now_ms) pending++;
     }
     return pending;
 }
@@ -586,13 +669,15 @@ static void settle(visc_collab *c) {
 }
 
 /* After a step of the swarm (or alone): the new epoch, its state, its
- * record. */
-static int advance(visc_collab *c) {
+ * record. carried: samples already accumulated for the new epoch (delayed
+ * updates: the batches computed while the step's round ran). */
+static int advance(visc_collab *c, uint64_t carried) {
     c->epoch++;
     c->stats.epoch = c->epoch;
-    c->samples = 0;
+    c->samples = carried;
     c->a->state->step = (int64_t)c->epoch;
     visc_progress_set_epoch(c->tracker, c->epoch);
+    if (carried) visc_progress_carry_samples(c->tracker, carried);
     if (snapshot(c, NULL, NULL)) return -1;
     refresh(c, 0); /* publishes the new epoch (a failed put is retried at the next) */
     if (c->a->max_steps > 0 && (int64_t)c->epoch >= c->a->max_steps) settle(c);
@@ -643,6 +728,7 @@ static int auxiliary_round(visc_collab *c, uint64_t epoch, const uint8_t state[3
     c->stats.bytes_sent += rep.bytes_sent;
     c->stats.bytes_received += rep.bytes_received;
     c->stats.averaging_seconds += visc_now() - t0;
+    if (rep.banned) ban_members(c, &g, &rep, epoch);
     int training = 0;
     for (int i = 0; i < g.size; i++) training += !g.members[i].auxiliary;
     size_t shard = rep.shard_begin[g.self + 1] - rep.shard_begin[g.self];
@@ -718,6 +804,7 @@ static void *delay_main(void *arg) {
         while (!c->dw.job && !c->dw.quit) pthread_cond_wait(&c->dw.cv, &c->dw.mu);
         if (!c->dw.job) break; /* quit, nothing pending */
         uint64_t round = c->dw.round;
+        int target = c->dw.target;
         uint8_t schema[32];
         memcpy(schema, c->dw.schema, 32);
         double weight = c->dw.weight;
@@ -726,9 +813,15 @@ static void *delay_main(void *arg) {
         double deadline = visc_now() + c->cfg.step_deadline_s;
         round_outcome out;
         for (int tries = 1;; tries++) {
-            out = attempt_on(c, round, c->cfg.target_group_size, schema, c->bg_vec, weight, why,
-                             sizeof why);
+            out = attempt_on(c, round, target, schema, c->bg_vec, weight, why, sizeof why);
             if (out == ROUND_DONE) break;
+            pthread_mutex_lock(&c->dw.mu);
+            int abort = c->dw.abort;
+            pthread_mutex_unlock(&c->dw.mu);
+            if (abort) {
+                out = ROUND_BEHIND;
+                break;
+            }
             double left = deadline - visc_now();
             fprintf(stderr, "visc: swarm: round %d for step %" PRIu64 " failed: %s%s\n", tries,
                     round, why, left > 0 ? "; retrying" : "");
@@ -746,21 +839,37 @@ static void *delay_main(void *arg) {
 }
 
 /* Hands this peer's accumulated gradient to the worker as the round of
- * the current step (schema: the state this peer holds now). */
+ * the current step (schema: the state this peer holds now). vec keeps
+ * what was handed over (the all-reduce overwrites bg_vec). */
 static void delay_launch(visc_collab *c) {
     uint8_t schema[32];
     round_schema(c, schema);
-    pack(c, c->bg_vec);
+    pack(c, c->vec);
+    memcpy(c->bg_vec, c->vec, c->n_vec * sizeof(float));
     pthread_mutex_lock(&c->dw.mu);
     c->dw.round = c->epoch;
+    c->dw.target = group_target(c);
     memcpy(c->dw.schema, schema, 32);
     c->dw.weight = (double)c->samples;
     c->dw.job = 1;
     c->dw.done = 0;
+    c->dw.abort = 0;
     pthread_cond_broadcast(&c->dw.cv);
     pthread_mutex_unlock(&c->dw.mu);
+    c->launched_samples = c->samples;
     c->samples = 0; /* the next batches accumulate for the next round */
     c->delay_pending = 1;
+}
+
+/* The worker's round has ended (its outcome waits in delay_wait). abort:
+ * else ask it to try no more (the swarm stepped past the round: its
+ * retries would wait for a group that is gone). */
+static int delay_done(visc_collab *c, int abort) {
+    pthread_mutex_lock(&c->dw.mu);
+    int done = c->dw.done;
+    if (!done && abort) c->dw.abort = 1;
+    pthread_mutex_unlock(&c->dw.mu);
+    return done;
 }
 
 /* Waits for the worker's round; its outcome and why. */
@@ -778,13 +887,14 @@ static round_outcome delay_wait(visc_collab *c, char *why, size_t cap) {
 /* A step with delayed updates (lockstep): the first batch only hands its
  * round over; every later one applies the previous round's mean gradient
  * (of parameters one step older) and, after the step, hands over its own. */
-static int delayed_round(visc_collab *c, int64_t *global_step) {
+static int lockstep_delayed_round(visc_collab *c, int64_t *global_step) {
     if (!c->delay_pending) {
         delay_launch(c);
         return 0;
     }
     char why[640];
     round_outcome out = delay_wait(c, why, sizeof why);
+    c->stats.samples_overlapped += c->samples;
     if (out != ROUND_DONE) {
         fprintf(stderr,
                 "visc: swarm: step %" PRIu64 " skipped: %s (--delay-updates: this batch's "
@@ -798,6 +908,107 @@ static int delayed_round(visc_collab *c, int64_t *global_step) {
     *global_step = (int64_t)c->epoch;
     c->publish_epoch = 1;
     return 1;
+}
+
+/* --on-failure local (gradient mode): the step with this peer's own
+ * gradient, logged and counted as a divergence. */
+static int step_local(visc_collab *c, const float *grad, const char *why, int64_t *global_step) {
+    fprintf(stderr, "visc: swarm: step %" PRIu64 " taken alone: %s (--on-failure local)\n",
+            c->epoch, why);
+    c->stats.steps_local++;
+    memcpy(c->a->model->grads, grad, c->layout.n_params * sizeof(float));
+    *global_step = (int64_t)c->epoch;
+    c->publish_epoch = 1;
+    return 1;
+}
+
+/* After a free-running peer's batch: 1 when the swarm is ready for this
+ * peer's step. First the records: a peer that fell behind catches up, and
+ * one whose state lost to the majority's at its step takes theirs (then
+ * 0: the accumulated gradient was of a state that is gone). */
+static int free_running_ready(visc_collab *c) {
+    refresh(c, 0);
+    if (behind(c)) {
+        catch_up(c);
+        return 0;
+    }
+    uint8_t winner[32];
+    if (diverged(c, winner)) {
+        take_winner(c, winner);
+        return 0;
+    }
+    return c->view.ready;
+}
+
+/* A round of the worker failed (free-running): the gradient it carried
+ * (kept in vec) joins the one accumulated since, weighted by samples. */
+static void delay_take_back(visc_collab *c) {
+    uint64_t s = c->samples, l = c->launched_samples;
+    size_t P = (size_t)c->layout.n_params;
+    if (s == 0) memcpy(c->acc, c->vec, P * sizeof(float));
+    else {
+        float w = (float)((double)l / (double)(s + l));
+        for (size_t i = 0; i < P; i++) c->acc[i] += w * (c->vec[i] - c->acc[i]);
+    }
+    c->samples = s + l;
+    c->launched_samples = 0;
+}
+
+/* Delayed updates, free-running. When the swarm reaches the target, the
+ * accumulated gradient goes to the worker as this step's round and the
+ * peer trains on at the same parameters, accumulating the next step's
+ * gradient (and reporting its samples toward the next step). The first
+ * batch that ends after the round applies the round's mean gradient, and
+ * the batches computed meanwhile stay accumulated for the next step
+ * (advance carries them). While a round is in flight the records are
+ * still read: when two peers are past the round's step, the worker tries
+ * no more, and the peer catches up (the gradients of the old state are
+ * dropped). A failed round follows --on-failure: skip (its gradient is
+ * accumulated again) or step with it alone. */
+static int free_delayed_round(visc_collab *c, int64_t *global_step) {
+    if (c->delay_pending) {
+        refresh(c, 0);
+        if (!delay_done(c, behind(c))) return 0;
+        char why[640];
+        round_outcome out = delay_wait(c, why, sizeof why);
+        c->stats.samples_overlapped += c->samples;
+        if (out == ROUND_BEHIND) {
+            c->launched_samples = 0;
+            catch_up(c);
+            return 0;
+        }
+        if (out == ROUND_DONE) {
+            unpack(c, c->bg_vec);
+            c->launched_samples = 0;
+            *global_step = (int64_t)c->epoch;
+            c->publish_epoch = c->carry = 1;
+            return 1;
+        }
+        if (c->cfg.on_failure == VISC_COLLAB_STEP_LOCAL) {
+            c->launched_samples = 0;
+            c->carry = 1;
+            return step_local(c, c->vec, why, global_step);
+        }
+        fprintf(stderr,
+                "visc: swarm: step %" PRIu64
+                " skipped: %s (--on-failure skip: the gradient of %" PRIu64
+                " samples is kept for the next round)\n",
+                c->epoch, why, c->launched_samples + c->samples);
+        c->stats.steps_skipped++;
+        delay_take_back(c);
+    }
+    if (!free_running_ready(c)) return 0;
+    if (c->view.peers <= 1 && c->view.distrusted == 0 && visc_now() >= c->alone_after) {
+        refresh(c, 1); /* a fresh look before stepping alone, as run_round takes */
+        if (c->view.peers <= 1 && c->view.distrusted == 0) {
+            memcpy(c->a->model->grads, c->acc, c->layout.n_params * sizeof(float));
+            *global_step = (int64_t)c->epoch;
+            c->publish_epoch = 1;
+            return 1;
+        }
+    }
+    delay_launch(c);
+    return 0;
 }
 
 static int delay_start(visc_collab *c) {
@@ -845,15 +1056,7 @@ static int gradient_round(visc_collab *c, int64_t *global_step) {
         c->publish_epoch = 1;
         return 1;
     }
-    if (c->cfg.on_failure == VISC_COLLAB_STEP_LOCAL) {
-        fprintf(stderr, "visc: swarm: step %" PRIu64 " taken alone: %s (--on-failure local)\n",
-                c->epoch, why);
-        c->stats.steps_local++;
-        memcpy(c->a->model->grads, c->acc, c->layout.n_params * sizeof(float));
-        *global_step = (int64_t)c->epoch;
-        c->publish_epoch = 1;
-        return 1;
-    }
+    if (c->cfg.on_failure == VISC_COLLAB_STEP_LOCAL) return step_local(c, c->acc, why, global_step);
     fprintf(stderr,
             "visc: swarm: step %" PRIu64 " skipped: %s (--on-failure skip: the gradient of %" PRIu64
             " samples is kept for the next round)\n",
@@ -880,20 +1083,10 @@ static int after_backward(void *ctx, int n, float loss, int64_t *global_step) {
     else
         for (size_t i = 0; i < P; i++) c->acc[i] += w * (g[i] - c->acc[i]);
     c->samples += (uint64_t)n;
-    if (!c->cfg.lockstep) {
-        refresh(c, 0);
-        if (behind(c)) {
-            catch_up(c);
-            return 0;
-        }
-        uint8_t winner[32];
-        if (diverged(c, winner)) {
-            take_winner(c, winner);
-            return 0;
-        }
-        if (!c->view.ready) return 0;
-    }
-    if (c->cfg.delay_updates) return delayed_round(c, global_step);
+    if (c->cfg.delay_updates)
+        return c->cfg.lockstep ? lockstep_delayed_round(c, global_step)
+                               : free_delayed_round(c, global_step);
+    if (!c->cfg.lockstep && !free_running_ready(c)) return 0;
     return gradient_round(c, global_step);
 }
 
@@ -924,7 +1117,7 @@ static int parameter_round(visc_collab *c) {
                 c->epoch, why);
         c->stats.steps_local++;
     }
-    return advance(c);
+    return advance(c, 0);
 }
 
 static int after_step(void *ctx) {
@@ -936,9 +1129,14 @@ static int after_step(void *ctx) {
     }
     if (!c->publish_epoch) return 0;
     c->publish_epoch = 0;
-    uint64_t accumulated = c->samples; /* delayed: the batch of this step, not yet handed over */
-    if (advance(c)) return -1;
-    if (c->cfg.delay_updates && (c->a->max_steps <= 0 || (int64_t)c->epoch < c->a->max_steps)) {
+    /* delayed updates: lockstep, the batch of this step, not yet handed
+     * over; free-running (carry), the batches since the round's */
+    uint64_t accumulated = c->samples;
+    int carry = c->carry;
+    c->carry = 0;
+    if (advance(c, carry ? accumulated : 0)) return -1;
+    if (c->cfg.delay_updates && c->cfg.lockstep &&
+        (c->a->max_steps <= 0 || (int64_t)c->epoch < c->a->max_steps)) {
         c->samples = accumulated;
         delay_launch(c);
     }
@@ -1072,6 +1270,11 @@ static void finish(void *ctx) {
             s->epoch, s->rounds, s->rounds_failed, s->rounds_partial, s->steps_skipped,
             s->steps_local, s->state_downloads, (double)s->bytes_sent / 1e6,
             (double)s->bytes_received / 1e6, s->averaging_seconds, s->members_dropped);
+    if (c->cfg.delay_updates)
+        fprintf(stderr,
+                "visc: swarm: --delay-updates: %" PRIu64
+                " samples computed while their step's round ran\n",
+                s->samples_overlapped);
     if (c->cfg.linger_s > 0 && c->server) {
         /* a peer that is done stays a donor for a while: newcomers can
          * still take the swarm's state from it */
@@ -1114,15 +1317,14 @@ visc_collab *visc_collab_new(const visc_collab_config *cfg) {
                NULL;
     if (k->mode != VISC_COLLAB_GRADIENTS && k->mode != VISC_COLLAB_PARAMETERS)
         return visc_set_error("swarm: unknown averaging mode %d", (int)k->mode), NULL;
-    if (k->delay_updates && (k->mode != VISC_COLLAB_GRADIENTS || !k->lockstep))
-        return visc_set_error("swarm: --delay-updates needs gradient averaging and --lockstep "
-                              "(free-running delayed rounds are not built yet)"),
-               NULL;
+    if (k->delay_updates && k->mode != VISC_COLLAB_GRADIENTS)
+        return visc_set_error("swarm: --delay-updates needs gradient averaging"), NULL;
     if (sodium_init() < 0) return visc_set_error("libsodium failed to initialize"), NULL;
     visc_collab *c = visc_calloc(1, sizeof *c, "collaborative optimizer");
     if (!c) return NULL;
     c->cfg = *k;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->ban_mu, NULL);
     c->hooks = (visc_step_hooks){.ctx = c,
                                  .start = start,
                                  .after_backward = after_backward,
@@ -1140,6 +1342,7 @@ void visc_collab_free(visc_collab *c) {
     if (!c) return;
     finish(c);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->ban_mu);
     for (int i = 0; i < SNAPSHOTS; i++) free(c->snaps[i].blob);
     free(c->acc);
     free(c->vec);

@@ -26,21 +26,31 @@
  * tests and controlled studies; the default is free-running.
  *
  * Delayed updates (delay_updates, `--delay-updates`; hivemind's
- * delay_optimizer_step with delay_grad_averaging; lockstep gradient mode
- * for now). A step's round (matchmaking and all-reduce) runs on a worker
- * thread, started once with its own vector (no allocation per step),
- * while the trainer computes the next batch at the same parameters; at
- * that batch's after_backward the hooks take the round's mean gradient
- * (waiting only while it still runs) and the trainer steps with it, then
- * after_step hands this batch's gradient over as the next round. So the
- * gradient applied at step t+1 was computed at the parameters of step t
- * - 1 (one step stale), and a run of N steps computes N + 1 batches. The
- * round's schema is the state hash when it is handed over, which every
- * member holds alike; the worker touches no view, record or trainer
- * state, only its vector, the node and the round counters. A failed round
- * skips its step and the next batch's gradient is averaged in its place.
- * The last round (at --max-steps) is not handed over; a run that ends
- * otherwise waits for the round in flight and drops its result.
+ * delay_optimizer_step with delay_grad_averaging; gradient mode). A
+ * step's round (matchmaking and all-reduce) runs on a worker thread,
+ * started once with its own vector (no allocation per step), while the
+ * trainer computes the next batches at the same parameters. The round's
+ * schema is the state hash when it is handed over, which every member
+ * holds alike; the worker touches no view, record or trainer state, only
+ * its vector, the node and the round counters. A run that ends otherwise
+ * than at --max-steps waits for the round in flight and drops its result.
+ * Lockstep: at the next batch's after_backward the hooks take the round's
+ * mean gradient (waiting only while it still runs) and the trainer steps
+ * with it, then after_step hands this batch's gradient over as the next
+ * round. So the gradient applied at step t+1 was computed at the
+ * parameters of step t - 1 (one step stale), and a run of N steps
+ * computes N + 1 batches. A failed round skips its step and the next
+ * batch's gradient is averaged in its place. The last round (at
+ * --max-steps) is not handed over. Free-running: when the swarm reaches
+ * the target, the accumulated gradient is handed over and the peer trains
+ * on, accumulating (and reporting to the progress tracker) the next
+ * step's samples; the first batch that ends after the round applies its
+ * mean gradient, and the samples computed meanwhile count toward the next
+ * step (visc_progress_carry_samples). Catching up and split checks wait
+ * until the round is over. A failed round follows the policy: skip puts
+ * its gradient back into the accumulator (weighted by samples), local
+ * steps with it. samples_overlapped counts the samples computed while a
+ * round ran.
  *
  * Failures never pass silently. A round that finds no group or whose
  * all-reduce leaves part of the vector un-averaged is retried while the
@@ -102,9 +112,10 @@
  * publish another hash than its own, it takes that state from them (one
  * line); a side that is behind catches up as above. After the run's last
  * step, before the trainer saves, the peer settles: it waits until no live
- * peer is one step short of it (such a peer may still step in a group of
- * its own and outvote this one; a record unchanged for 20 s plus the step
- * deadline is a dead peer's and is not waited for), taking the majority's
+ * peer is behind it (one step short, such a peer may still step in a group
+ * of its own and outvote this one; further behind, it needs a donor to
+ * catch up from; a record unchanged for 20 s plus the step deadline is a
+ * dead peer's and is not waited for), serving its state and taking the majority's
  * state whenever its own differs, bounded by the averaging timeout. So the
  * swarm ends on one model, also with slow peers, kills and joins
  * (tests/e2e_swarm_churn.sh) and after a partition heals
@@ -171,8 +182,8 @@ typedef struct {
     uint64_t seed;         /* donor choice */
     int verbose;           /* one line per round */
     double linger_s;       /* after training: keep serving the state this long */
-    int delay_updates;     /* lockstep gradient mode: a step's round runs in the background
-                              and is applied one step late (see above) */
+    int delay_updates;     /* gradient mode: a step's round runs in the background and is
+                              applied one step late (see above) */
     /* Tests only (a hostile peer's fault injection): NULL in production. */
     const visc_allreduce_hooks *allreduce_hooks;
 } visc_collab_config;
@@ -181,7 +192,8 @@ typedef struct {
     uint64_t epoch; /* global steps this peer has taken part in */
     uint64_t rounds, rounds_failed, rounds_partial, steps_skipped, steps_local;
     uint64_t state_downloads, bytes_sent, bytes_received;
-    uint64_t members_dropped; /* group members left out of rounds that still averaged all */
+    uint64_t members_dropped;    /* group members left out of rounds that still averaged all */
+    uint64_t samples_overlapped; /* --delay-updates: computed while a round ran */
     double averaging_seconds;
 } visc_collab_stats;
 

@@ -173,7 +173,7 @@ int visc_mm_group_parse(const uint8_t *msg, size_t n, uint64_t round, const uint
 
 int visc_mm_reject_parse(const uint8_t *msg, size_t n, visc_mm_reject_reason *reason) {
     if (n != 2 || msg[0] != MM_VERSION) return visc_set_error("malformed REJECT");
-    if (msg[1] < VISC_MM_REJECT_FULL || msg[1] > VISC_MM_REJECT_DUPLICATE)
+    if (msg[1] < VISC_MM_REJECT_FULL || msg[1] > VISC_MM_REJECT_EXCLUDED)
         return visc_set_error("REJECT with unknown reason %u", msg[1]);
     *reason = (visc_mm_reject_reason)msg[1];
     return 0;
@@ -214,6 +214,12 @@ typedef struct {
     int n_tried;
     visc_record *records; /* scratch for DHT reads */
 } round_state;
+
+static int excluded(const visc_matchmaking_config *cfg, const uint8_t *key) {
+    for (int i = 0; i < cfg->n_excluded; i++)
+        if (memcmp(cfg->excluded[i], key, VISC_KEY_BYTES) == 0) return 1;
+    return 0;
+}
 
 /* Local monotonic time at which a peer's declared unix-ms expiry falls. */
 static double local_time_of(uint64_t unix_ms) {
@@ -257,6 +263,7 @@ static void read_view(round_state *s) {
         if (visc_mm_info_parse(r->value, r->value_len, &info) != 0) continue;
         if (info.round != s->cfg->round || info.expires_ms <= now_ms) continue;
         if (memcmp(info.schema_hash, s->cfg->schema_hash, 32) != 0) continue;
+        if (excluded(s->cfg, r->signer)) continue;
         add_to_view(s, r->signer, &info);
     }
 }
@@ -362,6 +369,10 @@ static int read_join(round_state *s, visc_chan *c, const joiner *have, int n_hav
         return -1;
     }
     const uint8_t *key = visc_chan_peer_key(c);
+    if (excluded(s->cfg, key)) {
+        send_reject(c, VISC_MM_REJECT_EXCLUDED);
+        return -1;
+    }
     for (int i = 0; i < n_have; i++)
         if (memcmp(have[i].m.key, key, VISC_KEY_BYTES) == 0) {
             send_reject(c, VISC_MM_REJECT_DUPLICATE);
@@ -509,10 +520,15 @@ static int follow(round_state *s, const peer *leader, visc_group *out) {
     size_t got = 0;
     if (msg && visc_chan_recv(c, &type, msg, VISC_MM_GROUP_MAX_BYTES, &got, until) == 0) {
         visc_mm_reject_reason why = VISC_MM_REJECT_MALFORMED;
-        if (type == VISC_MSG_GROUP)
+        if (type == VISC_MSG_GROUP) {
             rc = visc_mm_group_parse(msg, got, s->cfg->round, s->cfg->schema_hash, s->self_key,
                                      leader->key, out);
-        else if (type == VISC_MSG_REJECT && visc_mm_reject_parse(msg, got, &why) == 0)
+            for (int i = 0; rc == 0 && i < out->size; i++)
+                if (excluded(s->cfg, out->members[i].key))
+                    rc = visc_set_error("the leader's group lists member %d, a peer this one "
+                                        "excludes",
+                                        i);
+        } else if (type == VISC_MSG_REJECT && visc_mm_reject_parse(msg, got, &why) == 0)
             visc_set_error("the leader refused (reason %d)", (int)why);
         else visc_set_error("unexpected frame %u from the leader", type);
     }
@@ -531,6 +547,8 @@ static int check_config(const visc_matchmaking_config *cfg) {
         return visc_set_error("min group size %d (2..target)", cfg->min_group_size);
     if (!(cfg->matchmaking_time_s > 0 && cfg->matchmaking_time_s <= 3600))
         return visc_set_error("matchmaking time %g s (0..3600)", cfg->matchmaking_time_s);
+    if (cfg->n_excluded < 0 || (cfg->n_excluded > 0 && !cfg->excluded))
+        return visc_set_error("matchmaking: %d excluded keys without a list", cfg->n_excluded);
     return 0;
 }
 

@@ -28,6 +28,13 @@
  * its GROUP arrives in time. A JOIN must follow its OPEN within 1 s (an
  * admitted but stalling peer delays a leader by at most that).
  *
+ * Exclusion: a peer may name keys it will not group with (the collaborative
+ * optimizer's ban list: members that sent it invalid data). Their
+ * declarations are left out of its view (so honest peers that excluded the
+ * same peer deal the same groups), a JOIN from one is refused
+ * (VISC_MM_REJECT_EXCLUDED), and a GROUP that lists one is not taken ("no
+ * group"; its leader's all-reduce treats this peer as failed).
+ *
  * Auxiliary peers (collab.h) declare role 2: they count toward the group
  * sizes like any member (they do a member's share of the reducing) and may
  * lead, but a group needs at least 2 members that train: a leader with
@@ -70,6 +77,8 @@ typedef struct {
     double matchmaking_time_s;
     uint8_t schema_hash[32]; /* what is averaged: only equal hashes group */
     int auxiliary;           /* this peer joins as an auxiliary (not with a client node) */
+    const uint8_t (*excluded)[VISC_KEY_BYTES]; /* keys not to group with (may be NULL) */
+    int n_excluded;
 } visc_matchmaking_config;
 
 /* 0 and out filled, or -1 with an error ("no group: ..." when the round
@@ -99,6 +108,7 @@ typedef enum {
     VISC_MM_REJECT_MALFORMED = 5,
     VISC_MM_REJECT_DISBANDED = 6,
     VISC_MM_REJECT_DUPLICATE = 7,
+    VISC_MM_REJECT_EXCLUDED = 8,
 } visc_mm_reject_reason;
 
 /* The tag of JOIN connections for a round (node.h's OPEN tag). */

@@ -263,6 +263,14 @@ void visc_progress_set_epoch(visc_progress_tracker *t, uint64_t new_epoch) {
     pthread_mutex_unlock(&t->mu);
 }
 
+void visc_progress_carry_samples(visc_progress_tracker *t, uint64_t n) {
+    pthread_mutex_lock(&t->mu);
+    uint64_t room = VISC_PROGRESS_MAX_COUNT - t->local.samples_accumulated;
+    t->local.samples_accumulated += n < room ? n : room;
+    t->dirty = 1;
+    pthread_mutex_unlock(&t->mu);
+}
+
 void visc_progress_pause(visc_progress_tracker *t) {
     pthread_mutex_lock(&t->mu);
     if (!t->paused) {

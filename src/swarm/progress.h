@@ -142,6 +142,10 @@ void visc_progress_set_state_hash(visc_progress_tracker *t, const uint8_t hash[3
 void visc_progress_add_samples(visc_progress_tracker *t, uint64_t n, float loss);
 /* The step of `epoch` is done: accumulated resets to 0, epoch = new_epoch. */
 void visc_progress_set_epoch(visc_progress_tracker *t, uint64_t new_epoch);
+/* n samples already counted by add_samples that belong to the new epoch
+ * (delayed updates: batches computed while the last step's round ran):
+ * added to accumulated, the throughput left as measured. */
+void visc_progress_carry_samples(visc_progress_tracker *t, uint64_t n);
 /* Throughput EMA stops/resumes counting time (averaging is not compute). */
 void visc_progress_pause(visc_progress_tracker *t);
 void visc_progress_resume(visc_progress_tracker *t);

@@ -180,7 +180,7 @@ def analyse(out, cfg, a, load):
                 "batches": local_batches(recs, a.print_freq, spe)}
         info["samples"] = info["batches"] * batch
         for ts, r in recs:
-            if r.get("type") == "val":
+            if r.get("type") in ("val", "val_step"):
                 res["val"].append((processed(ts), ts - t0, r["top1"], p, r["step"] * per_step))
                 steps = max(steps, r["step"])
             if r.get("type") == "train":
@@ -258,7 +258,7 @@ def plot_loss(results, a, path):
         pts = sorted((p[1], y) for p, y in zip(r["loss"], ys))
         axs[1].plot([p[0] for p in pts], [p[1] for p in pts], ls, color=c, lw=1)
     axs[0].set_xlabel("training samples processed (all processes together)")
-    axs[1].set_xlabel("wall time (s; noisy: shared 2-core machine)")
+    axs[1].set_xlabel("wall time (s; every process on one 2-core machine)")
     for ax in axs:
         ax.set_ylabel("training loss (peer 0's batches, mean of 5 windows)")
         ax.set_yscale("log")
@@ -362,8 +362,8 @@ def main():
     sys.stdout.write(table(results, a))
     plot_acc(results, a, 0, "training samples processed (all processes together)",
              os.path.join(a.doc, "swarm_acc_vs_samples.png"),
-             "Test top-1 vs samples: evaluations at each process's epoch ends, then the final model")
-    plot_acc(results, a, 1, "wall time (s; noisy: 2 cores shared with other jobs)",
+             "Test top-1 vs samples: periodic evaluations (peer 0), local epoch ends, final model")
+    plot_acc(results, a, 1, "wall time (s; every process on one 2-core machine)",
              os.path.join(a.doc, "swarm_acc_vs_time.png"), "Test top-1 vs wall time")
     plot_loss(results, a, os.path.join(a.doc, "swarm_loss.png"))
     plot_compression(results, a, os.path.join(a.doc, "swarm_compression.png"))

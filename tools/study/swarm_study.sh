@@ -21,7 +21,9 @@
 # param_adamw_equal: four peers of equal speed (none duty-cycled)];
 # PLOT_CONFIGS [CONFIGS] the runs under OUT_DIR to tabulate and plot;
 # MAX_STEPS [unset] a pilot of this many global steps; RUN_LIMIT [1200]
-# seconds before a configuration is killed (and reported failed).
+# seconds before a configuration is killed (and reported failed); EVAL_EVERY
+# [6] peer 0 (and each baseline, at as many samples) evaluates on the test
+# set every this many global steps (--eval-interval; 0: epoch ends only).
 #
 # Unequal speed without source changes: every peer runs one compute thread,
 # and peer i is duty-cycled by this script with SIGSTOP/SIGCONT: stopped
@@ -38,6 +40,7 @@ PEER_BATCH=${PEER_BATCH:-64}
 LAMB_LR=${LAMB_LR:-0.02}
 ADAMW_LR=${ADAMW_LR:-0.001}
 RUN_LIMIT=${RUN_LIMIT:-1200}
+EVAL_EVERY=${EVAL_EVERY:-6}
 CONFIGS=${CONFIGS:-base_lamb grad_lamb grad_lamb_fp16 grad_lamb_q8 base_adamw param_adamw param_adamw_q8}
 PERIOD_MS=200
 STOP_MS=(0 50 100 150)
@@ -153,8 +156,10 @@ baseline() {
     printf '%s\n' "${common[@]}" "$@" --threads 2 --batch-size "$batch" --epochs "$EPOCHS" >"$dir/flags"
     uptime >"$dir/uptime"
     [ -n "${MAX_STEPS:-}" ] && pilot=(--max-steps $((MAX_STEPS * TARGET / batch)))
+    local ev=()
+    [ "$EVAL_EVERY" -gt 0 ] && ev=(--eval-interval $((EVAL_EVERY * TARGET / batch)))
     launch p0 "$dir" train "${common[@]}" "$@" --threads 2 --batch-size "$batch" \
-        --epochs "$EPOCHS" "${pilot[@]}" --output "$dir/p0"
+        --epochs "$EPOCHS" "${pilot[@]}" "${ev[@]}" --output "$dir/p0"
     wait_all "$RUN_LIMIT" "$launched" || echo "failed" >"$dir/FAILED"
     uptime >>"$dir/uptime"
     final_eval "$dir" p0
@@ -186,7 +191,9 @@ swarm() {
     uptime >"$dir/uptime"
     local ws=() i
     for i in 0 1 2 3; do
-        launch "p$i" "$dir" train "${flags[@]}" --swarm-shard "$i/4" --key "$tmp/$name-$i.key" \
+        local ev=()
+        [ "$i" = 0 ] && [ "$EVAL_EVERY" -gt 0 ] && ev=(--eval-interval "$EVAL_EVERY")
+        launch "p$i" "$dir" train "${flags[@]}" "${ev[@]}" --swarm-shard "$i/4" --key "$tmp/$name-$i.key" \
             --output "$dir/p$i"
         ws+=("$launched")
     done
