@@ -62,9 +62,14 @@
  * values or wrong sizes and was banned) but every value was still averaged
  * by the others is a step: every member that received all results holds
  * the same vector (the exact mean of those whose parts were used); one
- * line names the dropped member, and members_dropped counts them. (A
- * hostile member that reduces a shard makes that shard's round fail; it
- * takes part again in the retries: matchmaking has no ban list yet.)
+ * line names the dropped member, and members_dropped counts them. A
+ * hostile member that reduces a shard (and sends invalid results) makes
+ * that round fail. Either way, a member banned by an all-reduce (it sent
+ * this peer invalid data over an authenticated channel) is excluded from
+ * this peer's matchmaking for BAN_S (600 s; one line), so the retries
+ * form groups without it and lockstep group sizes shrink by the excluded
+ * count (tests/e2e_swarm_train_hostile.sh). A reducer whose results are
+ * wrong but plausible (finite, in range) is not detected.
  *
  * Late joiners and laggards (collab.c, as built). Every full peer serves
  * the states of its last VISC_STATE_HISTORY (4) epochs (a ring of blobs
