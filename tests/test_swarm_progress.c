@@ -364,6 +364,20 @@ TEST(progress_view_sums_extrapolates_and_follows_the_epoch) {
         refresh(t2, &v);
         CHECK(!v.ready && isinf(v.eta_s) && visc_progress_refresh_period(t2) == 30);
         CHECK(v.distrusted == 0 && v.peers == 5 && v.epoch == 1);
+        /* an auxiliary peer (its record replaces d2's, same signer) is in
+         * no count but auxiliaries, even far ahead, and no peer of its own
+         * view */
+        visc_progress_set_local(t2, VISC_ROLE_AUX, "");
+        visc_progress_set_epoch(t2, 9);
+        CHECK(visc_progress_refresh(t2, 1, &v, recs, 8, &n) == 0);
+        CHECK_MSG(v.peers == 4 && n == 4 && v.auxiliaries == 0 && v.epoch == 1,
+                  "aux view: peers %d records %d auxiliaries %d epoch %llu", v.peers, n,
+                  v.auxiliaries, (unsigned long long)v.epoch);
+        refresh(t1, &v);
+        CHECK_MSG(v.peers == 4 && v.auxiliaries == 1 && v.epoch == 1 && v.peers_at_epoch == 2 &&
+                      v.distrusted == 0,
+                  "peer view: peers %d auxiliaries %d epoch %llu at epoch %d", v.peers,
+                  v.auxiliaries, (unsigned long long)v.epoch, v.peers_at_epoch);
         visc_progress_tracker_free(t2);
     }
     visc_progress_tracker_free(t1);
@@ -639,7 +653,7 @@ static void check_status_table(const char *out) {
     CHECK(strcmp(loss, "1.5000") == 0 && strcmp(addr, "-") == 0);
     CHECK_MSG(strstr(out, "\nswarm: epoch 2, ") &&
                   strstr(out, " of 1000 samples toward the next step, 96.0 samples/s, eta ") &&
-                  strstr(out, " s, 2 peers (2 at the epoch), 0 distrusted\n"),
+                  strstr(out, " s, 2 peers (2 at the epoch), 0 distrusted, 0 auxiliary\n"),
               "%s", out);
     CHECK(count_of(out, "\n") == 4); /* header, two peers, summary */
 }

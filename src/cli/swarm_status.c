@@ -185,9 +185,9 @@ static void print_status(FILE *out, const visc_swarm_progress_view *v, visc_prog
     else snprintf(eta, sizeof eta, "eta unknown");
     fprintf(out,
             "swarm: epoch %llu, %s, %.1f samples/s, %s, %d peers (%d at the epoch), %d "
-            "distrusted\n",
+            "distrusted, %d auxiliary\n",
             (unsigned long long)v->epoch, toward, v->samples_per_second, eta, v->peers,
-            v->peers_at_epoch, v->distrusted);
+            v->peers_at_epoch, v->distrusted, v->auxiliaries);
     fflush(out);
 }
 

@@ -465,13 +465,16 @@ static int group_target(visc_collab *c) {
     /* the members this peer excludes will not be in it */
     uint8_t bans[MAX_BANS][VISC_KEY_BYTES];
     int n_bans = active_bans(c, bans);
-    int target = c->cfg.target_group_size, expect = c->view.peers_at_epoch;
+    /* free-running: the training peers at this step, and the auxiliaries
+     * when they make a group with them (a group needs 2 that train) */
+    int target = c->cfg.target_group_size, trainers = c->view.peers_at_epoch;
     for (int i = 0; i < c->n_recs; i++)
         for (int b = 0; b < n_bans; b++)
-            expect -= c->recs[i].epoch == c->epoch &&
-                      memcmp(c->recs[i].peer, bans[b], VISC_KEY_BYTES) == 0;
+            trainers -= c->recs[i].epoch == c->epoch &&
+                        memcmp(c->recs[i].peer, bans[b], VISC_KEY_BYTES) == 0;
+    int expect = trainers + c->view.auxiliaries;
     if (c->cfg.lockstep) target -= n_bans;
-    else if (c->view.epoch == c->epoch && expect >= c->cfg.min_group_size && expect < target)
+    else if (c->view.epoch == c->epoch && trainers >= c->cfg.min_group_size && expect < target)
         target = expect;
     return target < 2 ? 2 : target;
 }
@@ -703,8 +706,15 @@ static void nap(double s) {
 /* One round of an auxiliary: matchmaking for `epoch` with the majority's
  * schema, then its share of the reducing with weight 0. 1 done, 0 not. */
 static int auxiliary_round(visc_collab *c, uint64_t epoch, const uint8_t state[32]) {
+    /* free-running: the group the training peers wait for (group_target):
+     * they, the other auxiliaries and this one */
+    int target = c->cfg.target_group_size, trainers = c->view.peers_at_epoch;
+    int expect = trainers + c->view.auxiliaries + 1;
+    if (!c->cfg.lockstep && c->view.epoch == epoch && trainers >= c->cfg.min_group_size &&
+        expect < target)
+        target = expect;
     visc_matchmaking_config mc = {.round = epoch,
-                                  .target_group_size = c->cfg.target_group_size,
+                                  .target_group_size = target,
                                   .min_group_size = c->cfg.min_group_size,
                                   .matchmaking_time_s = c->cfg.matchmaking_time_s,
                                   .auxiliary = 1};
@@ -747,15 +757,17 @@ static int auxiliary_round(visc_collab *c, uint64_t epoch, const uint8_t state[3
 
 /* The auxiliary's whole run (collab.h): follow the swarm's step, help
  * each step's round once, until --max-steps or the swarm is gone. It
- * publishes no record (it is nobody's peer for counts, donors or group
- * targets) and serves no state. */
+ * publishes an auxiliary record (progress.h: in no count but the view's
+ * auxiliaries, so free-running peers wait for it in their groups) and
+ * serves no state. */
 static int run_auxiliary(visc_collab *c) {
     visc_progress_config pc = {.dht = visc_swarm_node_dht(c->cfg.node),
-                               .observe_only = 1,
+                               .self_key = visc_swarm_node_auth(c->cfg.node)->self.public_key,
                                .target_batch_size = c->cfg.target_batch_size,
                                .corroborated_epochs = 1};
     c->tracker = visc_progress_tracker_new(&pc);
     if (!c->tracker) return -1;
+    visc_progress_set_local(c->tracker, VISC_ROLE_AUX, "");
     memset(c->vec, 0, c->n_vec * sizeof *c->vec); /* only its shard's output lands here */
     uint64_t last = c->a->max_steps > 0 ? (uint64_t)c->a->max_steps : UINT64_MAX;
     uint64_t epoch = 0, helped = 0;
@@ -772,7 +784,10 @@ static int run_auxiliary(visc_collab *c) {
                     SETTLE_STALE_S + c->cfg.step_deadline_s);
             break;
         }
-        if (c->view.epoch > epoch) epoch = c->view.epoch; /* follow the swarm */
+        if (c->view.epoch > epoch) { /* follow the swarm */
+            epoch = c->view.epoch;
+            visc_progress_set_epoch(c->tracker, epoch);
+        }
         uint8_t state[32];
         if (majority_hash(c, epoch, state) == 0 || !(c->cfg.lockstep || c->view.ready)) {
             nap(0.1);
@@ -782,6 +797,7 @@ static int run_auxiliary(visc_collab *c) {
             helped++;
             epoch++; /* its members step now */
             c->stats.epoch = epoch;
+            visc_progress_set_epoch(c->tracker, epoch);
         }
     }
     c->stats.epoch = epoch;

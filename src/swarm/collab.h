@@ -132,13 +132,16 @@
  * (the trainer opens the dataset for the class count and input shape) but
  * trains no batch: start() runs run_auxiliary() and returns 1, so the
  * trainer ends without training or saving. It follows the swarm through
- * the progress records as an observer (it publishes no record, so it never
- * counts as a live peer for group targets, readiness, donors or settling,
- * and it serves no state) and, once the swarm is ready for step E (in
+ * the progress records and publishes an auxiliary record (progress.h: it
+ * is in no count of the view but `auxiliaries`, so it is never a live peer
+ * for readiness, epochs, donors or settling, and it serves no state) and,
+ * once the swarm is ready for step E (in
  * lockstep: as soon as peers publish step E), matchmakes for round E as an
  * auxiliary member (matchmaking role 2): it counts toward the group size
- * (lockstep peers set --group-size to the trainers plus the auxiliaries),
- * and a group needs 2 members that train. In the all-reduce it reduces a
+ * (lockstep peers set --group-size to the trainers plus the auxiliaries;
+ * free-running peers wait for the trainers at their step plus the live
+ * auxiliaries, once at least 2 trainers are there), and a group needs 2
+ * members that train. In the all-reduce it reduces a
  * shard in proportion to its bandwidth with weight 0 (allreduce.h): it
  * sends no values and receives no results, so the members' result is
  * exactly the weighted mean of the training members'. Gradient mode puts
@@ -147,10 +150,10 @@
  * majority's group is the one it helps; a minority that stepped apart
  * averages without it). One line per round says how many values it
  * reduced. It ends after --max-steps steps, or when every record has
- * stopped changing (the swarm is gone). Known limits: tested in lockstep
- * only; free-running peers size their group by the training peers'
- * records, so an auxiliary that joins a leader first can take a training
- * peer's place (that peer's round fails and it catches up by download).
+ * stopped changing (the swarm is gone). Tested in lockstep (bit-identical
+ * to the trainers without it) and free-running (tests/e2e_swarm_auxiliary.sh).
+ * Known limit: an auxiliary's record lives until it expires (60 s), so
+ * trainers wait for a dead auxiliary until the matchmaking deadline.
  *
  * A peer steps "alone" without a failure when a fresh read of the swarm
  * shows no other live peer (a swarm of one equals plain training). Known

@@ -161,6 +161,7 @@ struct visc_progress_tracker {
      * one between two reads that both saw other peers): it began no
      * earlier than floor_time. */
     int has_floor, prev_others;
+    int aux_live; /* auxiliary peers' records in the last read */
     uint64_t floor_epoch, prev_global;
     double floor_time;
 };
@@ -543,12 +544,17 @@ static int fetch(visc_progress_tracker *t, const visc_progress_record *self, dou
     now = tclock(t); /* the read may have taken a while */
     prune(t, now);
     for (int i = 0; i < t->n_peers; i++) t->peers[i].live = 0;
+    t->aux_live = 0;
     for (int i = 0; i < n; i++) {
         const visc_record *r = &t->recs[i];
         if (t->cfg.self_key && memcmp(r->signer, t->cfg.self_key, VISC_KEY_BYTES) == 0) continue;
         visc_progress_record p;
         /* a signed record of an admitted peer that does not parse: ignored */
         if (visc_progress_parse(r->value, r->value_len, &p)) continue;
+        if (p.role == VISC_ROLE_AUX) { /* counted apart, in nothing else */
+            t->aux_live++;
+            continue;
+        }
         peer_entry *e = find_or_add(t, r->signer);
         if (!e || e->live) continue;
         memcpy(p.peer, r->signer, VISC_KEY_BYTES);
@@ -596,6 +602,7 @@ static void make_view(visc_progress_tracker *t, const visc_progress_record *self
         v.samples_per_second += r->samples_per_second;
         samples += extrapolated(t, r, now_ms);
     }
+    v.auxiliaries = t->aux_live;
     v.samples =
         samples < (double)VISC_PROGRESS_MAX_COUNT ? (uint64_t)samples : VISC_PROGRESS_MAX_COUNT;
     v.ready = v.target > 0 && v.samples >= v.target;
@@ -617,12 +624,14 @@ int visc_progress_refresh(visc_progress_tracker *t, int force, visc_swarm_progre
     self = t->local;
     if (!t->cfg.observe_only) dirty = t->dirty, t->dirty = 0;
     pthread_mutex_unlock(&t->mu);
-    const visc_progress_record *me = t->cfg.observe_only ? NULL : &self;
+    const visc_progress_record *pub = t->cfg.observe_only ? NULL : &self;
+    /* an auxiliary publishes, but is no peer of its own view */
+    const visc_progress_record *me = pub && self.role != VISC_ROLE_AUX ? pub : NULL;
     int rc = 0;
     char error[256] = "";
-    if (me && (force || dirty || !t->published || now - t->last_publish >= period)) {
+    if (pub && (force || dirty || !t->published || now - t->last_publish >= period)) {
         uint8_t wire[VISC_PROGRESS_WIRE];
-        if (visc_progress_encode(me, wire) == 0 &&
+        if (visc_progress_encode(pub, wire) == 0 &&
             visc_dht_put(t->cfg.dht, KEY, wire, sizeof wire, t->cfg.expiration_s,
                          t->cfg.op_timeout_s) == 0) {
             t->published = 1;

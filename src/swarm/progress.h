@@ -51,6 +51,12 @@
  * colluding liars that corroborate each other are not caught here (the
  * averaging's robust aggregation and state hashes are the next defense).
  *
+ * Auxiliary peers (role 2, collab.h) publish records too, so that
+ * free-running peers can size their groups: such a record is in no count
+ * above (nor in the records refresh returns) and only counted in the
+ * view's `auxiliaries`. A tracker whose own role is auxiliary publishes
+ * its record and reads the swarm like an observer.
+ *
  * Threads: add_samples / set_epoch / pause / resume / set_* may run on
  * another thread than refresh; refresh runs on one thread at a time. */
 #ifndef VISC_SWARM_PROGRESS_H
@@ -101,7 +107,8 @@ typedef struct {
     double samples_per_second; /* the swarm's, summed over peers at the epoch */
     double eta_s; /* expected seconds until target (0 when reached, INFINITY unknown) */
     int peers, peers_at_epoch, distrusted;
-    int ready; /* target > 0 and samples >= target */
+    int auxiliaries; /* live records of auxiliary peers (other than this one) */
+    int ready;       /* target > 0 and samples >= target */
 } visc_swarm_progress_view;
 
 typedef struct visc_progress_tracker visc_progress_tracker;
