@@ -62,7 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 2: {
         visc_mm_reject_reason why;
         if (visc_mm_reject_parse(msg, n, &why) == 0)
-            VISC_ASSERT(why >= VISC_MM_REJECT_FULL && why <= VISC_MM_REJECT_DUPLICATE);
+            VISC_ASSERT(why >= VISC_MM_REJECT_FULL && why <= VISC_MM_REJECT_LAST);
         break;
     }
     default: {

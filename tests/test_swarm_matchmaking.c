@@ -419,7 +419,7 @@ TEST(mm_info_and_reject_messages_strict) {
     CHECK(visc_mm_reject_parse(r, 2, &why) != 0);
     r[1] = VISC_MM_REJECT_EXCLUDED;
     CHECK(visc_mm_reject_parse(r, 2, &why) == 0 && why == VISC_MM_REJECT_EXCLUDED);
-    r[1] = VISC_MM_REJECT_EXCLUDED + 1;
+    r[1] = VISC_MM_REJECT_LAST + 1;
     CHECK(visc_mm_reject_parse(r, 2, &why) != 0);
     r[1] = 99;
     CHECK(visc_mm_reject_parse(r, 2, &why) != 0);

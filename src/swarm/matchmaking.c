@@ -173,7 +173,7 @@ int visc_mm_group_parse(const uint8_t *msg, size_t n, uint64_t round, const uint
 
 int visc_mm_reject_parse(const uint8_t *msg, size_t n, visc_mm_reject_reason *reason) {
     if (n != 2 || msg[0] != MM_VERSION) return visc_set_error("malformed REJECT");
-    if (msg[1] < VISC_MM_REJECT_FULL || msg[1] > VISC_MM_REJECT_EXCLUDED)
+    if (msg[1] < VISC_MM_REJECT_FULL || msg[1] > VISC_MM_REJECT_LAST)
         return visc_set_error("REJECT with unknown reason %u", msg[1]);
     *reason = (visc_mm_reject_reason)msg[1];
     return 0;

@@ -109,6 +109,7 @@ typedef enum {
     VISC_MM_REJECT_DISBANDED = 6,
     VISC_MM_REJECT_DUPLICATE = 7,
     VISC_MM_REJECT_EXCLUDED = 8,
+    VISC_MM_REJECT_LAST = VISC_MM_REJECT_EXCLUDED, /* parse refuses reasons above */
 } visc_mm_reject_reason;
 
 /* The tag of JOIN connections for a round (node.h's OPEN tag). */
