@@ -69,7 +69,13 @@ endif
 CUDA_LDLIBS := -L$(CUDA_LIBDIR) -lcudart_static -lrt -ldl -lpthread -lstdc++
 CFLAGS      += -DVISC_WITH_CUDA
 GPU_TEST    := $(BUILD)/tests/gpu/test_cuda_kernels
+GPU_MODEL_TEST := $(BUILD)/tests/gpu/test_cuda_model
 endif
+# What every program links: the engine, then (src/gpu/ calls into it) the
+# CUDA backend where it is built, then the engine once more for what the
+# backend calls back (errors, optimizer names).
+ENGINE := $(BUILD)/libvisc.a $(CUDA_LIB)
+ENGINE_LDLIBS = $(if $(CUDA_LIB),$(BUILD)/libvisc.a) $(LDLIBS) $(CUDA_LDLIBS)
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/%.o)
@@ -77,7 +83,7 @@ CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all test asan bench clean tests deps demo test-gpu
+.PHONY: all test asan bench clean tests deps demo test-gpu test-gpu-model
 .SECONDARY:
 all: $(BUILD)/visc $(MPI_PLUGIN)
 
@@ -114,24 +120,24 @@ $(BUILD)/libvisc_cuda.a: $(CUDA_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/visc: $(CLI_OBJ) $(SWARM_LIB) $(CUDA_LIB) $(BUILD)/libvisc.a
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS) $(CUDA_LDLIBS)
+$(BUILD)/visc: $(CLI_OBJ) $(SWARM_LIB) $(ENGINE)
+	$(CC) $(LDFLAGS) $^ -o $@ $(ENGINE_LDLIBS)
 
-$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/harness.o $(SWARM_LIB) $(BUILD)/libvisc.a
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/tests/harness.o $(SWARM_LIB) $(ENGINE)
+	$(CC) $(LDFLAGS) $^ -o $@ $(ENGINE_LDLIBS)
 
 # Programs that are not suites but that the multi-process swarm tests and
 # benchmarks start (tests/swarm_*.c: a peer, a DHT node).
 ifeq ($(SWARM),1)
 TOOL_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(sort $(wildcard tests/swarm_*.c)))
-$(TOOL_BIN): $(BUILD)/tests/%: $(BUILD)/tests/%.o $(SWARM_LIB) $(BUILD)/libvisc.a
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+$(TOOL_BIN): $(BUILD)/tests/%: $(BUILD)/tests/%.o $(SWARM_LIB) $(ENGINE)
+	$(CC) $(LDFLAGS) $^ -o $@ $(ENGINE_LDLIBS)
 endif
 
-$(BUILD)/bench/%: $(BUILD)/bench/%.o $(BUILD)/libvisc.a
-	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(ENGINE)
+	$(CC) $(LDFLAGS) $^ -o $@ $(ENGINE_LDLIBS)
 
-tests: $(TEST_BIN) $(TOOL_BIN) $(BUILD)/visc $(MPI_PLUGIN) $(GPU_TEST)
+tests: $(TEST_BIN) $(TOOL_BIN) $(BUILD)/visc $(MPI_PLUGIN) $(GPU_TEST) $(GPU_MODEL_TEST)
 
 # Missing Debian packages are installed first (tools/install_deps.sh).
 deps:
@@ -155,11 +161,42 @@ demo: deps
 ifeq ($(CUDA),1)
 GPU_REF_OBJ := $(patsubst %,$(BUILD)/src/%.o,core/error core/memory core/table nn/layernorm \
                nn/gelu nn/loss nn/batchnorm2d nn/pool2d nn/global_pool nn/eltwise \
-               optim/optimizer optim/sgd optim/adamw optim/lamb optim/lars optim/clip \
+               optim/optimizer optim/sgd optim/adamw optim/lamb optim/lars optim/clip optim/ema \
                models/swin_window)
 $(GPU_TEST): $(BUILD)/tests/gpu/test_cuda_kernels.o $(CUDA_LIB) $(GPU_REF_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ -lm $(CUDA_LDLIBS)
+# Whole models on the GPU against the CPU (tests/gpu/test_cuda_model.c):
+# the whole engine, oneDNN included.
+$(GPU_MODEL_TEST): $(BUILD)/tests/gpu/test_cuda_model.o $(ENGINE)
+	$(CC) $(LDFLAGS) $^ -o $@ $(ENGINE_LDLIBS)
 endif
+
+# The GPU plumbing on a stand-in GPU (tests/gpu/cpu_standin.c: cuda.h's
+# calls done by the CPU layers on host memory), in every build, so that CI,
+# which has no GPU, runs the GPU code path of src/gpu/ and the models:
+# test_gpu_standin (test_cuda_model.c held to zero difference) and
+# visc_standin (the whole program, tests/e2e_gpu_standin.sh). src/gpu/ is
+# compiled again with the backend's calls in (VISC_WITH_CUDA), and these
+# objects come before libvisc.a, so its own copies are not linked.
+STANDIN_DIR := $(BUILD)/tests/gpu/standin
+STANDIN_OBJ := $(patsubst src/gpu/%.c,$(STANDIN_DIR)/%.o,$(sort $(wildcard src/gpu/*.c))) \
+               $(STANDIN_DIR)/cpu_standin.o
+STANDIN_BIN := $(BUILD)/tests/gpu/test_gpu_standin $(BUILD)/tests/gpu/visc_standin
+$(STANDIN_DIR)/%.o: src/gpu/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DVISC_WITH_CUDA -c $< -o $@
+$(STANDIN_DIR)/cpu_standin.o: tests/gpu/cpu_standin.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+$(STANDIN_DIR)/test_cuda_model.o: tests/gpu/test_cuda_model.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DVISC_GPU_STANDIN -c $< -o $@
+$(BUILD)/tests/gpu/test_gpu_standin: $(STANDIN_DIR)/test_cuda_model.o $(STANDIN_OBJ) \
+                                     $(BUILD)/libvisc.a
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+$(BUILD)/tests/gpu/visc_standin: $(CLI_OBJ) $(SWARM_LIB) $(STANDIN_OBJ) $(BUILD)/libvisc.a
+	$(CC) $(LDFLAGS) $^ -o $@ $(LDLIBS)
+tests: $(STANDIN_BIN)
 
 test-gpu:
 ifeq ($(CUDA),1)
@@ -169,6 +206,19 @@ ifeq ($(CUDA),1)
 	else exit $$rc; fi
 else
 	@echo "test-gpu: skipped: this build has no CUDA backend (no nvcc or cuBLASLt, or CUDA=0)"
+	@[ "$(GPU_REQUIRED)" != 1 ]
+endif
+
+# The models on the GPU against the CPU (needs the whole engine's
+# libraries, oneDNN too).
+test-gpu-model:
+ifeq ($(CUDA),1)
+	@$(MAKE) --no-print-directory $(GPU_MODEL_TEST)
+	@$(GPU_MODEL_TEST); rc=$$?; \
+	if [ $$rc -eq 77 ]; then echo "test-gpu-model: skipped: no GPU"; [ "$(GPU_REQUIRED)" != 1 ]; \
+	else exit $$rc; fi
+else
+	@echo "test-gpu-model: skipped: this build has no CUDA backend"
 	@[ "$(GPU_REQUIRED)" != 1 ]
 endif
 

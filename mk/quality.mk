@@ -26,7 +26,7 @@ gates:
 # The fuzz targets link against a libvisc built by clang with the same
 # sanitizers and libFuzzer's coverage hooks (fuzzer-no-link), so mutations
 # are guided by the parser's own branches; only the final link adds
-# libFuzzer's main. -fno-sanitize-recover makes any UBSan report a crash.
+# libFuzzer's main. No parser runs on a GPU: CUDA=0 keeps nvcc out. -fno-sanitize-recover makes any UBSan report a crash.
 FUZZ_BUILD := build-fuzz
 FUZZ_SAN   := -fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined
 FUZZ_SRC   := $(sort $(wildcard fuzz/fuzz_*.c))
@@ -36,11 +36,11 @@ endif
 FUZZ_BIN   := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
 
 fuzz:
-	$(MAKE) CC=clang BUILD=$(FUZZ_BUILD) OPT="-O1 -g -fno-omit-frame-pointer -Wno-pass-failed" \
+	$(MAKE) CC=clang CUDA=0 BUILD=$(FUZZ_BUILD) OPT="-O1 -g -fno-omit-frame-pointer -Wno-pass-failed" \
 	    SANFLAGS="$(FUZZ_SAN)" fuzz-bins
 
 fuzz-bins: $(FUZZ_BIN)
 
 # A static pattern rule, so it cannot be mistaken for the rule of the objects.
-$(FUZZ_BIN): $(BUILD)/fuzz/%: $(BUILD)/fuzz/%.o $(SWARM_LIB) $(BUILD)/libvisc.a
-	$(CC) $(LDFLAGS) -fsanitize=fuzzer $^ -o $@ $(LDLIBS)
+$(FUZZ_BIN): $(BUILD)/fuzz/%: $(BUILD)/fuzz/%.o $(SWARM_LIB) $(ENGINE)
+	$(CC) $(LDFLAGS) -fsanitize=fuzzer $^ -o $@ $(ENGINE_LDLIBS)

@@ -12,9 +12,12 @@
  * layernorm.cu    visc_layernorm_* (src/nn/layernorm.c)
  * softmax_xent.cu visc_softmax_xent_* (src/nn/loss.c)
  * gelu.cu         visc_gelu_* (src/nn/gelu.c) and the fused bias + GELU epilogue
- * optim.cu        AdamW and SGD-momentum steps (src/optim/adamw.c, sgd.c)
+ * optim.cu        AdamW and SGD-momentum steps, the weights' EMA (src/optim/adamw.c,
+ *                 sgd.c, ema.c)
  * convert.cu      fp32 <-> bf16 (src/nn/linear_bf16.h)
- * matmul.cu       cuBLASLt: bf16 operands, fp32 accumulation and output, bias epilogue
+ * matmul.cu       cuBLASLt: bf16 or fp32 operands, fp32 accumulation and output, bias epilogue
+ * linear.cu       the fp32 linear layer, as visc_linear_forward/backward (src/nn/linear.c)
+ * eltwise.cu      sums, the residual sum + ReLU, zeroing, copies (src/nn/eltwise.c)
  * swin_window.cu  window partition / reverse with the cyclic shift (src/models/swin_window.c)
  * cudnn_dl.cu     cuDNN, opened with dlopen at the first convolution
  * conv.cu         convolutions through cuDNN, fp32 NCHW and bf16 NHWC (src/nn/conv2d.c)
@@ -39,9 +42,12 @@
  * descriptors per call, in host memory, until plans are cached per shape;
  * convolutions already keep theirs per shape).
  *
+ * The engine reaches these through src/gpu/ (gpu.h): a model on the GPU
+ * calls the layers' GPU twins there, which call these.
+ *
  * Verified on a GPU: not yet. Every kernel compiles warning-free for sm_90
- * and tests/gpu/test_cuda_kernels.c is ready to compare them, but no GPU
- * run has happened. */
+ * and tests/gpu/test_cuda_kernels.c (kernels) and test_cuda_model.c (whole
+ * ResNets) are ready to compare them, but no GPU run has happened. */
 #ifndef VISC_CUDA_H
 #define VISC_CUDA_H
 
@@ -121,6 +127,9 @@ visc_cuda_optim *visc_cuda_optim_create(visc_cuda *ctx, const visc_optimizer *cp
 int visc_cuda_optim_step(visc_cuda_optim *opt, float *params, const float *grads, float *state,
                          float lr, int64_t step);
 void visc_cuda_optim_destroy(visc_cuda_optim *opt);
+/* ema = decay * ema + (1 - decay) * params, as visc_ema_update (MoCo's
+ * momentum encoder, the EMA of the weights), bit for bit. */
+int visc_cuda_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t n, float decay);
 
 /* ---- convert.cu: round to nearest even, as visc_f32_to_bf16 ---- */
 int visc_cuda_f32_to_bf16(visc_cuda *ctx, uint16_t *out, const float *in, size_t n);
@@ -140,6 +149,26 @@ int visc_cuda_bf16_to_f32(visc_cuda *ctx, float *out, const uint16_t *in, size_t
 int visc_cuda_matmul_bf16(visc_cuda *ctx, float *D, const uint16_t *A, const uint16_t *B,
                           const float *bias, int M, int N, int K, int trans_a, int trans_b,
                           float beta);
+
+/* The same in full fp32 (operands, accumulation, output; never TF32). */
+int visc_cuda_matmul_f32(visc_cuda *ctx, float *D, const float *A, const float *B,
+                         const float *bias, int M, int N, int K, int trans_a, int trans_b,
+                         float beta);
+
+/* ---- linear.cu: fp32, as visc_linear_forward/backward (din, dbias may be NULL) ---- */
+int visc_cuda_linear_forward(visc_cuda *ctx, float *out, const float *in, const float *weight,
+                             const float *bias, int N, int in_features, int out_features);
+int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
+                              const float *dout, const float *in, const float *weight, int N,
+                              int in_features, int out_features);
+
+/* ---- eltwise.cu ---- */
+/* out = a + b (out may alias a or b), as visc_add_forward */
+int visc_cuda_add(visc_cuda *ctx, float *out, const float *a, const float *b, size_t n);
+/* out = relu(out + identity): the end of a residual block */
+int visc_cuda_add_relu(visc_cuda *ctx, float *out, const float *identity, size_t n);
+int visc_cuda_zero(visc_cuda *ctx, void *p, size_t bytes);
+int visc_cuda_copy(visc_cuda *ctx, void *dst, const void *src, size_t bytes);
 
 /* ---- swin_window.cu: as visc_swin_partition / visc_swin_reverse ----
  * The grid as visc_swin_grid_make gives it (src/models/swin_window.h). */

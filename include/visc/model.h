@@ -33,6 +33,7 @@ typedef struct {
 } visc_model_config;
 
 typedef struct visc_model visc_model;
+typedef struct visc_cuda visc_cuda; /* a GPU (cuda.h, gpu.h) */
 struct visc_model {
     visc_model_config cfg;
     visc_table params;  /* trainable, state_dict names */
@@ -79,16 +80,43 @@ struct visc_model {
     void (*backward)(visc_model *m, const float *dlogits);
     void (*destroy)(visc_model *m);
     void *impl;
+
+    /* On a GPU (gpu.h, visc_model_to_gpu): its context and device copies of
+     * the parameters, gradients and buffers, laid out as the host tables;
+     * NULL while the model is on the CPU. forward still takes the batch
+     * from the host and leaves logits and features there; backward takes
+     * dlogits (dfeatures) from the host. */
+    visc_cuda *cuda;
+    float *dev_params, *dev_grads, *dev_buffers;
+    /* The architecture's GPU path: moves its activations to m->cuda (the
+     * device copies are made already); NULL where there is none yet. */
+    int (*to_cuda)(visc_model *m);
 };
+
+/* Tensor `index` of the parameters, their gradients, the buffers: where
+ * the model computes with them (the GPU's copies when it is there). */
+static inline float *visc_model_param(const visc_model *m, int index) {
+    return (m->cuda ? m->dev_params : m->params.data) + m->params.entries[index].offset;
+}
+static inline float *visc_model_grad(const visc_model *m, int index) {
+    return (m->cuda ? m->dev_grads : m->grads) + m->params.entries[index].offset;
+}
+static inline float *visc_model_buffer(const visc_model *m, int index) {
+    return (m->cuda ? m->dev_buffers : m->buffers.data) + m->buffers.entries[index].offset;
+}
 
 static inline void visc_model_grad_ready(const visc_model *m, const float *grad, size_t count) {
     if (m->grad_ready) m->grad_ready(m->grad_ready_ctx, grad, count);
 }
 
+/* On the GPU (src/gpu/model.c). */
+void visc_model_zero_grad_gpu(visc_model *m, int index);
 /* Zeroes the gradient of parameter tensor `index`. */
 static inline void visc_model_zero_grad(visc_model *m, int index) {
     const visc_tensor_entry *e = &m->params.entries[index];
-    for (size_t i = 0; i < e->numel; i++) m->grads[e->offset + i] = 0.0f;
+    if (m->cuda) visc_model_zero_grad_gpu(m, index);
+    else
+        for (size_t i = 0; i < e->numel; i++) m->grads[e->offset + i] = 0.0f;
 }
 
 /* Creates and initializes (torchvision's init, drawn from `seed`) a model;

@@ -69,6 +69,7 @@ typedef struct {
     int eval_interval; /* also evaluate every N optimizer steps and when a run stops early
                         * (0: at epoch ends only) */
     char precision[8]; /* linear-layer matmuls: fp32 | bf16 (nn.h; falls back to fp32) */
+    char device[16];   /* cpu | cuda | cuda:N (gpu.h; visc train only for now) */
     char output[512], resume[512], weights[512];
     /* data-parallel processes (dist.h): under mpirun the batch is split
      * over the ranks, each reads its shard, gradients are averaged */

@@ -1,4 +1,6 @@
-/* matmul.cu: bf16 matrix products with fp32 accumulation through cuBLASLt.
+/* matmul.cu: matrix products through cuBLASLt with fp32 accumulation and
+ * output: bf16 operands (tensor cores), or fp32 operands in full fp32
+ * (CUBLAS_COMPUTE_32F, never TF32: the fp32 layers agree with the CPU's).
  *
  * cuBLASLt is column-major; a row-major [M, N] matrix is the column-major
  * [N, M] one, so D = op(A) op(B) is computed as D^T = op(B)^T op(A)^T:
@@ -31,8 +33,8 @@ static uint32_t alignment_of(const void *ptr) {
     return a;
 }
 
-static int plan_make(lt_plan *p, const float *bias, const void *A, const void *B, const float *D,
-                     int M, int N, int K, int trans_a, int trans_b) {
+static int plan_make(lt_plan *p, cudaDataType_t ab, const float *bias, const void *A,
+                     const void *B, const float *D, int M, int N, int K, int trans_a, int trans_b) {
     const cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's A: our B */
     const cublasOperation_t tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's B: our A */
     const size_t ws = VISC_CUDA_WORKSPACE;
@@ -58,11 +60,11 @@ static int plan_make(lt_plan *p, const float *bias, const void *A, const void *B
             return -1;
     }
     /* Stored shapes (rows, cols, leading dimension), column-major. */
-    if (visc_cublas_check(trans_b ? visc_lt.layout_create(&p->a, CUDA_R_16BF, K, N, K)
-                                  : visc_lt.layout_create(&p->a, CUDA_R_16BF, N, K, N),
+    if (visc_cublas_check(trans_b ? visc_lt.layout_create(&p->a, ab, K, N, K)
+                                  : visc_lt.layout_create(&p->a, ab, N, K, N),
                           "matmul layout of B") ||
-        visc_cublas_check(trans_a ? visc_lt.layout_create(&p->b, CUDA_R_16BF, M, K, M)
-                                  : visc_lt.layout_create(&p->b, CUDA_R_16BF, K, M, K),
+        visc_cublas_check(trans_a ? visc_lt.layout_create(&p->b, ab, M, K, M)
+                                  : visc_lt.layout_create(&p->b, ab, K, M, K),
                           "matmul layout of A") ||
         visc_cublas_check(visc_lt.layout_create(&p->d, CUDA_R_32F, N, M, N),
                           "matmul layout of D") ||
@@ -87,15 +89,14 @@ static int plan_make(lt_plan *p, const float *bias, const void *A, const void *B
     return 0;
 }
 
-int visc_cuda_matmul_bf16(visc_cuda *ctx, float *D, const uint16_t *A, const uint16_t *B,
-                          const float *bias, int M, int N, int K, int trans_a, int trans_b,
-                          float beta) {
+static int matmul(visc_cuda *ctx, cudaDataType_t ab, float *D, const void *A, const void *B,
+                  const float *bias, int M, int N, int K, int trans_a, int trans_b, float beta) {
     if (M <= 0 || N <= 0 || K <= 0)
         return visc_set_error("matmul: bad shape M %d, N %d, K %d", M, N, K);
     cublasLtHandle_t lt = visc_cuda_lt(ctx);
     if (!lt) return -1;
     lt_plan p = {};
-    int rc = plan_make(&p, bias, A, B, D, M, N, K, trans_a, trans_b);
+    int rc = plan_make(&p, ab, bias, A, B, D, M, N, K, trans_a, trans_b);
     cublasLtMatmulHeuristicResult_t h = {};
     int found = 0;
     /* The shape goes into the message: cuBLASLt answers a shape it has no
@@ -118,4 +119,16 @@ int visc_cuda_matmul_bf16(visc_cuda *ctx, float *D, const uint16_t *A, const uin
                                "cublasLtMatmul");
     plan_free(&p);
     return rc;
+}
+
+int visc_cuda_matmul_bf16(visc_cuda *ctx, float *D, const uint16_t *A, const uint16_t *B,
+                          const float *bias, int M, int N, int K, int trans_a, int trans_b,
+                          float beta) {
+    return matmul(ctx, CUDA_R_16BF, D, A, B, bias, M, N, K, trans_a, trans_b, beta);
+}
+
+int visc_cuda_matmul_f32(visc_cuda *ctx, float *D, const float *A, const float *B,
+                         const float *bias, int M, int N, int K, int trans_a, int trans_b,
+                         float beta) {
+    return matmul(ctx, CUDA_R_32F, D, A, B, bias, M, N, K, trans_a, trans_b, beta);
 }

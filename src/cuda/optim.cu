@@ -154,3 +154,18 @@ int visc_cuda_optim_step(visc_cuda_optim *o, float *params, const float *grads, 
     sgd_kernel<<<o->num_pieces, 256, 0, o->ctx->stream>>>(params, grads, state, o->pieces, s);
     return visc_cuda_launched("sgd step");
 }
+
+/* ema = keep * ema + take * params, the products and the sum rounded
+ * separately as the CPU's (no FMA: src/optim/ema.c compiles as ISO C). */
+__global__ void ema_kernel(float *ema, const float *params, size_t n, float keep, float take) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        ema[i] = __fadd_rn(__fmul_rn(keep, ema[i]), __fmul_rn(take, params[i]));
+}
+
+int visc_cuda_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t n, float decay) {
+    if (n == 0) return 0;
+    const float keep = decay, take = (float)(1.0 - (double)decay);
+    ema_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(ema, params, n, keep, take);
+    return visc_cuda_launched("ema update");
+}

@@ -11,12 +11,17 @@
  * shortcuts (He et al.'s option B) and the small stem.
  *
  * small_stem replaces the stem by a 3x3/1 conv without max-pool, for 28-32 px
- * images. Every activation lives in one arena planned for cfg.batch. */
+ * images. Every activation lives in one arena planned for cfg.batch.
+ *
+ * On a GPU (--device cuda) the same code runs: the arena is planned again
+ * in device memory (resnet_to_cuda), and every layer call below goes to its
+ * GPU twin (gpu.h) when m->cuda is set. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "visc/gpu.h"
 #include "visc/model.h"
 #include "visc/nn.h"
 #include "visc/rng.h"
@@ -52,7 +57,10 @@ typedef struct {
     block *blocks;
     int num_blocks;
     int fc_weight, fc_bias, feature_dim, final_hw;
-    float *x, *stem_c, *stem_b, *pooled_in, *features;
+    /* logits and features in the arena: m->logits and m->features on the
+     * CPU; on a GPU those are host copies, downloaded by forward */
+    float *x, *stem_c, *stem_b, *pooled_in, *features, *logits;
+    float *dlogits; /* on a GPU: the uploaded dlogits (NULL on the CPU) */
     /* backward scratch, each the size of the largest activation */
     float *g0, *g1, *t1, *t2, *dfeatures;
     size_t max_act;
@@ -188,7 +196,7 @@ static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     }
     r->features = visc_arena_floats(a, (size_t)N * r->feature_dim);
     r->dfeatures = visc_arena_floats(a, (size_t)N * r->feature_dim);
-    m->logits = visc_arena_floats(a, (size_t)N * m->cfg.num_classes);
+    r->logits = visc_arena_floats(a, (size_t)N * m->cfg.num_classes);
     r->g0 = visc_arena_floats(a, r->max_act);
     r->g1 = visc_arena_floats(a, r->max_act);
     r->t1 = visc_arena_floats(a, r->max_act);
@@ -235,25 +243,36 @@ static void init_params(visc_model *m, resnet *r, uint64_t seed) {
 
 /* ---- forward ---- */
 
-#define P(idx) visc_table_get(&m->params, (idx))
-#define G(idx) (m->grads + m->params.entries[(idx)].offset)
-#define B(idx) visc_table_get(&m->buffers, (idx))
+#define P(idx) visc_model_param(m, (idx))
+#define G(idx) visc_model_grad(m, (idx))
+#define B(idx) visc_model_buffer(m, (idx))
 
 static void conv_fwd(visc_model *m, conv_layer *c, float *out, const float *in) {
-    visc_conv2d_forward(&c->op, out, in, P(c->weight), NULL);
+    if (m->cuda) visc_gpu_conv2d_forward(m->cuda, &c->op, out, in, P(c->weight));
+    else visc_conv2d_forward(&c->op, out, in, P(c->weight), NULL);
 }
 
 static void bn_fwd(visc_model *m, bn_layer *b, float *out, const float *in, int train) {
-    if (train)
+    if (train && m->cuda)
+        visc_gpu_batchnorm2d_forward_train(m->cuda, &b->op, out, b->save_mean, b->save_rstd, in,
+                                           P(b->gamma), P(b->beta), B(b->mean), B(b->var));
+    else if (train)
         visc_batchnorm2d_forward_train(&b->op, out, b->save_mean, b->save_rstd, in, P(b->gamma),
                                        P(b->beta), B(b->mean), B(b->var));
+    else if (m->cuda)
+        visc_gpu_batchnorm2d_forward_eval(m->cuda, &b->op, out, in, P(b->gamma), P(b->beta),
+                                          B(b->mean), B(b->var));
     else
         visc_batchnorm2d_forward_eval(&b->op, out, in, P(b->gamma), P(b->beta), B(b->mean),
                                       B(b->var));
 }
 
 /* out = relu(out + identity) */
-static void add_relu(float *out, const float *identity, size_t n) {
+static void add_relu(visc_model *m, float *out, const float *identity, size_t n) {
+    if (m->cuda) {
+        visc_gpu_add_relu(m->cuda, out, identity, n);
+        return;
+    }
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float v = out[i] + identity[i];
@@ -278,45 +297,85 @@ static void block_forward(visc_model *m, block *b, int train) {
         bn_fwd(m, &b->down_bn, b->db, b->dc, train);
         identity = b->db;
     }
-    add_relu(b->out, identity, b->out_size);
+    add_relu(m, b->out, identity, b->out_size);
+}
+
+/* Host memory into the arena (the batch, an incoming gradient). */
+static void take_in(visc_model *m, float *dst, const float *src, size_t count) {
+    if (m->cuda) visc_gpu_upload(m->cuda, dst, src, count * sizeof(float));
+    else memcpy(dst, src, count * sizeof(float));
+}
+
+static void maxpool_fwd(visc_model *m, resnet *r) {
+    if (m->cuda)
+        visc_gpu_maxpool2d_forward(m->cuda, &r->maxpool, r->pooled_in, r->pool_argmax, r->stem_b);
+    else visc_maxpool2d_forward(&r->maxpool, r->pooled_in, r->pool_argmax, r->stem_b);
+}
+
+static void head_fwd(visc_model *m, resnet *r, const float *trunk_out) {
+    const int N = m->cfg.batch, C = r->feature_dim, K = m->cfg.num_classes;
+    if (m->cuda) {
+        visc_gpu_global_avgpool_forward(m->cuda, r->features, trunk_out, N, C, r->final_hw);
+        visc_gpu_linear_forward(m->cuda, r->logits, r->features, P(r->fc_weight), P(r->fc_bias), N,
+                                C, K);
+        /* the host's copies: the loss, the accuracy and SSL heads read them */
+        visc_gpu_download(m->cuda, m->logits, r->logits, (size_t)N * K * sizeof(float));
+        visc_gpu_download(m->cuda, m->features, r->features, (size_t)N * C * sizeof(float));
+    } else {
+        visc_global_avgpool_forward(r->features, trunk_out, N, C, r->final_hw);
+        visc_linear_forward(r->logits, r->features, P(r->fc_weight), P(r->fc_bias), N, C, K);
+    }
 }
 
 static void resnet_forward(visc_model *m, const float *x, int train) {
     resnet *r = m->impl;
-    size_t xn = (size_t)m->cfg.batch * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
-    memcpy(r->x, x, xn * sizeof(float));
+    take_in(m, r->x, x,
+            (size_t)m->cfg.batch * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size);
     conv_fwd(m, &r->stem_conv, r->stem_c, r->x);
     bn_fwd(m, &r->stem_bn, r->stem_b, r->stem_c, train);
-    if (r->has_maxpool)
-        visc_maxpool2d_forward(&r->maxpool, r->pooled_in, r->pool_argmax, r->stem_b);
+    if (r->has_maxpool) maxpool_fwd(m, r);
     for (int i = 0; i < r->num_blocks; i++) block_forward(m, &r->blocks[i], train);
-    block *last = &r->blocks[r->num_blocks - 1];
-    visc_global_avgpool_forward(r->features, last->out, m->cfg.batch, r->feature_dim, r->final_hw);
-    visc_linear_forward(m->logits, r->features, P(r->fc_weight), P(r->fc_bias), m->cfg.batch,
-                        r->feature_dim, m->cfg.num_classes);
+    head_fwd(m, r, r->blocks[r->num_blocks - 1].out);
     if (train) m->bn_updates++;
 }
 
 /* ---- backward ---- */
 
 static void conv_bwd(visc_model *m, conv_layer *c, float *din, const float *dout, const float *in) {
-    visc_conv2d_backward(&c->op, din, G(c->weight), NULL, dout, in, P(c->weight));
+    if (m->cuda)
+        visc_gpu_conv2d_backward(m->cuda, &c->op, din, G(c->weight), dout, in, P(c->weight));
+    else visc_conv2d_backward(&c->op, din, G(c->weight), NULL, dout, in, P(c->weight));
     visc_model_grad_ready(m, G(c->weight), m->params.entries[c->weight].numel);
 }
 
 static void bn_bwd(visc_model *m, bn_layer *b, float *din, const float *dout, const float *in,
                    const float *out) {
-    visc_batchnorm2d_backward(&b->op, din, G(b->gamma), G(b->beta), dout, in, out, P(b->gamma),
-                              b->save_mean, b->save_rstd);
+    if (m->cuda)
+        visc_gpu_batchnorm2d_backward(m->cuda, &b->op, din, G(b->gamma), G(b->beta), dout, in, out,
+                                      P(b->gamma), b->save_mean, b->save_rstd);
+    else
+        visc_batchnorm2d_backward(&b->op, din, G(b->gamma), G(b->beta), dout, in, out, P(b->gamma),
+                                  b->save_mean, b->save_rstd);
     visc_model_grad_ready(m, G(b->gamma), m->params.entries[b->gamma].numel);
     visc_model_grad_ready(m, G(b->beta), m->params.entries[b->beta].numel);
+}
+
+static void relu_bwd(visc_model *m, float *dout, const float *out, size_t n) {
+    if (m->cuda) visc_gpu_relu_backward(m->cuda, dout, dout, out, n);
+    else visc_relu_backward(dout, dout, out, n);
+}
+
+/* out = a + b (out may alias a) */
+static void add(visc_model *m, float *out, const float *a, const float *b, size_t n) {
+    if (m->cuda) visc_gpu_add(m->cuda, out, a, b, n);
+    else visc_add_forward(out, a, b, n);
 }
 
 /* dout: gradient w.r.t. the block output (modified in place); writes the
  * gradient w.r.t. the block input to din (din != dout). */
 static void block_backward(visc_model *m, resnet *r, block *b, float *din, float *dout) {
     /* through the final relu: its output is b->out */
-    visc_relu_backward(dout, dout, b->out, b->out_size);
+    relu_bwd(m, dout, b->out, b->out_size);
     float *t1 = r->t1, *t2 = r->t2;
     if (b->bottleneck) {
         bn_bwd(m, &b->bn3, t1, dout, b->c3, NULL);
@@ -337,18 +396,23 @@ static void block_backward(visc_model *m, resnet *r, block *b, float *din, float
     if (b->has_down) {
         bn_bwd(m, &b->down_bn, t1, dout, b->dc, NULL);
         conv_bwd(m, &b->down_conv, din, t1, b->in);
-        visc_add_inplace(din, t2, b->in_size);
+        add(m, din, din, t2, b->in_size);
     } else {
-        visc_add_forward(din, dout, t2, b->in_size);
+        add(m, din, dout, t2, b->in_size);
     }
 }
 
 /* The classifier's gradients from dlogits (NULL: zero); dfeatures (may be
  * NULL) receives the gradient it sends back into the backbone. */
 static void fc_backward(visc_model *m, resnet *r, float *dfeatures, const float *dlogits) {
-    if (dlogits) {
+    const int N = m->cfg.batch, C = r->feature_dim, K = m->cfg.num_classes;
+    if (dlogits && m->cuda) {
+        take_in(m, r->dlogits, dlogits, (size_t)N * K);
+        visc_gpu_linear_backward(m->cuda, dfeatures, G(r->fc_weight), G(r->fc_bias), r->dlogits,
+                                 r->features, P(r->fc_weight), N, C, K);
+    } else if (dlogits) {
         visc_linear_backward(dfeatures, G(r->fc_weight), G(r->fc_bias), dlogits, r->features,
-                             P(r->fc_weight), m->cfg.batch, r->feature_dim, m->cfg.num_classes);
+                             P(r->fc_weight), N, C, K);
     } else {
         visc_model_zero_grad(m, r->fc_weight);
         visc_model_zero_grad(m, r->fc_bias);
@@ -361,7 +425,10 @@ static void fc_backward(visc_model *m, resnet *r, float *dfeatures, const float 
 static void trunk_backward(visc_model *m, resnet *r) {
     int N = m->cfg.batch;
     float *dout = r->g0, *din = r->g1;
-    visc_global_avgpool_backward(dout, r->dfeatures, N, r->feature_dim, r->final_hw);
+    if (m->cuda)
+        visc_gpu_global_avgpool_backward(m->cuda, dout, r->dfeatures, N, r->feature_dim,
+                                         r->final_hw);
+    else visc_global_avgpool_backward(dout, r->dfeatures, N, r->feature_dim, r->final_hw);
     for (int i = r->num_blocks - 1; i >= 0; i--) {
         block_backward(m, r, &r->blocks[i], din, dout);
         float *swap = dout;
@@ -369,7 +436,10 @@ static void trunk_backward(visc_model *m, resnet *r) {
         din = swap;
     }
     /* dout now holds the gradient w.r.t. the first block's input */
-    if (r->has_maxpool) {
+    if (r->has_maxpool && m->cuda) {
+        visc_gpu_maxpool2d_backward(m->cuda, &r->maxpool, din, dout, r->pool_argmax);
+        dout = din;
+    } else if (r->has_maxpool) {
         visc_maxpool2d_backward(&r->maxpool, din, dout, r->pool_argmax);
         dout = din;
     }
@@ -386,7 +456,7 @@ static void resnet_backward(visc_model *m, const float *dlogits) {
 static void resnet_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
     resnet *r = m->impl;
     fc_backward(m, r, NULL, dlogits);
-    memcpy(r->dfeatures, dfeatures, (size_t)m->cfg.batch * r->feature_dim * sizeof(float));
+    take_in(m, r->dfeatures, dfeatures, (size_t)m->cfg.batch * r->feature_dim);
     trunk_backward(m, r);
 }
 
@@ -399,6 +469,30 @@ static void resnet_set_bn_sync(visc_model *m, visc_bn_sync_fn fn, void *ctx) {
 
 static void free_conv(conv_layer *c) { visc_conv2d_destroy(&c->op); }
 static void free_bn(bn_layer *b) { visc_batchnorm2d_destroy(&b->op); }
+
+/* The arena planned again in device memory (every activation pointer
+ * moves there), with host copies of the logits and features that forward
+ * downloads, and a device buffer for the dlogits backward uploads. */
+static int resnet_to_cuda(visc_model *m) {
+    resnet *r = m->impl;
+    const size_t N = (size_t)m->cfg.batch, K = (size_t)m->cfg.num_classes;
+    visc_arena plan;
+    visc_arena_init(&plan, 0);
+    plan_activations(m, r, &plan);
+    char *base = visc_gpu_alloc(m->cuda, plan.used);
+    float *dlogits = base ? visc_gpu_alloc(m->cuda, N * K * sizeof(float)) : NULL;
+    if (!dlogits) {
+        visc_gpu_free(m->cuda, base);
+        return -1;
+    }
+    visc_arena_free(&r->arena);
+    r->arena = (visc_arena){.base = base, .size = plan.used, .device = VISC_DEVICE_CUDA};
+    plan_activations(m, r, &r->arena);
+    r->dlogits = dlogits;
+    m->logits = visc_alloc_aligned(N * K * sizeof(float), "logits");
+    m->features = visc_alloc_aligned(N * (size_t)r->feature_dim * sizeof(float), "features");
+    return 0;
+}
 
 static void resnet_destroy(visc_model *m) {
     resnet *r = m->impl;
@@ -423,7 +517,15 @@ static void resnet_destroy(visc_model *m) {
     free(r->blocks);
     free(r->bns);
     free(m->bn_names);
-    visc_arena_free(&r->arena);
+    if (m->cuda) {
+        visc_gpu_free(m->cuda, r->arena.base);
+        visc_gpu_free(m->cuda, r->dlogits);
+        visc_free_aligned(m->logits);
+        visc_free_aligned(m->features);
+        visc_model_gpu_release(m);
+    } else {
+        visc_arena_free(&r->arena);
+    }
     visc_table_free(&m->params);
     visc_table_free(&m->buffers);
     visc_free_aligned(m->grads);
@@ -518,8 +620,10 @@ visc_model *visc_resnet_create(const visc_model_config *cfg, uint64_t seed) {
     m->forward = resnet_forward;
     m->backward = resnet_backward;
     m->backward_features = resnet_backward_features;
+    m->logits = r->logits;
     m->features = r->features;
     m->feature_dim = r->feature_dim;
+    m->to_cuda = resnet_to_cuda;
     m->head_prefix = "fc.";
     m->set_bn_sync = resnet_set_bn_sync;
     m->destroy = resnet_destroy;

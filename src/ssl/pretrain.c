@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "state_view.h"
+#include "visc/gpu.h"
 #include "visc/io.h"
 #include "visc/rng.h"
 #include "visc/ssl.h"
@@ -135,6 +136,12 @@ typedef struct {
     float *z, *znorm, *dz, *kz, *knorm, *scratch, *gathered;
     float *probs, *dlogits, *xall, *xk, *kall;
     float *grad_acc, *head_grad_acc; /* MoCo --symmetric: the first pass's gradients */
+    /* --device cuda: the encoders (both of MoCo's) and the query encoder's
+     * optimizer step are on the GPU; the projection heads, the losses and
+     * the memory bank stay on the host (they are small) */
+    visc_cuda *gpu;
+    visc_gpu_optim *gpu_opt;
+    float *dev_grad_acc; /* --symmetric on the GPU: the first pass's encoder gradients */
     int32_t *labels, *perm;
     const int32_t *batch_labels; /* this step's labels (the online classifier's) */
     step_stats *stats;           /* this step's numbers */
@@ -184,7 +191,11 @@ static int update(pretrainer *p, float loss) {
     p->stepped = 1, p->taken_step = step, p->lr = lr;
     if (p->c->clip_grad > 0)
         visc_clip_grad_norm(p->query->grads, p->query->params.total, p->c->clip_grad);
-    visc_optimizer_step(&p->opt, p->query->params.data, p->query->grads, lr);
+    if (p->gpu_opt) {
+        if (visc_gpu_optim_step(p->gpu_opt, &p->opt, p->query, lr)) return -1;
+    } else {
+        visc_optimizer_step(&p->opt, p->query->params.data, p->query->grads, lr);
+    }
     visc_optimizer_step(&p->head_opt, p->head.params.data, p->head.grads, lr);
     return 0;
 }
@@ -275,10 +286,13 @@ static int moco_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
         /* two backward passes: the first one's gradients are kept aside
          * (no bucket is all-reduced during them: see setup) */
         float a = moco_query_pass(p, x1, p->kz, 0.5f, p->dlogits);
-        memcpy(p->grad_acc, q->grads, q->params.total * sizeof(float));
+        if (p->gpu) visc_gpu_copy(p->gpu, p->dev_grad_acc, q->dev_grads, q->params.total);
+        else memcpy(p->grad_acc, q->grads, q->params.total * sizeof(float));
         memcpy(p->head_grad_acc, p->head.grads, p->head.params.total * sizeof(float));
         float b = moco_query_pass(p, x0, p->kz + (size_t)B * D, 0.5f, NULL);
-        visc_add_inplace(q->grads, p->grad_acc, q->params.total);
+        if (p->gpu)
+            visc_gpu_add(p->gpu, q->dev_grads, q->dev_grads, p->dev_grad_acc, q->params.total);
+        else visc_add_inplace(q->grads, p->grad_acc, q->params.total);
         visc_add_inplace(p->head.grads, p->head_grad_acc, p->head.params.total);
         st->loss = 0.5f * (a + b);
     }
@@ -348,7 +362,10 @@ static void advance_key(pretrainer *p) {
     if (!p->moco) return;
     const visc_ssl_config *s = &p->c->ssl;
     float m = visc_momentum_at(s->momentum, s->momentum_cosine, p->state.step, p->total_steps);
-    visc_ema_update(p->key->params.data, p->query->params.data, p->query->params.total, m);
+    if (p->gpu)
+        visc_gpu_ema_update(p->gpu, p->key->dev_params, p->query->dev_params,
+                            p->query->params.total, m);
+    else visc_ema_update(p->key->params.data, p->query->params.data, p->query->params.total, m);
     visc_ema_update(p->key_head.params.data, p->head.params.data, p->head.params.total, m);
     p->key_step = p->state.step;
 }
@@ -454,6 +471,10 @@ static int save_all(pretrainer *p, int is_best) {
     if (p->world > 1 && p->query->buffers.total &&
         visc_dist_broadcast(p->dist, p->query->buffers.data,
                             p->query->buffers.total * sizeof(float), 0))
+        return -1;
+    /* on the GPU: the encoders and the optimizer's state come back first */
+    if (p->gpu && (visc_model_download(p->query) || (p->key && visc_model_download(p->key)) ||
+                   visc_gpu_optim_download(p->gpu_opt, &p->opt)))
         return -1;
     int64_t failed = 0;
     if (p->rank == 0) {
@@ -651,6 +672,8 @@ static int setup_schedule(pretrainer *p, int64_t steps_per_epoch) {
 
 static int setup(pretrainer *p) {
     const visc_train_config *c = p->c;
+    int gpu_index; /* checked now; the GPU is opened once the encoders are ready */
+    if (visc_parse_device(c->device, &gpu_index)) return -1;
     if (!visc_is_image_data(c->data_dir))
         return visc_set_error("visc pretrain needs image data: --data imagefolder:DIR, "
                               "imagenet:DIR, flat:DIR or pack:DIR");
@@ -759,6 +782,25 @@ static int setup(pretrainer *p) {
     return 0;
 }
 
+/* --device cuda: the encoders move to the GPU once they are filled on the
+ * host (weights, a checkpoint, the first momentum update). What is not on
+ * the GPU yet is refused before any GPU is opened. */
+static int open_gpu(pretrainer *p) {
+    int index;
+    if (visc_gpu_run_device(p->c, p->world, &index)) return -1;
+    if (index < 0) return 0;
+    p->gpu = visc_gpu_open(index);
+    if (!p->gpu || visc_model_to_gpu(p->query, p->gpu) ||
+        (p->key && visc_model_to_gpu(p->key, p->gpu)))
+        return -1;
+    if (p->grad_acc) {
+        p->dev_grad_acc = visc_gpu_alloc(p->gpu, p->query->params.total * sizeof(float));
+        if (!p->dev_grad_acc) return -1;
+    }
+    p->gpu_opt = visc_gpu_optim_create(p->gpu, &p->opt);
+    return p->gpu_opt ? 0 : -1;
+}
+
 static void pretrainer_free(pretrainer *p) {
     if (p->tb) visc_tb_close(p->tb);
     if (p->log) fclose(p->log);
@@ -775,6 +817,9 @@ static void pretrainer_free(pretrainer *p) {
         visc_proj_head_free(&p->key_head);
         visc_model_destroy(p->key);
     }
+    visc_gpu_free(p->gpu, p->dev_grad_acc);
+    visc_gpu_optim_free(p->gpu_opt);
+    visc_gpu_close(p->gpu); /* after the models: they free their GPU memory into it */
     if (p->bank.bank) visc_memory_bank_free(&p->bank);
     if (p->ntx.all) visc_ntxent_free(&p->ntx);
     if (p->train) visc_dataset_free(p->train);
@@ -806,13 +851,13 @@ static char *describe(const visc_train_config *c) {
              "\"warmup_epochs\":%g,\"temperature\":%g,\"bank_size\":%lld,\"proj_dim\":%d,"
              "\"moco_momentum\":%g,\"momentum_cosine\":%d,\"fresh_key_head\":%d,\"symmetric\":%d,"
              "\"gather\":%d,"
-             "\"aug\":\"%s\",\"image_size\":%d,\"seed\":%llu,\"preset\":\"%s\"}",
+             "\"aug\":\"%s\",\"image_size\":%d,\"seed\":%llu,\"preset\":\"%s\",\"device\":\"%s\"}",
              c->ssl.method, c->model.arch, c->data_dir, c->epochs, c->batch_size, c->opt,
              (double)c->lr, (double)c->min_lr, (double)c->momentum, (double)c->weight_decay,
              (double)c->warmup_epochs, (double)c->ssl.temperature, (long long)c->ssl.bank_size,
              c->ssl.proj_dim, (double)c->ssl.momentum, c->ssl.momentum_cosine,
              c->ssl.fresh_key_head, c->ssl.symmetric, !c->ssl.no_gather, c->aug,
-             c->model.image_size, (unsigned long long)c->seed, c->ssl.preset);
+             c->model.image_size, (unsigned long long)c->seed, c->ssl.preset, c->device);
     return s;
 }
 
@@ -857,6 +902,7 @@ int visc_pretrain(const visc_train_config *c) {
     /* the momentum encoder ready for the first step (a fresh run, or a
      * checkpoint of before key_step was saved) */
     if (p.moco && p.key_step < p.state.step) advance_key(&p);
+    if (open_gpu(&p)) goto done;
     /* (hooks come alone: `--swarm` refuses to run under mpirun) */
     if (p.hooks && hooks_start(&p)) goto done;
     if (p.world > 1) { /* one starting point everywhere: rank 0's */
@@ -886,7 +932,7 @@ int visc_pretrain(const visc_train_config *c) {
         if (p.moco)
             printf(", bank %lld, momentum %g%s", (long long)c->ssl.bank_size,
                    (double)c->ssl.momentum, c->ssl.momentum_cosine ? " (cosine to 1)" : "");
-        printf("\n");
+        printf("%s%s\n", p.gpu ? ", on " : "", p.gpu ? c->device : "");
     }
     double t0 = visc_now();
     int r = run_epochs(&p);

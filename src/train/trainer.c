@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "visc/autoaug.h"
+#include "visc/gpu.h"
 #include "visc/io.h"
 #include "visc/nn.h"
 #include "visc/plot.h"
@@ -52,6 +53,7 @@ void visc_train_config_defaults(visc_train_config *c) {
     c->mixup_switch_prob = 0.5f;
     snprintf(c->output, sizeof c->output, "runs/train");
     snprintf(c->precision, sizeof c->precision, "fp32");
+    snprintf(c->device, sizeof c->device, "cpu");
 }
 
 /* Everything a step touches, allocated once before the first step. */
@@ -79,6 +81,9 @@ typedef struct {
     visc_dist *dist;
     int rank, world;
     visc_grad_sync *gsync; /* world > 1: gradient averaging during backward */
+    /* --device cuda: the GPU the model and the optimizer's step are on */
+    visc_cuda *gpu;
+    visc_gpu_optim *gpu_opt;
 } trainer;
 
 /* One optimizer step on one batch: mixing, forward, loss, backward, clip,
@@ -140,7 +145,11 @@ static int train_step(trainer *t, const visc_batch *batch, float *loss_out, int 
     }
     if (c->clip_grad > 0) visc_clip_grad_norm(m->grads, m->params.total, c->clip_grad);
     float lr = visc_schedule_lr(&t->sched, step);
-    visc_optimizer_step(&t->opt, m->params.data, m->grads, lr);
+    if (t->gpu_opt) {
+        if (visc_gpu_optim_step(t->gpu_opt, &t->opt, m, lr)) return -1;
+    } else {
+        visc_optimizer_step(&t->opt, m->params.data, m->grads, lr);
+    }
     if (t->ema_params) {
         visc_ema_update(t->ema_params, m->params.data, m->params.total, c->ema_decay);
         visc_ema_update(t->ema_buffers, m->buffers.data, m->buffers.total, c->ema_decay);
@@ -216,6 +225,9 @@ static void log_json(trainer *t, const char *fmt, ...) {
 
 static int save_files(trainer *t, int is_best) {
     char path[1024];
+    /* a model on the GPU: its weights and the optimizer's state come back first */
+    if (t->gpu && (visc_model_download(t->model) || visc_gpu_optim_download(t->gpu_opt, &t->opt)))
+        return -1;
     snprintf(path, sizeof path, "%s/checkpoint_last.safetensors", t->c->output);
     if (visc_save_checkpoint(t->model, &t->opt, t->ema_params, t->ema_buffers, &t->state,
                              t->config_text, path))
@@ -464,12 +476,12 @@ static char *describe_config(const visc_train_config *c, const visc_model *m) {
              "\"image_size\":%d,\"small_stem\":%d,\"width\":%d,\"epochs\":%d,\"batch_size\":%d,"
              "\"opt\":\"%s\",\"sched\":\"%s\",\"lr\":%g,\"momentum\":%g,\"weight_decay\":%g,"
              "\"nesterov\":%d,\"label_smoothing\":%g,\"drop_rate\":%g,\"drop_path_rate\":%g,"
-             "\"seed\":%llu,\"precision\":\"%s\"}",
+             "\"seed\":%llu,\"precision\":\"%s\",\"device\":\"%s\"}",
              m->cfg.arch, c->dataset, m->cfg.num_classes, m->cfg.in_channels, m->cfg.image_size,
              m->cfg.small_stem, m->cfg.width, c->epochs, c->batch_size, c->opt, c->sched,
              (double)c->lr, (double)c->momentum, (double)c->weight_decay, c->nesterov,
              (double)c->label_smoothing, (double)m->cfg.drop_rate, (double)m->cfg.drop_path_rate,
-             (unsigned long long)c->seed, visc_precision_name(visc_matmul_precision()));
+             (unsigned long long)c->seed, visc_precision_name(visc_matmul_precision()), c->device);
     return s;
 }
 
@@ -494,12 +506,29 @@ static int share_weights(trainer *t) {
     return 0;
 }
 
+/* --device cuda: the model and the optimizer's step move to the GPU once
+ * everything that fills them on the host (weights, a checkpoint) is done.
+ * What is not on the GPU yet is refused here, before any GPU is opened. */
+static int open_gpu(trainer *t) {
+    int index;
+    if (visc_gpu_run_device(t->c, t->world, &index)) return -1;
+    if (index < 0) return 0;
+    if (t->ema_params)
+        return visc_set_error("--device cuda: --model-ema-decay is not on the GPU yet");
+    t->gpu = visc_gpu_open(index);
+    if (!t->gpu || visc_model_to_gpu(t->model, t->gpu)) return -1;
+    t->gpu_opt = visc_gpu_optim_create(t->gpu, &t->opt);
+    return t->gpu_opt ? 0 : -1;
+}
+
 static void trainer_free(trainer *t) {
     visc_grad_sync_free(t->gsync);
     if (t->tb) visc_tb_close(t->tb);
     if (t->log) fclose(t->log);
     visc_optimizer_free(&t->opt);
-    if (t->model) visc_model_destroy(t->model);
+    visc_gpu_optim_free(t->gpu_opt);
+    if (t->model) visc_model_destroy(t->model); /* its GPU memory too */
+    visc_gpu_close(t->gpu);
     visc_loader_free(t->loader);
     t->loader = NULL;
     if (t->train) visc_dataset_free(t->train);
@@ -559,6 +588,8 @@ int visc_train(const visc_train_config *c) {
     /* Process-wide and set on every run, so a fp32 run after a bf16 one is fp32. */
     visc_precision precision;
     if (visc_parse_precision(c->precision, &precision)) goto done;
+    int gpu_index; /* checked now; the GPU itself is opened once the model is ready */
+    if (visc_parse_device(c->device, &gpu_index)) goto done;
     precision = visc_set_matmul_precision(precision);
     const char *data_name = c->dataset;
     if (visc_is_image_data(c->data_dir)) {
@@ -694,7 +725,7 @@ int visc_train(const visc_train_config *c) {
         if (t.state.world != t.world) t.state.sample_pos = -1;
         else if (t.world > 1) t.state.sample_pos = t.state.rank_pos[t.rank];
     }
-    if (share_weights(&t)) goto done;
+    if (share_weights(&t) || open_gpu(&t)) goto done;
     visc_train_access access = {.model = m,
                                 .opt = &t.opt,
                                 .state = &t.state,
@@ -757,11 +788,12 @@ int visc_train(const visc_train_config *c) {
             snprintf(procs, sizeof procs, " (%d processes x %d, %s)", t.world, B,
                      visc_dist_backend_name(t.dist));
         printf("training %s (%.2fM parameters, %.1f MFLOP/image forward) on %s: %lld train / "
-               "%lld test images, %d epochs of %lld steps, batch %d%s, %d threads%s\n",
+               "%lld test images, %d epochs of %lld steps, batch %d%s, %d threads%s%s%s\n",
                mc.arch, m->params.total / 1e6, m->flops_per_image / 1e6, data_name,
                (long long)t.train->size, (long long)t.val->size, c->epochs,
                (long long)t.steps_per_epoch, c->batch_size, procs, visc_num_threads(),
-               precision == VISC_PRECISION_BF16 ? ", bf16 matmuls" : "");
+               precision == VISC_PRECISION_BF16 ? ", bf16 matmuls" : "", t.gpu ? ", on " : "",
+               t.gpu ? c->device : "");
     }
     double t0 = visc_now();
     int r = run_epochs(&t);

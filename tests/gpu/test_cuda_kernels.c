@@ -16,7 +16,8 @@
  *   matmul             atol 1e-4 x sum_k |a_k b_k|, against a double-precision
  *                      product of the same bf16 operands (fp32 accumulation
  *                      error only; oneDNN's fp32 path is not linked here)
- *   optimizer steps, bf16 conversion, Swin windows: bit-identical.
+ *   optimizer steps, the weights' EMA, bf16 conversion, Swin windows:
+ *                      bit-identical.
  *   convolutions       against a direct double-precision convolution of the
  *                      same operands (oneDNN is not linked here): fp32 atol
  *                      3e-5 x the sum of |terms| (cuDNN runs FMA math, no
@@ -24,8 +25,10 @@
  *                      and rtol 8e-3, the operands rounded to bf16 first
  *   batch norm         fp32 as above against visc_batchnorm2d (also in
  *                      channels-last, transposed in and out)
- *   max pooling (values, argmax, gradient), global average pooling, ReLU:
- *                      bit-identical.
+ *   max pooling (values, argmax, gradient), global average pooling, ReLU,
+ *   sums (add, the residual add + ReLU): bit-identical.
+ *   fp32 linear layer  against double-precision products of the same
+ *                      operands: 3e-5 x the sum of |terms| (no TF32)
  * This program links the CPU twins' objects, not libvisc.a (no oneDNN). */
 #include <math.h>
 #include <stdint.h>
@@ -419,6 +422,23 @@ static void check_optimizer(visc_opt_kind kind, float momentum, int nesterov, in
     free(h_state);
     visc_optimizer_free(&o);
     visc_table_free(&t);
+}
+
+/* MoCo's momentum encoder: bit-identical to visc_ema_update. */
+static void check_ema(size_t n, float decay) {
+    char name[128];
+    float *ema = random_floats(n, -1, 1), *p = random_floats(n, -1, 1);
+    float *d_ema = up(ema, sizeof(float) * n), *d_p = up(p, sizeof(float) * n);
+    visc_ema_update(ema, p, n, decay);
+    launched(visc_cuda_ema_update(ctx, d_ema, d_p, n, decay), "ema update");
+    float *got = down(d_ema, n);
+    snprintf(name, sizeof name, "weights' EMA [%zu], decay %g: bit-identical", n, decay);
+    expect_bits(name, got, ema, n, sizeof(float));
+    visc_cuda_free(ctx, d_ema);
+    visc_cuda_free(ctx, d_p);
+    free(ema);
+    free(p);
+    free(got);
 }
 
 static void check_optimizer_refuses_lamb(void) {
@@ -975,6 +995,131 @@ static void check_relu(size_t n) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* ---- fp32 linear layer ----
+ * Against double-precision products of the same operands: |gpu - exact| <=
+ * 3e-5 x sum_k |a_k b_k| (fp32 accumulation only: cuBLASLt is held to
+ * CUBLAS_COMPUTE_32F, no TF32, which would miss this by 100x). */
+typedef struct {
+    size_t bad, worst, n;
+    double worst_ratio, got, want;
+} tally;
+
+static void tally_add(tally *t, double got, double exact, double mag) {
+    const double ratio = fabs(got - exact) / (3e-5 * mag + 1e-30);
+    if (!(ratio <= 1.0)) t->bad++;
+    if (!(ratio <= t->worst_ratio)) {
+        t->worst_ratio = ratio;
+        t->worst = t->n;
+        t->got = got;
+        t->want = exact;
+    }
+    t->n++;
+}
+
+static void check_linear(int N, int in, int out, int shift) {
+    char name[160];
+    float *x = random_floats((size_t)N * in, -1, 1), *w = random_floats((size_t)out * in, -1, 1);
+    float *b = random_floats((size_t)out, -1, 1), *dy = random_floats((size_t)N * out, -1, 1);
+    void *base[8];
+    float *d_x = up_shifted(x, sizeof(float) * N * in, sizeof(float), shift, &base[0]);
+    float *d_w = up_shifted(w, sizeof(float) * out * in, sizeof(float), shift, &base[1]);
+    float *d_b = up_shifted(b, sizeof(float) * out, sizeof(float), shift, &base[2]);
+    float *d_dy = up_shifted(dy, sizeof(float) * N * out, sizeof(float), shift, &base[3]);
+    /* outputs start out as NaNs: a layer that reads them (beta != 0) shows */
+    size_t most = (size_t)N * (in > out ? in : out);
+    if ((size_t)out * in > most) most = (size_t)out * in;
+    float *nan_y = malloc(sizeof(float) * most);
+    for (size_t i = 0; i < most; i++) nan_y[i] = NAN;
+    float *d_y = up_shifted(nan_y, sizeof(float) * N * out, sizeof(float), shift, &base[4]);
+    float *d_dx = up_shifted(nan_y, sizeof(float) * N * in, sizeof(float), shift, &base[5]);
+    float *d_dw = up_shifted(nan_y, sizeof(float) * out * in, sizeof(float), shift, &base[6]);
+    float *d_db = up_shifted(nan_y, sizeof(float) * out, sizeof(float), shift, &base[7]);
+    launched(visc_cuda_linear_forward(ctx, d_y, d_x, d_w, d_b, N, in, out), "linear forward");
+    launched(visc_cuda_linear_backward(ctx, d_dx, d_dw, d_db, d_dy, d_x, d_w, N, in, out),
+             "linear backward");
+    float *y = down(d_y, (size_t)N * out), *dx = down(d_dx, (size_t)N * in);
+    float *dw = down(d_dw, (size_t)out * in), *db = down(d_db, (size_t)out);
+    tally ty = {0}, tdx = {0}, tdw = {0}, tdb = {0};
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < out; o++) {
+            double sum = b[o], mag = fabs(b[o]);
+            for (int k = 0; k < in; k++) {
+                sum += (double)x[(size_t)i * in + k] * w[(size_t)o * in + k];
+                mag += fabs((double)x[(size_t)i * in + k] * w[(size_t)o * in + k]);
+            }
+            tally_add(&ty, y[(size_t)i * out + o], sum, mag);
+        }
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < in; k++) {
+            double sum = 0, mag = 0;
+            for (int o = 0; o < out; o++) {
+                sum += (double)dy[(size_t)i * out + o] * w[(size_t)o * in + k];
+                mag += fabs((double)dy[(size_t)i * out + o] * w[(size_t)o * in + k]);
+            }
+            tally_add(&tdx, dx[(size_t)i * in + k], sum, mag);
+        }
+    for (int o = 0; o < out; o++) {
+        double bsum = 0, bmag = 0;
+        for (int i = 0; i < N; i++) {
+            bsum += dy[(size_t)i * out + o];
+            bmag += fabs((double)dy[(size_t)i * out + o]);
+        }
+        tally_add(&tdb, db[o], bsum, bmag);
+        for (int k = 0; k < in; k++) {
+            double sum = 0, mag = 0;
+            for (int i = 0; i < N; i++) {
+                sum += (double)dy[(size_t)i * out + o] * x[(size_t)i * in + k];
+                mag += fabs((double)dy[(size_t)i * out + o] * x[(size_t)i * in + k]);
+            }
+            tally_add(&tdw, dw[(size_t)o * in + k], sum, mag);
+        }
+    }
+    const tally *ts[4] = {&ty, &tdx, &tdw, &tdb};
+    const char *what[4] = {"forward", "dX", "dW", "db"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(name, sizeof name, "linear fp32 %s: N %d, %d -> %d, shift %d", what[i], N, in, out,
+                 shift);
+        report(name, ts[i]->bad, ts[i]->n, ts[i]->worst, ts[i]->got, ts[i]->want,
+               ts[i]->worst_ratio);
+    }
+    for (int i = 0; i < 8; i++) visc_cuda_free(ctx, base[i]);
+    void *hfree[] = {x, w, b, dy, nan_y, y, dx, dw, db};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* ---- sums: visc_add_forward's bits, and the residual block's add + ReLU ---- */
+static void check_add(size_t n) {
+    char name[128];
+    float *a = random_floats(n, -2, 2), *b = random_floats(n, -2, 2);
+    a[3] = NAN;
+    b[7] = INFINITY;
+    float *sum = malloc(sizeof(float) * n), *res = malloc(sizeof(float) * n);
+    visc_add_forward(sum, a, b, n);
+    for (size_t i = 0; i < n; i++) { /* models/resnet.c's add_relu */
+        const float v = a[i] + b[i];
+        res[i] = v > 0.0f ? v : 0.0f;
+    }
+    float *d_a = up(a, sizeof(float) * n), *d_b = up(b, sizeof(float) * n);
+    float *d_out = dev(sizeof(float) * n);
+    launched(visc_cuda_add(ctx, d_out, d_a, d_b, n), "add");
+    float *h_sum = down(d_out, n);
+    launched(visc_cuda_add(ctx, d_a, d_a, d_b, n), "add in place"); /* out aliases a */
+    float *h_inplace = down(d_a, n);
+    if (visc_cuda_upload(ctx, d_a, a, sizeof(float) * n)) die_cuda("upload");
+    launched(visc_cuda_add_relu(ctx, d_a, d_b, n), "add + relu");
+    float *h_res = down(d_a, n);
+    snprintf(name, sizeof name, "add [%zu]: bit-identical", n);
+    expect_bits(name, h_sum, sum, n, sizeof(float));
+    snprintf(name, sizeof name, "add in place [%zu]: bit-identical", n);
+    expect_bits(name, h_inplace, sum, n, sizeof(float));
+    snprintf(name, sizeof name, "add + relu [%zu]: bit-identical", n);
+    expect_bits(name, h_res, res, n, sizeof(float));
+    void *dfree[] = {d_a, d_b, d_out};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {a, b, sum, res, h_sum, h_inplace, h_res};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 /* The checks in groups, each runnable alone (`test_cuda_kernels matmul`),
  * so that a kernel that breaks the context cannot hide the others. */
 static void group_layernorm(void) {
@@ -1005,6 +1150,8 @@ static void group_optim(void) {
     /* A ViT-S sized buffer (22M parameters in one tensor here): 1343 pieces. */
     check_optimizer(VISC_OPT_ADAMW, 0.0f, 0, 0, 22000000);
     check_optimizer_refuses_lamb();
+    check_ema(((size_t)1 << 20) + 7, 0.999f);
+    check_ema(1000, 0.99f);
 }
 static void group_convert(void) { check_convert(); }
 static void group_matmul(void) {
@@ -1017,6 +1164,15 @@ static void group_matmul(void) {
      * fp32, 32 in bf16); shift 1: one element, the least there can be. */
     check_matmul("linear forward, table-aligned", 394, 192, 384, 0, 1, 1, 0.0f, 16);
     check_matmul("linear dW += dY^T X, element-aligned", 192, 384, 394, 1, 0, 0, 1.0f, 1);
+}
+static void group_linear(void) {
+    check_linear(128, 512, 10, 0);     /* a ResNet-18's classifier */
+    check_linear(37, 64, 100, 1);      /* odd shapes, element-aligned tensors */
+    check_linear(256, 2048, 1000, 16); /* ResNet-50 on ImageNet, table-aligned */
+}
+static void group_eltwise(void) {
+    check_add(((size_t)1 << 20) + 5);
+    check_add(9); /* fewer elements than one block */
 }
 static void group_swin(void) {
     check_swin(2, 8, 8, 4, 1, 48);
@@ -1072,7 +1228,8 @@ static const struct {
               {"gelu", group_gelu},           {"optim", group_optim},
               {"convert", group_convert},     {"matmul", group_matmul},
               {"swin", group_swin},           {"conv", group_conv},
-              {"batchnorm", group_batchnorm}, {"pool", group_pool}};
+              {"batchnorm", group_batchnorm}, {"pool", group_pool},
+              {"linear", group_linear},       {"eltwise", group_eltwise}};
 #define NUM_GROUPS (sizeof groups / sizeof *groups)
 
 int main(int argc, char **argv) {

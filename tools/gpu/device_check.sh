@@ -3,7 +3,8 @@
 # runs (an H200 for ~15 minutes, once). It records the machine, builds the
 # CUDA backend and the GPU test program, runs `make test-gpu` (every kernel
 # against its CPU twin), then, where the machine has oneDNN and the other
-# CPU libraries, the whole build and the CUDA end-to-end check. Each part
+# CPU libraries, the whole build, the models on the GPU against the CPU
+# (tests/gpu/test_cuda_model.c) and the CUDA end-to-end check. Each part
 # runs whatever happened before it and writes its own log to $OUT, so one
 # failure never hides the others; summary.txt has one line per part.
 #
@@ -116,13 +117,20 @@ else
     status=1
 fi
 
-# The whole program and the CUDA end-to-end check (needs oneDNN & co.).
+# The whole program: the models on the GPU against the CPU, then the CUDA
+# end-to-end check, which trains one epoch of Fashion-MNIST on the GPU when
+# the data came along: copy it first with
+#   mkdir -p build-gpu/data && cp /usr/share/datasets/fashion-mnist/*.gz build-gpu/data/
+# and carry build-gpu/data (30 MB). Needs oneDNN & co. on the machine.
 run_full() {
-    make -j"$JOBS" BUILD="$BUILD" CUDA=1 all tests || return 1
-    "$BUILD/visc" devices && VISC="$BUILD/visc" bash tests/e2e_cuda.sh
+    make -j"$JOBS" BUILD="$BUILD" CUDA=1 all "$BUILD/tests/gpu/test_cuda_model" || return 1
+    "$BUILD/visc" devices || return 1
+    "$BUILD/tests/gpu/test_cuda_model" || return 1
+    VISC_FASHION_DIR=${VISC_FASHION_DIR:-$PWD/$BUILD/data} VISC="$BUILD/visc" bash tests/e2e_cuda.sh
 }
 if [ -f /usr/include/oneapi/dnnl/dnnl.h ]; then
-    part full 0 run_full
+    part full 1 run_full
+    grep -hE '^(FAIL|[0-9]+ passed|GPU: one epoch)' "$OUT/full.log" | tee -a "$summary"
 else
     echo "build-all  not run: no oneDNN on this machine (only the GPU parts build here)" |
         tee -a "$summary"

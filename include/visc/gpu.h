@@ -1,0 +1,119 @@
+/* gpu.h: what the engine's C code asks of the GPU (src/gpu/, over the CUDA
+ * backend of cuda.h).
+ *
+ * device.c  --device names, opening a GPU
+ * model.c   moving a model's parameters, gradients and buffers to the GPU
+ *           and back (the model plans its activations there: model.h's
+ *           to_cuda)
+ * layers.c  the GPU twins of nn.h's layers: the same layer structs and
+ *           arguments, device pointers
+ * optim.c   the optimizer's step on the GPU, its state kept there
+ *
+ * A model on the GPU runs the same forward and backward code as on the CPU:
+ * each layer call goes to its twin here when m->cuda is set (models/resnet.c).
+ * The host side of a step stays as it is: the batch is uploaded by forward,
+ * the logits come back to the host (the loss and accuracy are computed
+ * there, a few kilobytes a step), and backward uploads their gradient.
+ *
+ * tests/gpu/cpu_standin.c implements the backend's calls with the CPU
+ * layers, so that CI runs all of this (and must get the CPU's bits).
+ *
+ * Everything here is compiled into every visc. Without the CUDA backend
+ * visc_gpu_open says so, so no model ever reaches the GPU and the twins
+ * cannot be called. The twins return nothing, as their CPU layers: a
+ * kernel that fails stops the program with one line naming it (the step's
+ * state on the GPU is lost then anyway). */
+#ifndef VISC_GPU_H
+#define VISC_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "nn.h"
+#include "optim.h"
+#include "train.h"
+
+/* ---- device.c ---- */
+/* "cpu" -> -1; "cuda" -> 0; "cuda:N" -> N. -1 with the error set (and *index
+ * untouched) for anything else. */
+int visc_parse_device(const char *name, int *index);
+/* The device a run asks for (c->device): *index -1 for the CPU, else the
+ * GPU's. What is not on the GPU yet (several processes, a swarm,
+ * --clip-grad, --precision bf16) is refused here, in one line. */
+int visc_gpu_run_device(const visc_train_config *c, int world, int *index);
+/* Opens CUDA device `index`; NULL with the reason (not built in, no driver,
+ * no such device). */
+visc_cuda *visc_gpu_open(int index);
+void visc_gpu_close(visc_cuda *ctx);
+/* Device memory (a model's activation arena); NULL with the error set. */
+void *visc_gpu_alloc(visc_cuda *ctx, size_t bytes);
+void visc_gpu_free(visc_cuda *ctx, void *p); /* NULL: nothing */
+
+/* ---- model.c ---- */
+/* Moves m to the GPU: device copies of its parameters, gradients and
+ * buffers (uploaded from the host tables), then the model's own to_cuda
+ * (activations). -1 with the error for architectures without a GPU path. */
+int visc_model_to_gpu(visc_model *m, visc_cuda *ctx);
+/* Parameters and buffers: device -> host tables (before a checkpoint or
+ * anything else that reads them on the host), and back. */
+int visc_model_download(visc_model *m);
+int visc_model_upload(visc_model *m);
+/* Frees the device copies (the model's destroy calls it). */
+void visc_model_gpu_release(visc_model *m);
+
+/* ---- layers.c: as the nn.h functions of the same names, on device pointers ---- */
+void visc_gpu_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes);
+void visc_gpu_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes);
+void visc_gpu_zero(visc_cuda *ctx, float *p, size_t count);
+void visc_gpu_copy(visc_cuda *ctx, float *dst, const float *src, size_t count);
+/* ema = decay * ema + (1 - decay) * params, as visc_ema_update */
+void visc_gpu_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t n, float decay);
+void visc_gpu_conv2d_forward(visc_cuda *ctx, const visc_conv2d *c, float *out, const float *in,
+                             const float *weight);
+/* din may be NULL (the first layer) */
+void visc_gpu_conv2d_backward(visc_cuda *ctx, const visc_conv2d *c, float *din, float *dweight,
+                              const float *dout, const float *in, const float *weight);
+void visc_gpu_batchnorm2d_forward_train(visc_cuda *ctx, const visc_batchnorm2d *b, float *out,
+                                        float *save_mean, float *save_rstd, const float *in,
+                                        const float *gamma, const float *beta, float *running_mean,
+                                        float *running_var);
+void visc_gpu_batchnorm2d_forward_eval(visc_cuda *ctx, const visc_batchnorm2d *b, float *out,
+                                       const float *in, const float *gamma, const float *beta,
+                                       const float *running_mean, const float *running_var);
+void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, float *din,
+                                   float *dgamma, float *dbeta, const float *dout, const float *in,
+                                   const float *out, const float *gamma, const float *save_mean,
+                                   const float *save_rstd);
+void visc_gpu_maxpool2d_forward(visc_cuda *ctx, const visc_pool2d *p, float *out, int32_t *argmax,
+                                const float *in);
+void visc_gpu_maxpool2d_backward(visc_cuda *ctx, const visc_pool2d *p, float *din,
+                                 const float *dout, const int32_t *argmax);
+void visc_gpu_global_avgpool_forward(visc_cuda *ctx, float *out, const float *in, int N, int C,
+                                     int HW);
+void visc_gpu_global_avgpool_backward(visc_cuda *ctx, float *din, const float *dout, int N, int C,
+                                      int HW);
+void visc_gpu_linear_forward(visc_cuda *ctx, float *out, const float *in, const float *weight,
+                             const float *bias, int N, int in_features, int out_features);
+void visc_gpu_linear_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
+                              const float *dout, const float *in, const float *weight, int N,
+                              int in_features, int out_features);
+void visc_gpu_relu_backward(visc_cuda *ctx, float *din, const float *dout, const float *out,
+                            size_t n);
+void visc_gpu_add(visc_cuda *ctx, float *out, const float *a, const float *b, size_t n);
+/* out = relu(out + identity) */
+void visc_gpu_add_relu(visc_cuda *ctx, float *out, const float *identity, size_t n);
+
+/* ---- optim.c ---- */
+typedef struct visc_gpu_optim visc_gpu_optim;
+/* The step of `cpu` (its kind, settings, per-tensor decay) on the GPU, with
+ * its state uploaded: NULL with the error for kinds without a GPU step. */
+visc_gpu_optim *visc_gpu_optim_create(visc_cuda *ctx, const visc_optimizer *cpu);
+/* One step of m's device parameters with its device gradients; counts it
+ * in cpu->step as visc_optimizer_step does. */
+int visc_gpu_optim_step(visc_gpu_optim *o, visc_optimizer *cpu, visc_model *m, float lr);
+/* The state to cpu->state (before a checkpoint). */
+int visc_gpu_optim_download(visc_gpu_optim *o, visc_optimizer *cpu);
+void visc_gpu_optim_free(visc_gpu_optim *o);
+
+#endif

@@ -1,0 +1,86 @@
+/* device.c: --device names and opening a GPU. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "visc/gpu.h"
+#ifdef VISC_WITH_CUDA
+#include "visc/cuda.h"
+#endif
+
+int visc_parse_device(const char *name, int *index) {
+    if (!strcmp(name, "cpu")) {
+        *index = -1;
+        return 0;
+    }
+    if (!strcmp(name, "cuda")) {
+        *index = 0;
+        return 0;
+    }
+    if (!strncmp(name, "cuda:", 5) && name[5] >= '0' && name[5] <= '9') {
+        char *end;
+        long n = strtol(name + 5, &end, 10);
+        if (*end == '\0' && n < 1024) {
+            *index = (int)n;
+            return 0;
+        }
+    }
+    return visc_set_error("--device: expected cpu, cuda or cuda:N, got '%s'", name);
+}
+
+int visc_gpu_run_device(const visc_train_config *c, int world, int *index) {
+    if (visc_parse_device(c->device, index)) return -1;
+    if (*index < 0) return 0;
+    const char *missing = world > 1                      ? "several processes"
+                          : c->hooks                     ? "a swarm"
+                          : c->clip_grad > 0             ? "--clip-grad"
+                          : strcmp(c->precision, "fp32") ? "--precision bf16"
+                                                         : NULL;
+    if (missing) return visc_set_error("--device cuda: %s is not on the GPU yet", missing);
+    return 0;
+}
+
+visc_cuda *visc_gpu_open(int index) {
+#ifdef VISC_WITH_CUDA
+    const int n = visc_cuda_device_count();
+    if (n < 0) {
+        visc_set_error("--device cuda:%d: no usable GPU (%s)", index, visc_last_error());
+        return NULL;
+    }
+    if (index >= n) {
+        visc_set_error("--device cuda:%d: this machine has %d CUDA device%s", index, n,
+                       n == 1 ? "" : "s");
+        return NULL;
+    }
+    visc_cuda *ctx = visc_cuda_open(index);
+    if (!ctx) visc_set_error("--device cuda:%d: %s", index, visc_last_error());
+    return ctx;
+#else
+    visc_set_error("--device cuda:%d: this visc was built without the CUDA backend (make CUDA=1 "
+                   "where nvcc and cuBLASLt are installed)",
+                   index);
+    return NULL;
+#endif
+}
+
+#ifdef VISC_WITH_CUDA
+void visc_gpu_close(visc_cuda *ctx) {
+    if (ctx) visc_cuda_close(ctx);
+}
+void *visc_gpu_alloc(visc_cuda *ctx, size_t bytes) { return visc_cuda_alloc(ctx, bytes); }
+void visc_gpu_free(visc_cuda *ctx, void *p) {
+    if (p) visc_cuda_free(ctx, p);
+}
+#else
+/* Nothing is ever opened without the backend. */
+void visc_gpu_close(visc_cuda *ctx) { (void)ctx; }
+void *visc_gpu_alloc(visc_cuda *ctx, size_t bytes) {
+    (void)ctx;
+    (void)bytes;
+    visc_set_error("no GPU memory in a visc without the CUDA backend");
+    return NULL;
+}
+void visc_gpu_free(visc_cuda *ctx, void *p) {
+    (void)ctx;
+    (void)p;
+}
+#endif

@@ -1,0 +1,152 @@
+/* layers.c: the GPU twins of the layers in nn.h. Each takes the layer's
+ * own struct (its shape, as *_init made it for the CPU) and device
+ * pointers, and queues the CUDA backend's kernel on the context's stream;
+ * a kernel that cannot be queued stops the program with its reason. */
+#include "visc/cuda.h"
+#include "visc/gpu.h"
+
+#ifdef VISC_WITH_CUDA
+static void ok(int rc) {
+    if (rc) visc_die("cuda: %s", visc_last_error());
+}
+#define RUN(call) ok(call)
+#else
+/* Unreachable (no model gets to a GPU without the backend); sizeof keeps
+ * the call's arguments checked without referring to the backend. */
+#define RUN(call) ((void)sizeof(call), visc_die("a GPU layer in a visc without the CUDA backend"))
+#endif
+
+void visc_gpu_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
+    RUN(visc_cuda_upload(ctx, dst, src, bytes));
+}
+
+void visc_gpu_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
+    RUN(visc_cuda_download(ctx, dst, src, bytes));
+}
+
+void visc_gpu_zero(visc_cuda *ctx, float *p, size_t count) {
+    RUN(visc_cuda_zero(ctx, p, count * sizeof(float)));
+}
+
+void visc_gpu_copy(visc_cuda *ctx, float *dst, const float *src, size_t count) {
+    RUN(visc_cuda_copy(ctx, dst, src, count * sizeof(float)));
+}
+
+void visc_gpu_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t n, float decay) {
+    RUN(visc_cuda_ema_update(ctx, ema, params, n, decay));
+}
+
+static visc_cuda_conv_shape conv_shape(const visc_conv2d *c) {
+    if (c->dilation != 1 || c->groups != 1 || c->has_bias || c->H != c->W || c->R != c->S)
+        visc_die("cuda: convolution %dx%d (dilation %d, groups %d, bias %d) on %dx%d: only square, "
+                 "undilated, ungrouped and bias-free ones are on the GPU",
+                 c->R, c->S, c->dilation, c->groups, c->has_bias, c->H, c->W);
+    visc_cuda_conv_shape s = {.N = c->N,
+                              .C = c->C,
+                              .H = c->H,
+                              .W = c->W,
+                              .K = c->K,
+                              .R = c->R,
+                              .S = c->S,
+                              .stride = c->stride,
+                              .pad = c->pad,
+                              .type = VISC_CUDA_CONV_F32_NCHW};
+    return s;
+}
+
+void visc_gpu_conv2d_forward(visc_cuda *ctx, const visc_conv2d *c, float *out, const float *in,
+                             const float *weight) {
+    const visc_cuda_conv_shape s = conv_shape(c);
+    RUN(visc_cuda_conv_forward(ctx, &s, out, in, weight));
+}
+
+void visc_gpu_conv2d_backward(visc_cuda *ctx, const visc_conv2d *c, float *din, float *dweight,
+                              const float *dout, const float *in, const float *weight) {
+    const visc_cuda_conv_shape s = conv_shape(c);
+    RUN(visc_cuda_conv_backward_weights(ctx, &s, dweight, in, dout, 0.0f));
+    if (din) RUN(visc_cuda_conv_backward_data(ctx, &s, din, dout, weight));
+}
+
+static visc_cuda_bn_shape bn_shape(const visc_batchnorm2d *b) {
+    if (b->sync) visc_die("cuda: synchronized BatchNorm is not on the GPU yet");
+    visc_cuda_bn_shape s = {.N = b->N,
+                            .C = b->C,
+                            .HW = b->HW,
+                            .nchw = 1,
+                            .relu = b->relu,
+                            .eps = b->eps,
+                            .momentum = b->momentum};
+    return s;
+}
+
+void visc_gpu_batchnorm2d_forward_train(visc_cuda *ctx, const visc_batchnorm2d *b, float *out,
+                                        float *save_mean, float *save_rstd, const float *in,
+                                        const float *gamma, const float *beta, float *running_mean,
+                                        float *running_var) {
+    const visc_cuda_bn_shape s = bn_shape(b);
+    RUN(visc_cuda_batchnorm_forward_train(ctx, &s, out, save_mean, save_rstd, in, gamma, beta,
+                                          running_mean, running_var));
+}
+
+void visc_gpu_batchnorm2d_forward_eval(visc_cuda *ctx, const visc_batchnorm2d *b, float *out,
+                                       const float *in, const float *gamma, const float *beta,
+                                       const float *running_mean, const float *running_var) {
+    const visc_cuda_bn_shape s = bn_shape(b);
+    RUN(visc_cuda_batchnorm_forward_eval(ctx, &s, out, in, gamma, beta, running_mean, running_var));
+}
+
+void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, float *din,
+                                   float *dgamma, float *dbeta, const float *dout, const float *in,
+                                   const float *out, const float *gamma, const float *save_mean,
+                                   const float *save_rstd) {
+    const visc_cuda_bn_shape s = bn_shape(b);
+    RUN(visc_cuda_batchnorm_backward(ctx, &s, din, dgamma, dbeta, dout, in, out, gamma, save_mean,
+                                     save_rstd));
+}
+
+void visc_gpu_maxpool2d_forward(visc_cuda *ctx, const visc_pool2d *p, float *out, int32_t *argmax,
+                                const float *in) {
+    RUN(visc_cuda_maxpool_forward(ctx, out, argmax, in, p->N, p->C, p->H, p->W, p->kernel,
+                                  p->stride, p->pad));
+}
+
+void visc_gpu_maxpool2d_backward(visc_cuda *ctx, const visc_pool2d *p, float *din,
+                                 const float *dout, const int32_t *argmax) {
+    RUN(visc_cuda_maxpool_backward(ctx, din, dout, argmax, p->N, p->C, p->H, p->W, p->kernel,
+                                   p->stride, p->pad));
+}
+
+void visc_gpu_global_avgpool_forward(visc_cuda *ctx, float *out, const float *in, int N, int C,
+                                     int HW) {
+    RUN(visc_cuda_global_avgpool_forward(ctx, out, in, N, C, HW));
+}
+
+void visc_gpu_global_avgpool_backward(visc_cuda *ctx, float *din, const float *dout, int N, int C,
+                                      int HW) {
+    RUN(visc_cuda_global_avgpool_backward(ctx, din, dout, N, C, HW));
+}
+
+void visc_gpu_linear_forward(visc_cuda *ctx, float *out, const float *in, const float *weight,
+                             const float *bias, int N, int in_features, int out_features) {
+    RUN(visc_cuda_linear_forward(ctx, out, in, weight, bias, N, in_features, out_features));
+}
+
+void visc_gpu_linear_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
+                              const float *dout, const float *in, const float *weight, int N,
+                              int in_features, int out_features) {
+    RUN(visc_cuda_linear_backward(ctx, din, dweight, dbias, dout, in, weight, N, in_features,
+                                  out_features));
+}
+
+void visc_gpu_relu_backward(visc_cuda *ctx, float *din, const float *dout, const float *out,
+                            size_t n) {
+    RUN(visc_cuda_relu_backward(ctx, din, dout, out, n));
+}
+
+void visc_gpu_add(visc_cuda *ctx, float *out, const float *a, const float *b, size_t n) {
+    RUN(visc_cuda_add(ctx, out, a, b, n));
+}
+
+void visc_gpu_add_relu(visc_cuda *ctx, float *out, const float *identity, size_t n) {
+    RUN(visc_cuda_add_relu(ctx, out, identity, n));
+}

@@ -1,0 +1,78 @@
+/* model.c: a model's parameters, gradients and buffers on the GPU: device
+ * copies laid out as the host tables, so one offset names a tensor on both
+ * sides and checkpoints, name tables and the optimizer's work split stay
+ * the host's. */
+#include "visc/gpu.h"
+#ifdef VISC_WITH_CUDA
+#include "visc/cuda.h"
+#endif
+
+#ifdef VISC_WITH_CUDA
+int visc_model_to_gpu(visc_model *m, visc_cuda *ctx) {
+    if (!m->to_cuda)
+        return visc_set_error("--device cuda: %s has no GPU implementation yet (the ResNets have "
+                              "one)",
+                              m->cfg.arch);
+    if (m->grad_ready)
+        return visc_set_error("--device cuda: gradients handed to an all-reduce during backward "
+                              "are not on the GPU yet");
+    const size_t pb = m->params.total * sizeof(float), bb = m->buffers.total * sizeof(float);
+    m->cuda = ctx;
+    m->dev_params = visc_cuda_alloc(ctx, pb);
+    m->dev_grads = m->dev_params ? visc_cuda_alloc(ctx, pb) : NULL;
+    m->dev_buffers = m->dev_grads ? visc_cuda_alloc(ctx, bb) : NULL;
+    if (!m->dev_buffers || visc_model_upload(m) || visc_cuda_zero(ctx, m->dev_grads, pb) ||
+        m->to_cuda(m)) {
+        visc_model_gpu_release(m);
+        return -1;
+    }
+    return 0;
+}
+
+int visc_model_download(visc_model *m) {
+    if (!m->cuda) return 0;
+    return visc_cuda_download(m->cuda, m->params.data, m->dev_params,
+                              m->params.total * sizeof(float)) ||
+                   visc_cuda_download(m->cuda, m->buffers.data, m->dev_buffers,
+                                      m->buffers.total * sizeof(float))
+               ? -1
+               : 0;
+}
+
+int visc_model_upload(visc_model *m) {
+    if (!m->cuda) return 0;
+    return visc_cuda_upload(m->cuda, m->dev_params, m->params.data,
+                            m->params.total * sizeof(float)) ||
+                   visc_cuda_upload(m->cuda, m->dev_buffers, m->buffers.data,
+                                    m->buffers.total * sizeof(float))
+               ? -1
+               : 0;
+}
+
+void visc_model_gpu_release(visc_model *m) {
+    if (!m->cuda) return;
+    visc_cuda_free(m->cuda, m->dev_params);
+    visc_cuda_free(m->cuda, m->dev_grads);
+    visc_cuda_free(m->cuda, m->dev_buffers);
+    m->dev_params = m->dev_grads = m->dev_buffers = NULL;
+    m->cuda = NULL;
+}
+
+void visc_model_zero_grad_gpu(visc_model *m, int index) {
+    visc_gpu_zero(m->cuda, visc_model_grad(m, index), m->params.entries[index].numel);
+}
+#else
+/* No model reaches a GPU in this build: visc_gpu_open fails first. */
+int visc_model_to_gpu(visc_model *m, visc_cuda *ctx) {
+    (void)m;
+    (void)ctx;
+    return visc_set_error("--device cuda: this visc was built without the CUDA backend");
+}
+int visc_model_download(visc_model *m) { return m->cuda ? -1 : 0; }
+int visc_model_upload(visc_model *m) { return m->cuda ? -1 : 0; }
+void visc_model_gpu_release(visc_model *m) { (void)m; }
+void visc_model_zero_grad_gpu(visc_model *m, int index) {
+    (void)index;
+    visc_die("%s: a model on a GPU in a visc without the CUDA backend", m->cfg.arch);
+}
+#endif

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# `visc train --device cuda` end to end on the stand-in GPU
+# (tests/gpu/visc_standin: visc with cuda.h's calls done by the CPU layers on
+# host memory, tests/gpu/cpu_standin.c). CI has no GPU; this runs the GPU
+# code path of the whole program: the model moved to the device, the batch
+# uploaded, logits downloaded, the optimizer's step and state on the device,
+# checkpoints downloaded before each save, evaluation, resume. Since the
+# stand-in's kernels are the CPU's layers, every result must be the CPU
+# run's, bit for bit:
+#   - 20 steps with SGD and with AdamW: the same model file as on the CPU;
+#   - resume across devices: 10 steps on the GPU + 10 on the CPU, and
+#     10 on the CPU + 10 on the GPU, equal the 20 straight (model and
+#     checkpoint with its optimizer state, the config's device aside);
+#   - the GPU evaluates the saved model to the accuracy the CPU gets;
+#   - `visc pretrain --device cuda`: MoCo v2 (the momentum encoder updated
+#     on the device; also --symmetric, two backward passes) and SimCLR, and
+#     a MoCo run resumed on the other device: the CPU's checkpoint;
+#   - the stand-in program's own model checks (test_gpu_standin).
+set -euo pipefail
+V=${VISC:-build/visc}
+source tests/lib.sh
+build=$(dirname "$V")
+G=$build/tests/gpu/visc_standin
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+"$build/tests/gpu/test_gpu_standin" | tail -1 | grep -q '^[0-9]* passed, 0 failed$' ||
+    { "$build/tests/gpu/test_gpu_standin" | grep FAIL; exit 1; }
+
+common=(--model resnet14 --epochs 2 --batch-size 32 --print-freq 0 --no-progress --threads 2
+        --eval-interval 10)
+# A checkpoint's header (tensor names, shapes, offsets; the trainer state)
+# without the config text, which names the device, and a hash of its data.
+tensors() {
+    python3 - "$1" <<'PY'
+import hashlib, json, struct, sys
+data = open(sys.argv[1], 'rb').read()
+n = struct.unpack('<Q', data[:8])[0]
+head = json.loads(data[8:8 + n])
+head.get('__metadata__', {}).pop('visc_config', None)
+print(json.dumps(head, sort_keys=True))
+print(hashlib.sha256(data[8 + n:]).hexdigest())
+PY
+}
+for opt in sgd adamw; do
+    extra=(--opt "$opt")
+    [ "$opt" = adamw ] && extra+=(--lr 0.002 --wd 0.05)
+    "$V" train "${common[@]}" "${extra[@]}" --max-steps 20 --output "$tmp/cpu-$opt" >/dev/null
+    "$G" train "${common[@]}" "${extra[@]}" --max-steps 20 --output "$tmp/gpu-$opt" --device cuda \
+        >"$tmp/gpu-$opt.log"
+    grep -q ', on cuda$' <(grep '^training' "$tmp/gpu-$opt.log")
+    cmp "$tmp/cpu-$opt/model_last.safetensors" "$tmp/gpu-$opt/model_last.safetensors"
+    # the same validation accuracy logged at step 10 and at the stop
+    val() { grep '"val_step"' "$1" | sed 's/,"time":[0-9.]*//'; }
+    diff <(val "$tmp/cpu-$opt/log.jsonl") <(val "$tmp/gpu-$opt/log.jsonl")
+    cmp <(tensors "$tmp/cpu-$opt/checkpoint_last.safetensors") \
+        <(tensors "$tmp/gpu-$opt/checkpoint_last.safetensors")
+    grep -qF '\"device\":\"cuda\"' "$tmp/gpu-$opt/checkpoint_last.safetensors"
+    echo "20 steps with $opt on the stand-in GPU: the CPU's model and optimizer state, bit for bit"
+done
+
+# resume across devices
+for first in cpu gpu; do
+    [ $first = cpu ] && { A=$V; B=$G; dev_a=cpu; dev_b=cuda; } || { A=$G; B=$V; dev_a=cuda; dev_b=cpu; }
+    "$A" train "${common[@]}" --max-steps 10 --device $dev_a --output "$tmp/x-$first" >/dev/null
+    "$B" train "${common[@]}" --max-steps 20 --device $dev_b --output "$tmp/x-$first" \
+        --resume "$tmp/x-$first/checkpoint_last.safetensors" >/dev/null
+    cmp "$tmp/cpu-sgd/model_last.safetensors" "$tmp/x-$first/model_last.safetensors"
+    cmp <(tensors "$tmp/cpu-sgd/checkpoint_last.safetensors") \
+        <(tensors "$tmp/x-$first/checkpoint_last.safetensors")
+    echo "10 steps on $dev_a, resumed for 10 on $dev_b: the 20 straight steps, bit for bit"
+done
+
+# evaluation on the GPU
+cpu=$("$V" train --model resnet14 --weights "$tmp/cpu-sgd/model_last.safetensors" --evaluate --batch-size 500)
+gpu=$("$G" train --model resnet14 --weights "$tmp/cpu-sgd/model_last.safetensors" --evaluate \
+    --batch-size 500 --device cuda)
+echo "$gpu"
+[ "$cpu" = "$gpu" ]
+# a stand-in run can also fail: another seed gives another model
+"$G" train "${common[@]}" --max-steps 10 --seed 1 --device cuda --output "$tmp/seed1" >/dev/null
+! cmp -s "$tmp/seed1/model_last.safetensors" "$tmp/x-gpu/model_last.safetensors"
+
+# --- pretraining: 20 train / 10 test images of each CIFAR-10 class ---
+cifar_subset "$tmp/data" 20 10
+export VISC_CACHE_DIR="$tmp/cache"
+ssl=(--data "imagenet:$tmp/data" --model resnet14 --width 16 --input-size 32 --crop-pct 1
+     --batch-size 20 --bank-size 100 --seed 3 --no-progress --print-freq 0 --workers 2 --epochs 2)
+for run in "moco" "moco --symmetric" "simclr --opt sgd --lr 0.1"; do
+    read -r method extra <<<"$run"
+    [ "$method" = moco ] && method=mocov2
+    name=${run// /_}
+    # shellcheck disable=SC2086 # the extra flags, words
+    "$V" pretrain "${ssl[@]}" --method $method $extra --max-steps 12 --output "$tmp/p-cpu-$name" >/dev/null
+    # shellcheck disable=SC2086
+    "$G" pretrain "${ssl[@]}" --method $method $extra --max-steps 12 --device cuda \
+        --output "$tmp/p-gpu-$name" >/dev/null
+    cmp "$tmp/p-cpu-$name/model_last.safetensors" "$tmp/p-gpu-$name/model_last.safetensors"
+    cmp <(tensors "$tmp/p-cpu-$name/checkpoint_last.safetensors") \
+        <(tensors "$tmp/p-gpu-$name/checkpoint_last.safetensors")
+    echo "pretrain $run, 12 steps on the stand-in GPU: the CPU's checkpoint, bit for bit"
+done
+"$G" pretrain "${ssl[@]}" --max-steps 7 --device cuda --output "$tmp/p-x" >/dev/null
+"$V" pretrain "${ssl[@]}" --max-steps 12 --output "$tmp/p-x" \
+    --resume "$tmp/p-x/checkpoint_last.safetensors" >/dev/null
+cmp <(tensors "$tmp/p-cpu-moco/checkpoint_last.safetensors") <(tensors "$tmp/p-x/checkpoint_last.safetensors")
+echo "pretrain moco, 7 steps on the stand-in GPU resumed for 5 on the CPU: the 12 straight, bit for bit"

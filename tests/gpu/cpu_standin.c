@@ -1,0 +1,338 @@
+/* cpu_standin.c: a stand-in GPU for the tests: the part of the CUDA
+ * backend's API (include/visc/cuda.h) that the engine's GPU code
+ * (src/gpu/) calls, implemented with the engine's own CPU layers on host
+ * memory.
+ *
+ * What it is for: testing the GPU plumbing where there is no GPU (CI has
+ * none). A model moved to this "GPU" runs its GPU code path (every layer
+ * through its twin in src/gpu/layers.c, the arena planned again, the batch
+ * uploaded, logits downloaded, the optimizer's step and state on the
+ * device, checkpoints downloaded first), and since each "kernel" here is
+ * the CPU layer the CPU path calls, with the same shapes (so the same
+ * oneDNN primitives), a run on it must give the CPU run's bits exactly.
+ * Any difference is a plumbing bug: a wrong buffer, a missed copy, state
+ * not carried. The real kernels are checked against these same CPU layers
+ * on a real GPU by test_cuda_kernels.c; the two together cover the GPU path.
+ *
+ * Linked instead of libvisc_cuda.a into tests/gpu/test_gpu_standin (the
+ * model checks of test_cuda_model.c, held to zero difference) and
+ * tests/gpu/visc_standin (the whole program: tests/e2e_gpu_standin.sh). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "visc/cuda.h"
+#include "visc/nn.h"
+
+/* Layers keep primitives per shape, as cuDNN plans are kept per shape. */
+#define MAX_SHAPES 256
+
+typedef struct {
+    visc_cuda_conv_shape key;
+    visc_conv2d op;
+    float *scratch_in, *scratch_dw; /* backward-data's unused operands */
+} conv_entry;
+
+typedef struct {
+    visc_cuda_bn_shape key;
+    visc_batchnorm2d op;
+} bn_entry;
+
+typedef struct {
+    int key[7];
+    visc_pool2d op;
+} pool_entry;
+
+struct visc_cuda {
+    int device;
+    conv_entry conv[MAX_SHAPES];
+    bn_entry bn[MAX_SHAPES];
+    pool_entry pool[MAX_SHAPES];
+    int num_conv, num_bn, num_pool;
+};
+
+int visc_cuda_device_count(void) { return 1; }
+
+int visc_cuda_describe(int dev, char *buf, size_t len) {
+    if (dev != 0) return visc_set_error("no device %d", dev);
+    snprintf(buf, len, "CPU stand-in (tests/gpu/cpu_standin.c: the CPU layers on host memory)");
+    return 0;
+}
+
+visc_cuda *visc_cuda_open(int dev) {
+    if (dev != 0) {
+        visc_set_error("no device %d", dev);
+        return NULL;
+    }
+    return visc_calloc(1, sizeof(visc_cuda), "stand-in GPU");
+}
+
+void visc_cuda_close(visc_cuda *ctx) {
+    for (int i = 0; i < ctx->num_conv; i++) {
+        visc_conv2d_destroy(&ctx->conv[i].op);
+        visc_free_aligned(ctx->conv[i].scratch_in);
+        visc_free_aligned(ctx->conv[i].scratch_dw);
+    }
+    for (int i = 0; i < ctx->num_bn; i++) visc_batchnorm2d_destroy(&ctx->bn[i].op);
+    for (int i = 0; i < ctx->num_pool; i++) visc_pool2d_destroy(&ctx->pool[i].op);
+    free(ctx);
+}
+
+int visc_cuda_sync(visc_cuda *ctx) {
+    (void)ctx;
+    return 0;
+}
+
+/* "Device" memory is host memory that starts out as NaNs, so that a read
+ * of anything never written shows (cudaMalloc's memory holds leftovers). */
+void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes) {
+    (void)ctx;
+    float *p = visc_alloc_aligned(bytes ? bytes : 1, "stand-in device memory");
+    for (size_t i = 0; i < bytes / sizeof(float); i++) p[i] = __builtin_nanf("");
+    return p;
+}
+
+void visc_cuda_free(visc_cuda *ctx, void *p) {
+    (void)ctx;
+    visc_free_aligned(p);
+}
+
+int visc_cuda_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+int visc_cuda_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+int visc_cuda_zero(visc_cuda *ctx, void *p, size_t bytes) {
+    (void)ctx;
+    memset(p, 0, bytes);
+    return 0;
+}
+
+int visc_cuda_copy(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
+    (void)ctx;
+    memmove(dst, src, bytes);
+    return 0;
+}
+
+/* ---- convolutions: visc_conv2d per shape ---- */
+static conv_entry *conv_for(visc_cuda *ctx, const visc_cuda_conv_shape *s) {
+    if (s->type != VISC_CUDA_CONV_F32_NCHW) {
+        visc_set_error("the stand-in has fp32 NCHW convolutions only");
+        return NULL;
+    }
+    for (int i = 0; i < ctx->num_conv; i++)
+        if (!memcmp(&ctx->conv[i].key, s, sizeof *s)) return &ctx->conv[i];
+    if (ctx->num_conv == MAX_SHAPES) {
+        visc_set_error("stand-in: more than %d convolution shapes", MAX_SHAPES);
+        return NULL;
+    }
+    conv_entry *e = &ctx->conv[ctx->num_conv++];
+    e->key = *s;
+    visc_conv2d_init(&e->op, s->N, s->C, s->H, s->W, s->K, s->R, s->S, s->stride, s->pad, 1, 1, 0);
+    e->scratch_in = visc_calloc((size_t)s->N * s->C * s->H * s->W, sizeof(float), "stand-in");
+    e->scratch_dw = visc_calloc((size_t)s->K * s->C * s->R * s->S, sizeof(float), "stand-in");
+    return e;
+}
+
+int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *y, const void *x,
+                           const void *w) {
+    conv_entry *e = conv_for(ctx, s);
+    if (!e) return -1;
+    visc_conv2d_forward(&e->op, y, x, w, NULL);
+    return 0;
+}
+
+int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dw,
+                                    const void *x, const void *dy, float beta) {
+    conv_entry *e = conv_for(ctx, s);
+    if (!e) return -1;
+    if (beta != 0.0f) return visc_set_error("the stand-in's weight gradients overwrite (beta 0)");
+    visc_conv2d_backward(&e->op, NULL, dw, NULL, dy, x, NULL);
+    return 0;
+}
+
+/* The CPU layer computes the data gradient together with the weights'; the
+ * data gradient depends on dy and w only, so the weights' part runs on a
+ * scratch input into a scratch gradient. */
+int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dx,
+                                 const void *dy, const void *w) {
+    conv_entry *e = conv_for(ctx, s);
+    if (!e) return -1;
+    visc_conv2d_backward(&e->op, dx, e->scratch_dw, NULL, dy, e->scratch_in, w);
+    return 0;
+}
+
+/* ---- batch norm: visc_batchnorm2d per shape ---- */
+static visc_batchnorm2d *bn_for(visc_cuda *ctx, const visc_cuda_bn_shape *s) {
+    if (!s->nchw) {
+        visc_set_error("the stand-in has NCHW batch norm only");
+        return NULL;
+    }
+    for (int i = 0; i < ctx->num_bn; i++)
+        if (!memcmp(&ctx->bn[i].key, s, sizeof *s)) return &ctx->bn[i].op;
+    if (ctx->num_bn == MAX_SHAPES) {
+        visc_set_error("stand-in: more than %d batch norm shapes", MAX_SHAPES);
+        return NULL;
+    }
+    bn_entry *e = &ctx->bn[ctx->num_bn++];
+    e->key = *s;
+    visc_batchnorm2d_init(&e->op, s->N, s->C, s->HW, s->eps, s->momentum, s->relu);
+    return &e->op;
+}
+
+int visc_cuda_batchnorm_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *out,
+                                      float *save_mean, float *save_rstd, const float *in,
+                                      const float *gamma, const float *beta, float *running_mean,
+                                      float *running_var) {
+    visc_batchnorm2d *b = bn_for(ctx, s);
+    if (!b) return -1;
+    visc_batchnorm2d_forward_train(b, out, save_mean, save_rstd, in, gamma, beta, running_mean,
+                                   running_var);
+    return 0;
+}
+
+int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *out,
+                                     const float *in, const float *gamma, const float *beta,
+                                     const float *running_mean, const float *running_var) {
+    visc_batchnorm2d *b = bn_for(ctx, s);
+    if (!b) return -1;
+    visc_batchnorm2d_forward_eval(b, out, in, gamma, beta, running_mean, running_var);
+    return 0;
+}
+
+int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *din,
+                                 float *dgamma, float *dbeta, const float *dout, const float *in,
+                                 const float *out, const float *gamma, const float *save_mean,
+                                 const float *save_rstd) {
+    visc_batchnorm2d *b = bn_for(ctx, s);
+    if (!b) return -1;
+    visc_batchnorm2d_backward(b, din, dgamma, dbeta, dout, in, out, gamma, save_mean, save_rstd);
+    return 0;
+}
+
+/* ---- pooling, elementwise, linear ---- */
+static visc_pool2d *pool_for(visc_cuda *ctx, int N, int C, int H, int W, int k, int s, int pad) {
+    const int key[7] = {N, C, H, W, k, s, pad};
+    for (int i = 0; i < ctx->num_pool; i++)
+        if (!memcmp(ctx->pool[i].key, key, sizeof key)) return &ctx->pool[i].op;
+    if (ctx->num_pool == MAX_SHAPES) {
+        visc_set_error("stand-in: more than %d pooling shapes", MAX_SHAPES);
+        return NULL;
+    }
+    pool_entry *e = &ctx->pool[ctx->num_pool++];
+    memcpy(e->key, key, sizeof key);
+    visc_pool2d_init(&e->op, N, C, H, W, k, s, pad);
+    return &e->op;
+}
+
+int visc_cuda_maxpool_forward(visc_cuda *ctx, float *out, int32_t *argmax, const float *in, int N,
+                              int C, int H, int W, int kernel, int stride, int pad) {
+    visc_pool2d *p = pool_for(ctx, N, C, H, W, kernel, stride, pad);
+    if (!p) return -1;
+    visc_maxpool2d_forward(p, out, argmax, in);
+    return 0;
+}
+
+int visc_cuda_maxpool_backward(visc_cuda *ctx, float *din, const float *dout, const int32_t *argmax,
+                               int N, int C, int H, int W, int kernel, int stride, int pad) {
+    visc_pool2d *p = pool_for(ctx, N, C, H, W, kernel, stride, pad);
+    if (!p) return -1;
+    visc_maxpool2d_backward(p, din, dout, argmax);
+    return 0;
+}
+
+int visc_cuda_global_avgpool_forward(visc_cuda *ctx, float *out, const float *in, int N, int C,
+                                     int HW) {
+    (void)ctx;
+    visc_global_avgpool_forward(out, in, N, C, HW);
+    return 0;
+}
+
+int visc_cuda_global_avgpool_backward(visc_cuda *ctx, float *din, const float *dout, int N, int C,
+                                      int HW) {
+    (void)ctx;
+    visc_global_avgpool_backward(din, dout, N, C, HW);
+    return 0;
+}
+
+int visc_cuda_relu_backward(visc_cuda *ctx, float *din, const float *dout, const float *out,
+                            size_t n) {
+    (void)ctx;
+    visc_relu_backward(din, dout, out, n);
+    return 0;
+}
+
+int visc_cuda_add(visc_cuda *ctx, float *out, const float *a, const float *b, size_t n) {
+    (void)ctx;
+    visc_add_forward(out, a, b, n);
+    return 0;
+}
+
+int visc_cuda_add_relu(visc_cuda *ctx, float *out, const float *identity, size_t n) {
+    (void)ctx;
+    for (size_t i = 0; i < n; i++) { /* models/resnet.c's add_relu */
+        const float v = out[i] + identity[i];
+        out[i] = v > 0.0f ? v : 0.0f;
+    }
+    return 0;
+}
+
+int visc_cuda_linear_forward(visc_cuda *ctx, float *out, const float *in, const float *weight,
+                             const float *bias, int N, int in_features, int out_features) {
+    (void)ctx;
+    visc_linear_forward(out, in, weight, bias, N, in_features, out_features);
+    return 0;
+}
+
+int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
+                              const float *dout, const float *in, const float *weight, int N,
+                              int in_features, int out_features) {
+    (void)ctx;
+    visc_linear_backward(din, dweight, dbias, dout, in, weight, N, in_features, out_features);
+    return 0;
+}
+
+/* ---- the optimizer: the CPU's step on the state buffer it is handed ---- */
+struct visc_cuda_optim {
+    visc_optimizer cpu;
+};
+
+visc_cuda_optim *visc_cuda_optim_create(visc_cuda *ctx, const visc_optimizer *cpu) {
+    (void)ctx;
+    if (cpu->cfg.kind != VISC_OPT_ADAMW && cpu->cfg.kind != VISC_OPT_SGD) {
+        visc_set_error("optimizer %s has no CUDA step yet (sgd and adamw have)",
+                       visc_opt_kind_name(cpu->cfg.kind));
+        return NULL;
+    }
+    visc_cuda_optim *o = visc_calloc(1, sizeof *o, "stand-in optimizer");
+    visc_optimizer_init(&o->cpu, &cpu->cfg, cpu->params);
+    return o;
+}
+
+int visc_cuda_optim_step(visc_cuda_optim *o, float *params, const float *grads, float *state,
+                         float lr, int64_t step) {
+    float *own = o->cpu.state;
+    o->cpu.state = state;
+    o->cpu.step = step;
+    visc_optimizer_step(&o->cpu, params, grads, lr);
+    o->cpu.state = own;
+    return 0;
+}
+
+int visc_cuda_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t n, float decay) {
+    (void)ctx;
+    visc_ema_update(ema, params, n, decay);
+    return 0;
+}
+
+void visc_cuda_optim_destroy(visc_cuda_optim *opt) {
+    visc_optimizer_free(&opt->cpu);
+    free(opt);
+}
