@@ -8,6 +8,7 @@
 # stand-in's kernels are the CPU's layers, every result must be the CPU
 # run's, bit for bit:
 #   - 20 steps with SGD and with AdamW: the same model file as on the CPU;
+#   - a ViT (attention, LayerNorm, GELU, drop-path, class token): the same;
 #   - resume across devices: 10 steps on the GPU + 10 on the CPU, and
 #     10 on the CPU + 10 on the GPU, equal the 20 straight (model and
 #     checkpoint with its optimizer state, the config's device aside);
@@ -57,6 +58,16 @@ for opt in sgd adamw; do
     grep -qF '\"device\":\"cuda\"' "$tmp/gpu-$opt/checkpoint_last.safetensors"
     echo "20 steps with $opt on the stand-in GPU: the CPU's model and optimizer state, bit for bit"
 done
+
+# a ViT (fused attention, LayerNorm, GELU, drop-path drawn on the host, class token)
+vit=(--model vit_femto_patch4_28 --opt adamw --lr 0.002 --wd 0.05 --drop-path 0.1 --epochs 1
+     --batch-size 32 --print-freq 0 --no-progress --threads 2 --max-steps 12)
+"$V" train "${vit[@]}" --output "$tmp/vit-cpu" >/dev/null
+"$G" train "${vit[@]}" --output "$tmp/vit-gpu" --device cuda >/dev/null
+cmp "$tmp/vit-cpu/model_last.safetensors" "$tmp/vit-gpu/model_last.safetensors"
+cmp <(tensors "$tmp/vit-cpu/checkpoint_last.safetensors") \
+    <(tensors "$tmp/vit-gpu/checkpoint_last.safetensors")
+echo "12 steps of vit_femto_patch4_28 with drop-path on the stand-in GPU: the CPU's, bit for bit"
 
 # resume across devices
 for first in cpu gpu; do

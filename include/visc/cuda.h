@@ -24,6 +24,9 @@
  * batchnorm.cu    visc_batchnorm2d_* with the fused ReLU (src/nn/batchnorm2d.c)
  * pool.cu         max pooling, global average pooling, ReLU (src/nn/pool2d.c,
  *                 global_pool.c, eltwise.c)
+ * attention.cu    fused multi-head attention, forward and backward (src/nn/attention.c)
+ * tokens.cu       patch embedding, the position table's add, drop-path, row copies
+ *                 and sums (models/transformer_common.c, nn/token_ops.c, droppath.c)
  *
  * C++ (the .cu files) includes this through src/cuda/common.cuh, which
  * makes core.h's C11 _Noreturn readable to nvcc.
@@ -59,6 +62,7 @@ extern "C" {
 #endif
 
 #include "optim.h" /* C linkage for C++ too: core.h has no extern "C" of its own */
+#include "tokens.h"
 
 /* ---- context.cu ---- */
 /* Number of usable CUDA devices; -1 with the runtime's reason (no driver,
@@ -246,6 +250,45 @@ int visc_cuda_relu_forward(visc_cuda *ctx, float *out, const float *in, size_t n
 /* Masked by the forward OUTPUT; din may alias dout. */
 int visc_cuda_relu_backward(visc_cuda *ctx, float *din, const float *dout, const float *out,
                             size_t n);
+
+/* ---- attention.cu: as visc_attention_forward/backward (tokens.h) ----
+ * The same descriptor, its bias / mask / head_scale pointers on the device;
+ * head dimension D up to 128. Backward keeps a workspace in the context
+ * (4 bytes per query row, and B H Nq Nk floats more when dbias is asked). */
+int visc_cuda_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
+                                const float *q, const float *k, const float *v);
+int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
+                                 float *dv, float *dbias, float *dhead_scale, const float *dout,
+                                 const float *q, const float *k, const float *v, const float *out,
+                                 const float *lse);
+
+/* ---- tokens.cu ---- */
+/* The patch embedding, as visc_tf_patch_embed_*: Conv2d(kernel = stride =
+ * patch, bias) on [B, in_channels, image, image], its output rows moved to
+ * tokens row b * tokens + first + l. conv_out / dconv: [B, C, grid^2]. */
+typedef struct {
+    int B, in_channels, image, patch, C, tokens, first;
+} visc_cuda_patch_shape;
+int visc_cuda_patch_embed_forward(visc_cuda *ctx, const visc_cuda_patch_shape *p, float *tokens,
+                                  float *conv_out, const float *image, const float *weight,
+                                  const float *bias);
+/* dweight, dbias overwritten; the image gets no gradient (the first layer). */
+int visc_cuda_patch_embed_backward(visc_cuda *ctx, const visc_cuda_patch_shape *p, float *dweight,
+                                   float *dbias, float *dconv, const float *dtokens,
+                                   const float *image);
+/* x[b] += table for b < B (rows of NC floats), as visc_add_broadcast_forward */
+int visc_cuda_add_broadcast(visc_cuda *ctx, float *x, const float *table, int B, int64_t NC);
+/* out[c] = sum over r < rows of a[r C + c] (a fixed order) */
+int visc_cuda_sum_rows(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C);
+/* As visc_droppath_add_forward / backward with the keep factors [B] given
+ * (drawn on the host by visc_droppath_keep, uploaded). */
+int visc_cuda_droppath_add_forward(visc_cuda *ctx, float *x, const float *branch, const float *keep,
+                                   int B, size_t per_sample);
+int visc_cuda_droppath_add_backward(visc_cuda *ctx, float *dbranch, const float *dx,
+                                    const float *keep, int B, size_t per_sample);
+/* rows x count floats, rows dst_stride / src_stride floats apart */
+int visc_cuda_copy_rows(visc_cuda *ctx, float *dst, int64_t dst_stride, const float *src,
+                        int64_t src_stride, int64_t rows, int count);
 
 #ifdef __cplusplus
 }

@@ -32,6 +32,7 @@
 #include "model.h"
 #include "nn.h"
 #include "optim.h"
+#include "tokens.h"
 #include "train.h"
 
 /* ---- device.c ---- */
@@ -61,6 +62,14 @@ int visc_model_download(visc_model *m);
 int visc_model_upload(visc_model *m);
 /* Frees the device copies (the model's destroy calls it). */
 void visc_model_gpu_release(visc_model *m);
+/* A model's to_cuda: its activation arena planned again in device memory.
+ * plan(m, a) is the model's planning pass (run counting, then for real);
+ * the host arena is freed. *dlogits gets a device buffer [batch, classes]
+ * for backward's incoming gradient; m->logits and m->features become host
+ * buffers that forward downloads into. visc_gpu_arena_free undoes it. */
+int visc_gpu_arena_move(visc_model *m, visc_arena *arena, void (*plan)(visc_model *, visc_arena *),
+                        float **dlogits);
+void visc_gpu_arena_free(visc_model *m, visc_arena *arena, float *dlogits);
 
 /* ---- layers.c: as the nn.h functions of the same names, on device pointers ---- */
 void visc_gpu_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes);
@@ -103,6 +112,45 @@ void visc_gpu_relu_backward(visc_cuda *ctx, float *din, const float *dout, const
 void visc_gpu_add(visc_cuda *ctx, float *out, const float *a, const float *b, size_t n);
 /* out = relu(out + identity) */
 void visc_gpu_add_relu(visc_cuda *ctx, float *out, const float *identity, size_t n);
+
+/* ---- layers.c: the token layers (tokens.h, models/transformer_common.h) ---- */
+void visc_gpu_layernorm_forward(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
+                                const float *in, const float *gamma, const float *beta,
+                                int64_t rows, int C, float eps);
+void visc_gpu_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                 const float *dout, const float *in, const float *gamma,
+                                 const float *save_mean, const float *save_rstd, int64_t rows,
+                                 int C);
+void visc_gpu_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n);
+void visc_gpu_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const float *in,
+                            size_t n);
+void visc_gpu_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
+                                const float *q, const float *k, const float *v);
+void visc_gpu_attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
+                                 float *dv, float *dbias, float *dhead_scale, const float *dout,
+                                 const float *q, const float *k, const float *v, const float *out,
+                                 const float *lse);
+/* The patch embedding of `conv` (kernel = stride = patch, with bias) into
+ * token rows b * tokens + first + l, as visc_tf_patch_embed_*. */
+void visc_gpu_patch_embed_forward(visc_cuda *ctx, const visc_conv2d *conv, float *tokens,
+                                  float *conv_out, const float *image, const float *weight,
+                                  const float *bias, int tokens_per_image, int first);
+void visc_gpu_patch_embed_backward(visc_cuda *ctx, const visc_conv2d *conv, float *dweight,
+                                   float *dbias, float *dconv, const float *dtokens,
+                                   const float *image, int tokens_per_image, int first);
+void visc_gpu_add_broadcast(visc_cuda *ctx, float *x, const float *table, int B, int64_t NC);
+/* out[c] = sum over the rows of a [rows, C] */
+void visc_gpu_sum_rows(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C);
+/* Drop-path's factors drawn on the host (keep_host [B]) as the CPU draws
+ * them, uploaded to keep [B] (device), then x += keep_b branch. */
+void visc_gpu_droppath_add_forward(visc_cuda *ctx, float *x, const float *branch, float *keep,
+                                   float *keep_host, int B, size_t per_sample, float p, int train,
+                                   uint64_t seed, uint64_t offset);
+void visc_gpu_droppath_add_backward(visc_cuda *ctx, float *dbranch, const float *dx,
+                                    const float *keep, int B, size_t per_sample);
+/* rows x count floats, rows dst_stride / src_stride floats apart */
+void visc_gpu_copy_rows(visc_cuda *ctx, float *dst, int64_t dst_stride, const float *src,
+                        int64_t src_stride, int64_t rows, int count);
 
 /* ---- optim.c ---- */
 typedef struct visc_gpu_optim visc_gpu_optim;

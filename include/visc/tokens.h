@@ -100,6 +100,9 @@ double visc_attention_flops(const visc_attention *a);
  * 1/(1-p)) for backward. The draw is the first uniform of
  * visc_rng_make(seed, VISC_STREAM_DROPOUT, offset + b); give each site and
  * step a disjoint offset range, e.g. offset = (step * sites + site) * B. */
+/* The factors alone (what forward writes to keep): for a device that
+ * draws them on the host. */
+void visc_droppath_keep(float *keep, int B, float p, int train, uint64_t seed, uint64_t offset);
 void visc_droppath_add_forward(float *x, const float *branch, float *keep, int B, size_t per_sample,
                                float p, int train, uint64_t seed, uint64_t offset);
 /* dbranch = keep_b * dx (dx, the gradient of the sum, passes to x as is). */

@@ -24,9 +24,11 @@ struct visc_cuda {
     void *scratch;       /* partial sums, grown by visc_cuda_scratch */
     size_t scratch_bytes;
     struct visc_conv_state *conv; /* cuDNN handle, plans, workspace (conv.cu), or NULL */
+    struct visc_attn_state *attn; /* attention backward's workspace (attention.cu), or NULL */
 };
-/* Frees ctx->conv (conv.cu). */
+/* Frees ctx->conv (conv.cu), ctx->attn (attention.cu). */
 void visc_conv_state_free(visc_cuda *ctx);
+void visc_attn_state_free(visc_cuda *ctx);
 
 /* cuBLASLt's entry points, loaded by visc_lt_load (cublaslt_dl.cu): the
  * library is opened by the first matrix product, not when a program

@@ -72,6 +72,7 @@ void visc_cuda_close(visc_cuda *ctx) {
     if (!ctx) return;
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
     visc_conv_state_free(ctx);
+    visc_attn_state_free(ctx);
     cudaFree(ctx->scratch);
     cudaFree(ctx->workspace);
     if (ctx->lt) visc_lt.destroy(ctx->lt);

@@ -150,3 +150,95 @@ void visc_gpu_add(visc_cuda *ctx, float *out, const float *a, const float *b, si
 void visc_gpu_add_relu(visc_cuda *ctx, float *out, const float *identity, size_t n) {
     RUN(visc_cuda_add_relu(ctx, out, identity, n));
 }
+
+/* ---- the token layers ---- */
+
+void visc_gpu_layernorm_forward(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
+                                const float *in, const float *gamma, const float *beta,
+                                int64_t rows, int C, float eps) {
+    RUN(visc_cuda_layernorm_forward(ctx, out, save_mean, save_rstd, in, gamma, beta, rows, C, eps));
+}
+
+void visc_gpu_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                 const float *dout, const float *in, const float *gamma,
+                                 const float *save_mean, const float *save_rstd, int64_t rows,
+                                 int C) {
+    RUN(visc_cuda_layernorm_backward(ctx, din, dgamma, dbeta, dout, in, gamma, save_mean, save_rstd,
+                                     rows, C));
+}
+
+void visc_gpu_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n) {
+    RUN(visc_cuda_gelu_forward(ctx, out, in, n));
+}
+
+void visc_gpu_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const float *in,
+                            size_t n) {
+    RUN(visc_cuda_gelu_backward(ctx, din, dout, in, n));
+}
+
+void visc_gpu_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
+                                const float *q, const float *k, const float *v) {
+    RUN(visc_cuda_attention_forward(ctx, a, out, lse, q, k, v));
+}
+
+void visc_gpu_attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
+                                 float *dv, float *dbias, float *dhead_scale, const float *dout,
+                                 const float *q, const float *k, const float *v, const float *out,
+                                 const float *lse) {
+    RUN(visc_cuda_attention_backward(ctx, a, dq, dk, dv, dbias, dhead_scale, dout, q, k, v, out,
+                                     lse));
+}
+
+static visc_cuda_patch_shape patch_shape(const visc_conv2d *c, int tokens, int first) {
+    if (c->R != c->S || c->stride != c->R || c->pad != 0 || c->H != c->W || !c->has_bias)
+        visc_die("cuda: a patch embedding is a square, unpadded, biased convolution with stride = "
+                 "kernel");
+    visc_cuda_patch_shape p = {.B = c->N,
+                               .in_channels = c->C,
+                               .image = c->H,
+                               .patch = c->R,
+                               .C = c->K,
+                               .tokens = tokens,
+                               .first = first};
+    return p;
+}
+
+void visc_gpu_patch_embed_forward(visc_cuda *ctx, const visc_conv2d *conv, float *tokens,
+                                  float *conv_out, const float *image, const float *weight,
+                                  const float *bias, int tokens_per_image, int first) {
+    const visc_cuda_patch_shape p = patch_shape(conv, tokens_per_image, first);
+    RUN(visc_cuda_patch_embed_forward(ctx, &p, tokens, conv_out, image, weight, bias));
+}
+
+void visc_gpu_patch_embed_backward(visc_cuda *ctx, const visc_conv2d *conv, float *dweight,
+                                   float *dbias, float *dconv, const float *dtokens,
+                                   const float *image, int tokens_per_image, int first) {
+    const visc_cuda_patch_shape p = patch_shape(conv, tokens_per_image, first);
+    RUN(visc_cuda_patch_embed_backward(ctx, &p, dweight, dbias, dconv, dtokens, image));
+}
+
+void visc_gpu_add_broadcast(visc_cuda *ctx, float *x, const float *table, int B, int64_t NC) {
+    RUN(visc_cuda_add_broadcast(ctx, x, table, B, NC));
+}
+
+void visc_gpu_sum_rows(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C) {
+    RUN(visc_cuda_sum_rows(ctx, out, a, rows, C));
+}
+
+void visc_gpu_droppath_add_forward(visc_cuda *ctx, float *x, const float *branch, float *keep,
+                                   float *keep_host, int B, size_t per_sample, float p, int train,
+                                   uint64_t seed, uint64_t offset) {
+    visc_droppath_keep(keep_host, B, p, train, seed, offset);
+    visc_gpu_upload(ctx, keep, keep_host, (size_t)B * sizeof(float));
+    RUN(visc_cuda_droppath_add_forward(ctx, x, branch, keep, B, per_sample));
+}
+
+void visc_gpu_droppath_add_backward(visc_cuda *ctx, float *dbranch, const float *dx,
+                                    const float *keep, int B, size_t per_sample) {
+    RUN(visc_cuda_droppath_add_backward(ctx, dbranch, dx, keep, B, per_sample));
+}
+
+void visc_gpu_copy_rows(visc_cuda *ctx, float *dst, int64_t dst_stride, const float *src,
+                        int64_t src_stride, int64_t rows, int count) {
+    RUN(visc_cuda_copy_rows(ctx, dst, dst_stride, src, src_stride, rows, count));
+}

@@ -10,8 +10,9 @@
 #ifdef VISC_WITH_CUDA
 int visc_model_to_gpu(visc_model *m, visc_cuda *ctx) {
     if (!m->to_cuda)
-        return visc_set_error("--device cuda: %s has no GPU implementation yet (the ResNets have "
-                              "one)",
+        return visc_set_error("--device cuda: %s has no GPU implementation yet (the ResNets and "
+                              "the "
+                              "ViTs have one)",
                               m->cfg.arch);
     if (m->grad_ready)
         return visc_set_error("--device cuda: gradients handed to an all-reduce during backward "
@@ -58,6 +59,35 @@ void visc_model_gpu_release(visc_model *m) {
     m->cuda = NULL;
 }
 
+int visc_gpu_arena_move(visc_model *m, visc_arena *arena, void (*plan)(visc_model *, visc_arena *),
+                        float **dlogits) {
+    const size_t B = (size_t)m->cfg.batch, K = (size_t)m->cfg.num_classes;
+    visc_arena counting;
+    visc_arena_init(&counting, 0);
+    plan(m, &counting);
+    char *base = visc_cuda_alloc(m->cuda, counting.used);
+    float *dl = base ? visc_cuda_alloc(m->cuda, B * K * sizeof(float)) : NULL;
+    if (!dl) {
+        if (base) visc_cuda_free(m->cuda, base);
+        return -1;
+    }
+    visc_arena_free(arena);
+    *arena = (visc_arena){.base = base, .size = counting.used, .device = VISC_DEVICE_CUDA};
+    plan(m, arena);
+    *dlogits = dl;
+    m->logits = visc_alloc_aligned(B * K * sizeof(float), "logits");
+    m->features = visc_alloc_aligned(B * (size_t)m->feature_dim * sizeof(float), "features");
+    return 0;
+}
+
+void visc_gpu_arena_free(visc_model *m, visc_arena *arena, float *dlogits) {
+    visc_cuda_free(m->cuda, arena->base);
+    visc_cuda_free(m->cuda, dlogits);
+    arena->base = NULL;
+    visc_free_aligned(m->logits);
+    visc_free_aligned(m->features);
+}
+
 void visc_model_zero_grad_gpu(visc_model *m, int index) {
     visc_gpu_zero(m->cuda, visc_model_grad(m, index), m->params.entries[index].numel);
 }
@@ -74,5 +104,13 @@ void visc_model_gpu_release(visc_model *m) { (void)m; }
 void visc_model_zero_grad_gpu(visc_model *m, int index) {
     (void)index;
     visc_die("%s: a model on a GPU in a visc without the CUDA backend", m->cfg.arch);
+}
+int visc_gpu_arena_move(visc_model *m, visc_arena *arena, void (*plan)(visc_model *, visc_arena *),
+                        float **dlogits) {
+    (void)arena, (void)plan, (void)dlogits;
+    return visc_set_error("%s: no GPU in a visc without the CUDA backend", m->cfg.arch);
+}
+void visc_gpu_arena_free(visc_model *m, visc_arena *arena, float *dlogits) {
+    (void)m, (void)arena, (void)dlogits;
 }
 #endif

@@ -470,28 +470,12 @@ static void resnet_set_bn_sync(visc_model *m, visc_bn_sync_fn fn, void *ctx) {
 static void free_conv(conv_layer *c) { visc_conv2d_destroy(&c->op); }
 static void free_bn(bn_layer *b) { visc_batchnorm2d_destroy(&b->op); }
 
-/* The arena planned again in device memory (every activation pointer
- * moves there), with host copies of the logits and features that forward
- * downloads, and a device buffer for the dlogits backward uploads. */
+static void plan(visc_model *m, visc_arena *a) { plan_activations(m, m->impl, a); }
+
+/* Every activation pointer moves to device memory (gpu.h). */
 static int resnet_to_cuda(visc_model *m) {
     resnet *r = m->impl;
-    const size_t N = (size_t)m->cfg.batch, K = (size_t)m->cfg.num_classes;
-    visc_arena plan;
-    visc_arena_init(&plan, 0);
-    plan_activations(m, r, &plan);
-    char *base = visc_gpu_alloc(m->cuda, plan.used);
-    float *dlogits = base ? visc_gpu_alloc(m->cuda, N * K * sizeof(float)) : NULL;
-    if (!dlogits) {
-        visc_gpu_free(m->cuda, base);
-        return -1;
-    }
-    visc_arena_free(&r->arena);
-    r->arena = (visc_arena){.base = base, .size = plan.used, .device = VISC_DEVICE_CUDA};
-    plan_activations(m, r, &r->arena);
-    r->dlogits = dlogits;
-    m->logits = visc_alloc_aligned(N * K * sizeof(float), "logits");
-    m->features = visc_alloc_aligned(N * (size_t)r->feature_dim * sizeof(float), "features");
-    return 0;
+    return visc_gpu_arena_move(m, &r->arena, plan, &r->dlogits);
 }
 
 static void resnet_destroy(visc_model *m) {
@@ -518,10 +502,7 @@ static void resnet_destroy(visc_model *m) {
     free(r->bns);
     free(m->bn_names);
     if (m->cuda) {
-        visc_gpu_free(m->cuda, r->arena.base);
-        visc_gpu_free(m->cuda, r->dlogits);
-        visc_free_aligned(m->logits);
-        visc_free_aligned(m->features);
+        visc_gpu_arena_free(m, &r->arena, r->dlogits);
         visc_model_gpu_release(m);
     } else {
         visc_arena_free(&r->arena);

@@ -1,16 +1,18 @@
 /* transformer_common.c: linear, LayerNorm, MLP and patch-embedding glue for
- * the token models, plus timm's initialization. See transformer_common.h. */
+ * the token models, plus timm's initialization. See transformer_common.h.
+ * On a GPU (m->cuda) each goes to its twin in gpu.h. */
 #include "transformer_common.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "visc/gpu.h"
 #include "visc/rng.h"
 #include "visc/tokens.h"
 
-#define P(idx) visc_table_get(&m->params, (idx))
-#define G(idx) (m->grads + m->params.entries[(idx)].offset)
+#define P(idx) visc_model_param(m, (idx))
+#define G(idx) visc_model_grad(m, (idx))
 
 int visc_tf_add_param(visc_model *m, const char *prefix, const char *suffix, int ndim,
                       const int64_t *shape, unsigned flags) {
@@ -35,14 +37,21 @@ void visc_tf_add_linear(visc_model *m, visc_tf_linear *l, const char *name, int 
 
 void visc_tf_linear_forward(visc_model *m, const visc_tf_linear *l, float *out, const float *in,
                             int64_t rows) {
-    visc_linear_forward(out, in, P(l->weight), l->bias >= 0 ? P(l->bias) : NULL, (int)rows, l->in,
-                        l->out);
+    const float *bias = l->bias >= 0 ? P(l->bias) : NULL;
+    if (m->cuda)
+        visc_gpu_linear_forward(m->cuda, out, in, P(l->weight), bias, (int)rows, l->in, l->out);
+    else visc_linear_forward(out, in, P(l->weight), bias, (int)rows, l->in, l->out);
 }
 
 void visc_tf_linear_backward(visc_model *m, const visc_tf_linear *l, float *din, const float *dout,
                              const float *in, int64_t rows) {
-    visc_linear_backward(din, G(l->weight), l->bias >= 0 ? G(l->bias) : NULL, dout, in,
-                         P(l->weight), (int)rows, l->in, l->out);
+    float *dbias = l->bias >= 0 ? G(l->bias) : NULL;
+    if (m->cuda)
+        visc_gpu_linear_backward(m->cuda, din, G(l->weight), dbias, dout, in, P(l->weight),
+                                 (int)rows, l->in, l->out);
+    else
+        visc_linear_backward(din, G(l->weight), dbias, dout, in, P(l->weight), (int)rows, l->in,
+                             l->out);
     visc_model_grad_ready(m, G(l->weight), (size_t)l->in * l->out);
     if (l->bias >= 0) visc_model_grad_ready(m, G(l->bias), (size_t)l->out);
 }
@@ -59,7 +68,10 @@ void visc_tf_add_norm(visc_model *m, visc_tf_norm *n, const char *name, int C, f
 
 void visc_tf_norm_forward(visc_model *m, const visc_tf_norm *n, float *out, float *mean,
                           float *rstd, const float *in, int64_t rows) {
-    visc_layernorm_forward(out, mean, rstd, in, P(n->weight), P(n->bias), rows, n->C, n->eps);
+    if (m->cuda)
+        visc_gpu_layernorm_forward(m->cuda, out, mean, rstd, in, P(n->weight), P(n->bias), rows,
+                                   n->C, n->eps);
+    else visc_layernorm_forward(out, mean, rstd, in, P(n->weight), P(n->bias), rows, n->C, n->eps);
 }
 
 void visc_tf_head_backward(visc_model *m, const visc_tf_linear *l, const float *dout,
@@ -76,8 +88,12 @@ void visc_tf_head_backward(visc_model *m, const visc_tf_linear *l, const float *
 
 void visc_tf_norm_backward(visc_model *m, const visc_tf_norm *n, float *din, const float *dout,
                            const float *in, const float *mean, const float *rstd, int64_t rows) {
-    visc_layernorm_backward(din, G(n->weight), G(n->bias), dout, in, P(n->weight), mean, rstd, rows,
-                            n->C);
+    if (m->cuda)
+        visc_gpu_layernorm_backward(m->cuda, din, G(n->weight), G(n->bias), dout, in, P(n->weight),
+                                    mean, rstd, rows, n->C);
+    else
+        visc_layernorm_backward(din, G(n->weight), G(n->bias), dout, in, P(n->weight), mean, rstd,
+                                rows, n->C);
     visc_model_grad_ready(m, G(n->weight), (size_t)n->C);
     visc_model_grad_ready(m, G(n->bias), (size_t)n->C);
 }
@@ -93,10 +109,15 @@ void visc_tf_add_mlp(visc_model *m, visc_tf_mlp *p, const char *name, int C, int
     visc_tf_add_linear(m, &p->fc2, key, hidden, C, 1);
 }
 
+static void gelu_forward(visc_model *m, float *out, const float *in, size_t n) {
+    if (m->cuda) visc_gpu_gelu_forward(m->cuda, out, in, n);
+    else visc_gelu_forward(out, in, n);
+}
+
 void visc_tf_mlp_forward(visc_model *m, const visc_tf_mlp *p, float *out, float *h, float *scratch,
                          const float *in, int64_t rows) {
     visc_tf_linear_forward(m, &p->fc1, h, in, rows);
-    visc_gelu_forward(scratch, h, (size_t)rows * p->hidden);
+    gelu_forward(m, scratch, h, (size_t)rows * p->hidden);
     visc_tf_linear_forward(m, &p->fc2, out, scratch, rows);
 }
 
@@ -104,9 +125,10 @@ void visc_tf_mlp_backward(visc_model *m, const visc_tf_mlp *p, float *din, const
                           const float *in, const float *h, float *scratch, float *dscratch,
                           int64_t rows) {
     size_t n = (size_t)rows * p->hidden;
-    visc_gelu_forward(scratch, h, n); /* recomputed: fc2's input */
+    gelu_forward(m, scratch, h, n); /* recomputed: fc2's input */
     visc_tf_linear_backward(m, &p->fc2, dscratch, dout, scratch, rows);
-    visc_gelu_backward(dscratch, dscratch, h, n);
+    if (m->cuda) visc_gpu_gelu_backward(m->cuda, dscratch, dscratch, h, n);
+    else visc_gelu_backward(dscratch, dscratch, h, n);
     visc_tf_linear_backward(m, &p->fc1, din, dscratch, in, rows);
 }
 
@@ -132,6 +154,11 @@ void visc_tf_add_patch_embed(visc_model *m, visc_tf_patch_embed *p, const char *
 
 void visc_tf_patch_embed_forward(visc_model *m, visc_tf_patch_embed *p, float *tokens,
                                  float *conv_out, const float *image) {
+    if (m->cuda) {
+        visc_gpu_patch_embed_forward(m->cuda, &p->conv, tokens, conv_out, image, P(p->weight),
+                                     P(p->bias), p->tokens, p->first);
+        return;
+    }
     visc_conv2d_forward(&p->conv, conv_out, image, P(p->weight), P(p->bias));
     /* [B, C, L] -> rows b * tokens + first + l */
     const int B = p->conv.N, C = p->conv.K, L = p->grid * p->grid;
@@ -146,6 +173,11 @@ void visc_tf_patch_embed_forward(visc_model *m, visc_tf_patch_embed *p, float *t
 
 void visc_tf_patch_embed_backward(visc_model *m, visc_tf_patch_embed *p, float *dconv,
                                   const float *dtokens, const float *image) {
+    if (m->cuda) {
+        visc_gpu_patch_embed_backward(m->cuda, &p->conv, G(p->weight), G(p->bias), dconv, dtokens,
+                                      image, p->tokens, p->first);
+        return;
+    }
     const int B = p->conv.N, C = p->conv.K, L = p->grid * p->grid;
 #pragma omp parallel for collapse(2) if ((size_t)B * L * C > 65536)
     for (int b = 0; b < B; b++)

@@ -32,13 +32,19 @@
  * Memory: per block the arena keeps norm1's output, qkv, the attention
  * output and its log-sum-exps, the residual stream after attention, norm2's
  * output, fc1's output and the block output (12 C floats per token); GELU's
- * output and every branch output live in scratch shared by all blocks. */
+ * output and every branch output live in scratch shared by all blocks.
+ *
+ * On a GPU (--device cuda) the same code runs: the arena is planned again
+ * in device memory (vit_to_cuda) and each layer call goes to its twin in
+ * gpu.h when m->cuda is set; drop-path's per-sample factors are drawn on
+ * the host as on the CPU. The head dropout (--drop) is not on the GPU yet. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "transformer_common.h"
+#include "visc/gpu.h"
 #include "visc/model.h"
 #include "visc/rng.h"
 #include "visc/tokens.h"
@@ -82,11 +88,15 @@ typedef struct {
     int head_dropped; /* the last forward applied the head dropout */
     /* scratch shared by all blocks (forward and backward) */
     float *branch, *hid, *dhid, *dx, *dtmp, *dln, *datt, *dqkv, *dfeat, *dcls;
+    /* the logits in the arena: m->logits on the CPU; on a GPU m->logits and
+     * m->features are host copies forward downloads */
+    float *logits;
+    float *dlogits, *keep_host; /* on a GPU: uploaded dlogits, drop-path's draws [B] */
     visc_arena arena;
 } vit;
 
-#define P(idx) visc_table_get(&m->params, (idx))
-#define G(idx) (m->grads + m->params.entries[(idx)].offset)
+#define P(idx) visc_model_param(m, (idx))
+#define G(idx) visc_model_grad(m, (idx))
 
 /* ---- building ---- */
 
@@ -155,7 +165,7 @@ static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
     v->feat = visc_arena_floats(a, (size_t)B * C);
     v->feat_drop = visc_arena_floats(a, (size_t)B * C);
     v->drop_mask = visc_arena_take(a, (size_t)B * C);
-    m->logits = visc_arena_floats(a, (size_t)B * m->cfg.num_classes);
+    v->logits = visc_arena_floats(a, (size_t)B * m->cfg.num_classes);
     v->branch = visc_arena_floats(a, RC);
     v->hid = visc_arena_floats(a, RH);
     v->dhid = visc_arena_floats(a, RH);
@@ -173,37 +183,78 @@ static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
 /* Noise sites: 1 the head dropout, 2 + 2i and 3 + 2i block i's drop-paths. */
 enum { SITE_HEAD = 1, SITE_BLOCKS = 2 };
 
+/* ---- the calls that differ on a GPU ---- */
+
+/* Host memory into the arena (the batch, an incoming gradient). */
+static void take_in(visc_model *m, float *dst, const float *src, size_t n) {
+    if (m->cuda) visc_gpu_upload(m->cuda, dst, src, n * sizeof(float));
+    else memcpy(dst, src, n * sizeof(float));
+}
+
+static void copy(visc_model *m, float *dst, const float *src, size_t n) {
+    if (m->cuda) visc_gpu_copy(m->cuda, dst, src, n);
+    else memcpy(dst, src, n * sizeof(float));
+}
+
+static void add_in(visc_model *m, float *acc, const float *x, size_t n) {
+    if (m->cuda) visc_gpu_add(m->cuda, acc, acc, x, n);
+    else visc_add_inplace(acc, x, n);
+}
+
+static void droppath_forward(visc_model *m, vit *v, float *x, float *keep, float p, int train,
+                             uint64_t offset) {
+    const int B = m->cfg.batch;
+    const size_t per_sample = (size_t)v->tokens * v->embed;
+    if (m->cuda)
+        visc_gpu_droppath_add_forward(m->cuda, x, v->branch, keep, v->keep_host, B, per_sample, p,
+                                      train, m->noise_seed, offset);
+    else
+        visc_droppath_add_forward(x, v->branch, keep, B, per_sample, p, train, m->noise_seed,
+                                  offset);
+}
+
+static void droppath_backward(visc_model *m, vit *v, const float *keep) {
+    const int B = m->cfg.batch;
+    const size_t per_sample = (size_t)v->tokens * v->embed;
+    if (m->cuda) visc_gpu_droppath_add_backward(m->cuda, v->branch, v->dx, keep, B, per_sample);
+    else visc_droppath_add_backward(v->branch, v->dx, keep, B, per_sample);
+}
+
 static void block_forward(visc_model *m, vit *v, vit_block *b, int i, int train) {
     const int B = m->cfg.batch;
     const int64_t R = (int64_t)B * v->tokens;
-    const size_t per_sample = (size_t)v->tokens * v->embed, RC = (size_t)R * v->embed;
-    const uint64_t seed = m->noise_seed;
+    const size_t RC = (size_t)R * v->embed;
     float *qkv = b->qkv_out;
     visc_tf_norm_forward(m, &b->norm1, b->ln1, b->mean1, b->rstd1, b->x, R);
     visc_tf_linear_forward(m, &b->qkv, qkv, b->ln1, R);
-    visc_attention_forward(&b->attn, b->att, b->lse, qkv, qkv + v->embed, qkv + 2 * v->embed);
+    if (m->cuda)
+        visc_gpu_attention_forward(m->cuda, &b->attn, b->att, b->lse, qkv, qkv + v->embed,
+                                   qkv + 2 * v->embed);
+    else visc_attention_forward(&b->attn, b->att, b->lse, qkv, qkv + v->embed, qkv + 2 * v->embed);
     visc_tf_linear_forward(m, &b->proj, v->branch, b->att, R);
-    memcpy(b->x_mid, b->x, RC * sizeof(float));
-    visc_droppath_add_forward(b->x_mid, v->branch, b->keep1, B, per_sample, b->drop_path, train,
-                              seed, visc_tf_noise_offset(SITE_BLOCKS + 2 * i));
+    copy(m, b->x_mid, b->x, RC);
+    droppath_forward(m, v, b->x_mid, b->keep1, b->drop_path, train,
+                     visc_tf_noise_offset(SITE_BLOCKS + 2 * i));
     visc_tf_norm_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->x_mid, R);
     visc_tf_mlp_forward(m, &b->mlp, v->branch, b->h, v->hid, b->ln2, R);
-    memcpy(b->x_out, b->x_mid, RC * sizeof(float));
-    visc_droppath_add_forward(b->x_out, v->branch, b->keep2, B, per_sample, b->drop_path, train,
-                              seed, visc_tf_noise_offset(SITE_BLOCKS + 2 * i + 1));
+    copy(m, b->x_out, b->x_mid, RC);
+    droppath_forward(m, v, b->x_out, b->keep2, b->drop_path, train,
+                     visc_tf_noise_offset(SITE_BLOCKS + 2 * i + 1));
 }
 
 static void vit_forward(visc_model *m, const float *x, int train) {
     vit *v = m->impl;
     const int B = m->cfg.batch, C = v->embed, T = v->tokens, S = m->cfg.image_size;
-    memcpy(v->image, x, (size_t)B * m->cfg.in_channels * S * S * sizeof(float));
+    take_in(m, v->image, x, (size_t)B * m->cfg.in_channels * S * S);
     visc_tf_patch_embed_forward(m, &v->pe, v->x0, v->conv_out, v->image);
-    for (int b = 0; b < B; b++)
-        memcpy(v->x0 + (size_t)b * T * C, P(v->cls_token), (size_t)C * sizeof(float));
-    visc_add_broadcast_forward(v->x0, P(v->pos_embed), B, (int64_t)T * C);
+    for (int b = 0; b < B; b++) copy(m, v->x0 + (size_t)b * T * C, P(v->cls_token), (size_t)C);
+    if (m->cuda) visc_gpu_add_broadcast(m->cuda, v->x0, P(v->pos_embed), B, (int64_t)T * C);
+    else visc_add_broadcast_forward(v->x0, P(v->pos_embed), B, (int64_t)T * C);
     for (int i = 0; i < v->depth; i++) block_forward(m, v, &v->blocks[i], i, train);
     /* norm is per token, so normalizing the class token alone gives timm's norm(x)[:, 0] */
-    visc_tf_gather_token(v->cls, v->blocks[v->depth - 1].x_out, B, T, 0, C);
+    const float *last = v->blocks[v->depth - 1].x_out;
+    if (m->cuda) visc_gpu_copy_rows(m->cuda, v->cls, C, last, (int64_t)T * C, B, C);
+    else visc_tf_gather_token(v->cls, last, B, T, 0, C);
     visc_tf_norm_forward(m, &v->norm, v->feat, v->cls_mean, v->cls_rstd, v->cls, B);
     const float *feat = v->feat;
     v->head_dropped = train && m->cfg.drop_rate > 0.0f;
@@ -212,7 +263,12 @@ static void vit_forward(visc_model *m, const float *x, int train) {
                              m->noise_seed, visc_tf_noise_offset(SITE_HEAD));
         feat = v->feat_drop;
     }
-    visc_tf_linear_forward(m, &v->head, m->logits, feat, B);
+    visc_tf_linear_forward(m, &v->head, v->logits, feat, B);
+    if (m->cuda) { /* the host's copies: the loss, the accuracy and SSL heads read them */
+        visc_gpu_download(m->cuda, m->logits, v->logits,
+                          (size_t)B * m->cfg.num_classes * sizeof(float));
+        visc_gpu_download(m->cuda, m->features, v->feat, (size_t)B * C * sizeof(float));
+    }
 }
 
 /* ---- backward ---- */
@@ -221,32 +277,49 @@ static void vit_forward(visc_model *m, const float *x, int train) {
 static void block_backward(visc_model *m, vit *v, vit_block *b) {
     const int B = m->cfg.batch;
     const int64_t R = (int64_t)B * v->tokens;
-    const size_t per_sample = (size_t)v->tokens * v->embed, RC = (size_t)R * v->embed;
+    const size_t RC = (size_t)R * v->embed;
+    const int C = v->embed;
     const float *qkv = b->qkv_out;
     float *dqkv = v->dqkv;
-    visc_droppath_add_backward(v->branch, v->dx, b->keep2, B, per_sample);
+    droppath_backward(m, v, b->keep2);
     visc_tf_mlp_backward(m, &b->mlp, v->dln, v->branch, b->ln2, b->h, v->hid, v->dhid, R);
     visc_tf_norm_backward(m, &b->norm2, v->dtmp, v->dln, b->x_mid, b->mean2, b->rstd2, R);
-    visc_add_inplace(v->dx, v->dtmp, RC);
-    visc_droppath_add_backward(v->branch, v->dx, b->keep1, B, per_sample);
+    add_in(m, v->dx, v->dtmp, RC);
+    droppath_backward(m, v, b->keep1);
     visc_tf_linear_backward(m, &b->proj, v->datt, v->branch, b->att, R);
-    visc_attention_backward(&b->attn, dqkv, dqkv + v->embed, dqkv + 2 * v->embed, NULL, NULL,
-                            v->datt, qkv, qkv + v->embed, qkv + 2 * v->embed, b->att, b->lse);
+    if (m->cuda)
+        visc_gpu_attention_backward(m->cuda, &b->attn, dqkv, dqkv + C, dqkv + 2 * C, NULL, NULL,
+                                    v->datt, qkv, qkv + C, qkv + 2 * C, b->att, b->lse);
+    else
+        visc_attention_backward(&b->attn, dqkv, dqkv + C, dqkv + 2 * C, NULL, NULL, v->datt, qkv,
+                                qkv + C, qkv + 2 * C, b->att, b->lse);
     visc_tf_linear_backward(m, &b->qkv, v->dln, dqkv, b->ln1, R);
     visc_tf_norm_backward(m, &b->norm1, v->dtmp, v->dln, b->x, b->mean1, b->rstd1, R);
-    visc_add_inplace(v->dx, v->dtmp, RC);
+    add_in(m, v->dx, v->dtmp, RC);
 }
 
 /* From v->dfeat (the gradient at the features) to the input. */
 static void trunk_backward(visc_model *m, vit *v) {
     const int B = m->cfg.batch, C = v->embed, T = v->tokens;
     visc_tf_norm_backward(m, &v->norm, v->dcls, v->dfeat, v->cls, v->cls_mean, v->cls_rstd, B);
-    visc_tf_scatter_token(v->dx, v->dcls, B, T, 0, C);
+    if (m->cuda) {
+        visc_gpu_zero(m->cuda, v->dx, (size_t)B * T * C);
+        visc_gpu_copy_rows(m->cuda, v->dx, (int64_t)T * C, v->dcls, C, B, C);
+    } else {
+        visc_tf_scatter_token(v->dx, v->dcls, B, T, 0, C);
+    }
     for (int i = v->depth - 1; i >= 0; i--) block_backward(m, v, &v->blocks[i]);
-    visc_add_broadcast_backward(G(v->pos_embed), v->dx, B, (int64_t)T * C);
     float *dcls = G(v->cls_token);
-    memset(dcls, 0, (size_t)C * sizeof(float));
-    for (int b = 0; b < B; b++) visc_add_inplace(dcls, v->dx + (size_t)b * T * C, (size_t)C);
+    if (m->cuda) {
+        visc_gpu_sum_rows(m->cuda, G(v->pos_embed), v->dx, B, T * C);
+        /* the class token's rows, then their sum (v->dcls is free again) */
+        visc_gpu_copy_rows(m->cuda, v->dcls, C, v->dx, (int64_t)T * C, B, C);
+        visc_gpu_sum_rows(m->cuda, dcls, v->dcls, B, C);
+    } else {
+        visc_add_broadcast_backward(G(v->pos_embed), v->dx, B, (int64_t)T * C);
+        memset(dcls, 0, (size_t)C * sizeof(float));
+        for (int b = 0; b < B; b++) visc_add_inplace(dcls, v->dx + (size_t)b * T * C, (size_t)C);
+    }
     visc_tf_patch_embed_backward(m, &v->pe, v->conv_out, v->dx, v->image);
 }
 
@@ -254,6 +327,10 @@ static void vit_backward(visc_model *m, const float *dlogits) {
     vit *v = m->impl;
     const int B = m->cfg.batch, C = v->embed;
     const int dropped = v->head_dropped;
+    if (m->cuda) { /* dlogits come from the host */
+        take_in(m, v->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
+        dlogits = v->dlogits;
+    }
     visc_tf_linear_backward(m, &v->head, v->dfeat, dlogits, dropped ? v->feat_drop : v->feat, B);
     if (dropped)
         visc_dropout_backward(v->dfeat, v->dfeat, v->drop_mask, (size_t)B * C, m->cfg.drop_rate);
@@ -263,16 +340,38 @@ static void vit_backward(visc_model *m, const float *dlogits) {
 static void vit_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
     vit *v = m->impl;
     const int B = m->cfg.batch, C = v->embed;
+    if (m->cuda && dlogits) {
+        take_in(m, v->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
+        dlogits = v->dlogits;
+    }
     visc_tf_head_backward(m, &v->head, dlogits, v->head_dropped ? v->feat_drop : v->feat, B);
-    memcpy(v->dfeat, dfeatures, (size_t)B * C * sizeof(float));
+    take_in(m, v->dfeat, dfeatures, (size_t)B * C);
     trunk_backward(m, v);
+}
+
+static void plan(visc_model *m, visc_arena *a) { plan_activations(m, m->impl, a); }
+
+/* Every activation pointer moves to device memory (gpu.h). */
+static int vit_to_cuda(visc_model *m) {
+    vit *v = m->impl;
+    if (m->cfg.drop_rate > 0.0f)
+        return visc_set_error("--device cuda: --drop (the head dropout) is not on the GPU yet");
+    if (visc_gpu_arena_move(m, &v->arena, plan, &v->dlogits)) return -1;
+    v->keep_host = visc_alloc_aligned((size_t)m->cfg.batch * sizeof(float), "drop-path draws");
+    return 0;
 }
 
 static void vit_destroy(visc_model *m) {
     vit *v = m->impl;
     visc_tf_patch_embed_destroy(&v->pe);
     free(v->blocks);
-    visc_arena_free(&v->arena);
+    if (m->cuda) {
+        visc_gpu_arena_free(m, &v->arena, v->dlogits);
+        visc_free_aligned(v->keep_host);
+        visc_model_gpu_release(m);
+    } else {
+        visc_arena_free(&v->arena);
+    }
     visc_table_free(&m->params);
     visc_table_free(&m->buffers);
     visc_free_aligned(m->grads);
@@ -357,8 +456,10 @@ visc_model *visc_vit_create(const visc_model_config *cfg, uint64_t seed) {
     m->forward = vit_forward;
     m->backward = vit_backward;
     m->backward_features = vit_backward_features;
+    m->logits = v->logits;
     m->features = v->feat;
     m->feature_dim = v->embed;
+    m->to_cuda = vit_to_cuda;
     m->head_prefix = "head.";
     m->destroy = vit_destroy;
     return m;

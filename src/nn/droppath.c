@@ -16,8 +16,7 @@
 #include "visc/rng.h"
 #include "visc/tokens.h"
 
-void visc_droppath_add_forward(float *x, const float *branch, float *keep, int B, size_t per_sample,
-                               float p, int train, uint64_t seed, uint64_t offset) {
+void visc_droppath_keep(float *keep, int B, float p, int train, uint64_t seed, uint64_t offset) {
     VISC_ASSERT(B >= 0 && p >= 0.0f && p < 1.0f);
     const int drop = train && p > 0.0f;
     const float scale = drop ? 1.0f / (1.0f - p) : 1.0f;
@@ -29,6 +28,11 @@ void visc_droppath_add_forward(float *x, const float *branch, float *keep, int B
         }
         keep[b] = k;
     }
+}
+
+void visc_droppath_add_forward(float *x, const float *branch, float *keep, int B, size_t per_sample,
+                               float p, int train, uint64_t seed, uint64_t offset) {
+    visc_droppath_keep(keep, B, p, train, seed, offset);
     const int64_t total = (int64_t)B * (int64_t)per_sample;
 #pragma omp parallel for if (total > 32768)
     for (int b = 0; b < B; b++) {

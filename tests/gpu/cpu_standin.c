@@ -23,6 +23,7 @@
 
 #include "visc/cuda.h"
 #include "visc/nn.h"
+#include "visc/tokens.h"
 
 /* Layers keep primitives per shape, as cuDNN plans are kept per shape. */
 #define MAX_SHAPES 256
@@ -43,12 +44,18 @@ typedef struct {
     visc_pool2d op;
 } pool_entry;
 
+typedef struct {
+    visc_cuda_patch_shape key;
+    visc_conv2d op; /* with its bias, as the CPU's patch embedding */
+} patch_entry;
+
 struct visc_cuda {
     int device;
     conv_entry conv[MAX_SHAPES];
     bn_entry bn[MAX_SHAPES];
     pool_entry pool[MAX_SHAPES];
-    int num_conv, num_bn, num_pool;
+    patch_entry patch[MAX_SHAPES];
+    int num_conv, num_bn, num_pool, num_patch;
 };
 
 int visc_cuda_device_count(void) { return 1; }
@@ -75,6 +82,7 @@ void visc_cuda_close(visc_cuda *ctx) {
     }
     for (int i = 0; i < ctx->num_bn; i++) visc_batchnorm2d_destroy(&ctx->bn[i].op);
     for (int i = 0; i < ctx->num_pool; i++) visc_pool2d_destroy(&ctx->pool[i].op);
+    for (int i = 0; i < ctx->num_patch; i++) visc_conv2d_destroy(&ctx->patch[i].op);
     free(ctx);
 }
 
@@ -296,6 +304,144 @@ int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float 
                               int in_features, int out_features) {
     (void)ctx;
     visc_linear_backward(din, dweight, dbias, dout, in, weight, N, in_features, out_features);
+    return 0;
+}
+
+/* ---- the token layers ---- */
+int visc_cuda_layernorm_forward(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
+                                const float *in, const float *gamma, const float *beta,
+                                int64_t rows, int C, float eps) {
+    (void)ctx;
+    visc_layernorm_forward(out, save_mean, save_rstd, in, gamma, beta, rows, C, eps);
+    return 0;
+}
+
+int visc_cuda_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                 const float *dout, const float *in, const float *gamma,
+                                 const float *save_mean, const float *save_rstd, int64_t rows,
+                                 int C) {
+    (void)ctx;
+    visc_layernorm_backward(din, dgamma, dbeta, dout, in, gamma, save_mean, save_rstd, rows, C);
+    return 0;
+}
+
+int visc_cuda_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n) {
+    (void)ctx;
+    visc_gelu_forward(out, in, n);
+    return 0;
+}
+
+int visc_cuda_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const float *in,
+                            size_t n) {
+    (void)ctx;
+    visc_gelu_backward(din, dout, in, n);
+    return 0;
+}
+
+int visc_cuda_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
+                                const float *q, const float *k, const float *v) {
+    (void)ctx;
+    visc_attention_forward(a, out, lse, q, k, v);
+    return 0;
+}
+
+int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
+                                 float *dv, float *dbias, float *dhead_scale, const float *dout,
+                                 const float *q, const float *k, const float *v, const float *out,
+                                 const float *lse) {
+    (void)ctx;
+    visc_attention_backward(a, dq, dk, dv, dbias, dhead_scale, dout, q, k, v, out, lse);
+    return 0;
+}
+
+static visc_conv2d *patch_for(visc_cuda *ctx, const visc_cuda_patch_shape *p) {
+    for (int i = 0; i < ctx->num_patch; i++)
+        if (!memcmp(&ctx->patch[i].key, p, sizeof *p)) return &ctx->patch[i].op;
+    if (ctx->num_patch == MAX_SHAPES) {
+        visc_set_error("stand-in: more than %d patch embedding shapes", MAX_SHAPES);
+        return NULL;
+    }
+    patch_entry *e = &ctx->patch[ctx->num_patch++];
+    e->key = *p;
+    visc_conv2d_init(&e->op, p->B, p->in_channels, p->image, p->image, p->C, p->patch, p->patch,
+                     p->patch, 0, 1, 1, 1);
+    return &e->op;
+}
+
+/* The transposes are models/transformer_common.c's. */
+int visc_cuda_patch_embed_forward(visc_cuda *ctx, const visc_cuda_patch_shape *p, float *tokens,
+                                  float *conv_out, const float *image, const float *weight,
+                                  const float *bias) {
+    visc_conv2d *c = patch_for(ctx, p);
+    if (!c) return -1;
+    visc_conv2d_forward(c, conv_out, image, weight, bias);
+    const int L = c->P * c->Q;
+    for (int b = 0; b < p->B; b++)
+        for (int l = 0; l < L; l++)
+            for (int ch = 0; ch < p->C; ch++)
+                tokens[((size_t)b * p->tokens + p->first + l) * p->C + ch] =
+                    conv_out[((size_t)b * p->C + ch) * L + l];
+    return 0;
+}
+
+int visc_cuda_patch_embed_backward(visc_cuda *ctx, const visc_cuda_patch_shape *p, float *dweight,
+                                   float *dbias, float *dconv, const float *dtokens,
+                                   const float *image) {
+    visc_conv2d *c = patch_for(ctx, p);
+    if (!c) return -1;
+    const int L = c->P * c->Q;
+    for (int b = 0; b < p->B; b++)
+        for (int ch = 0; ch < p->C; ch++)
+            for (int l = 0; l < L; l++)
+                dconv[((size_t)b * p->C + ch) * L + l] =
+                    dtokens[((size_t)b * p->tokens + p->first + l) * p->C + ch];
+    visc_conv2d_backward(c, NULL, dweight, dbias, dconv, image, NULL);
+    return 0;
+}
+
+int visc_cuda_add_broadcast(visc_cuda *ctx, float *x, const float *table, int B, int64_t NC) {
+    (void)ctx;
+    visc_add_broadcast_forward(x, table, B, NC);
+    return 0;
+}
+
+/* Row by row, as the CPU's sums over sequences (the position table's
+ * gradient, the class token's) add them. */
+int visc_cuda_sum_rows(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C) {
+    (void)ctx;
+    for (int c = 0; c < C; c++) out[c] = 0.0f;
+    for (int64_t r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++) out[c] += a[r * C + c];
+    return 0;
+}
+
+int visc_cuda_droppath_add_forward(visc_cuda *ctx, float *x, const float *branch, const float *keep,
+                                   int B, size_t per_sample) {
+    (void)ctx;
+    for (int b = 0; b < B; b++) { /* nn/droppath.c's loop */
+        const float k = keep[b];
+        float *xb = x + (size_t)b * per_sample;
+        const float *yb = branch + (size_t)b * per_sample;
+        if (k == 1.0f)
+            for (size_t i = 0; i < per_sample; i++) xb[i] += yb[i];
+        else if (k != 0.0f)
+            for (size_t i = 0; i < per_sample; i++) xb[i] += k * yb[i];
+    }
+    return 0;
+}
+
+int visc_cuda_droppath_add_backward(visc_cuda *ctx, float *dbranch, const float *dx,
+                                    const float *keep, int B, size_t per_sample) {
+    (void)ctx;
+    visc_droppath_add_backward(dbranch, dx, keep, B, per_sample);
+    return 0;
+}
+
+int visc_cuda_copy_rows(visc_cuda *ctx, float *dst, int64_t dst_stride, const float *src,
+                        int64_t src_stride, int64_t rows, int count) {
+    (void)ctx;
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(dst + r * dst_stride, src + r * src_stride, (size_t)count * sizeof(float));
     return 0;
 }
 

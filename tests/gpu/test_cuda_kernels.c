@@ -29,6 +29,11 @@
  *   sums (add, the residual add + ReLU): bit-identical.
  *   fp32 linear layer  against double-precision products of the same
  *                      operands: 3e-5 x the sum of |terms| (no TF32)
+ *   token glue         broadcast add, drop-path, row copies bit-identical;
+ *                      row sums as column sums; the patch embedding against a
+ *                      double-precision reference (3e-5 x the sum of |terms|)
+ *   attention          against a double-precision reference: rtol 1e-4,
+ *                      atol 2e-5 x the tensor's largest |value|
  * This program links the CPU twins' objects, not libvisc.a (no oneDNN). */
 #include <math.h>
 #include <stdint.h>
@@ -1087,6 +1092,319 @@ static void check_linear(int N, int in, int out, int shift) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* ---- attention ----
+ * Against a double-precision reference of the same formulas (the CPU twin
+ * needs oneDNN, not linked here): |gpu - ref| <= 1e-4 |ref| + 2e-5 x the
+ * tensor's largest |ref|. Layouts as the models use them: q, k, v inside a
+ * fused [B, N, 3, H, D] projection, the output [B, N, H, D]. */
+typedef struct {
+    int B, H, Nq, Nk, D, nmask, bias, head_scale, dead_row;
+} attn_case;
+
+static void check_attention(attn_case c) {
+    char name[200];
+    const int B = c.B, H = c.H, Nq = c.Nq, Nk = c.Nk, D = c.D, N = Nq > Nk ? Nq : Nk;
+    const int64_t sn = 3 * (int64_t)H * D, sb = (int64_t)N * sn, on = (int64_t)H * D;
+    const size_t nqkv = (size_t)B * sb, nout = (size_t)B * Nq * on, nsc = (size_t)Nq * Nk;
+    float *qkv = random_floats(nqkv, -1, 1), *dout = random_floats(nout, -1, 1);
+    float *bias = random_floats((size_t)H * nsc, -1, 1), *hscale = random_floats((size_t)H, 2, 6);
+    float *mask = random_floats((size_t)(c.nmask ? c.nmask : 1) * nsc, 0, 1);
+    for (size_t i = 0; i < (size_t)(c.nmask ? c.nmask : 1) * nsc; i++)
+        mask[i] = mask[i] < 0.3f ? -100.0f : 0.0f; /* Swin's shifted-window masks */
+    if (c.dead_row) /* every key of row 1 masked out: output 0, lse +inf */
+        for (int j = 0; j < Nk; j++) mask[1 * Nk + j] = -INFINITY;
+    visc_attention a = {.B = B,
+                        .H = H,
+                        .Nq = Nq,
+                        .Nk = Nk,
+                        .D = D,
+                        .scale = 1.0f / sqrtf((float)D),
+                        .nmask = c.nmask,
+                        .q_sb = sb,
+                        .q_sh = D,
+                        .q_sn = sn,
+                        .k_sb = sb,
+                        .k_sh = D,
+                        .k_sn = sn,
+                        .v_sb = sb,
+                        .v_sh = D,
+                        .v_sn = sn,
+                        .o_sb = (int64_t)Nq * on,
+                        .o_sh = D,
+                        .o_sn = on};
+    /* reference, in double */
+    double *ref_out = calloc(nout, sizeof(double)), *ref_lse = calloc((size_t)B * H * Nq, 8);
+    double *ref_dqkv = calloc(nqkv, sizeof(double)), *ref_dbias = calloc((size_t)H * nsc, 8);
+    double *ref_dhs = calloc((size_t)H, sizeof(double));
+    double *S = malloc(sizeof(double) * nsc), *P = malloc(sizeof(double) * nsc);
+    double *raw = malloc(sizeof(double) * nsc);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++) {
+            const float *q = qkv + b * sb + h * D, *k = q + H * D, *v = q + 2 * H * D;
+            const double sh = c.head_scale ? hscale[h] : a.scale;
+            for (int i = 0; i < Nq; i++) {
+                double mx = -INFINITY;
+                for (int j = 0; j < Nk; j++) {
+                    double r = 0;
+                    for (int d = 0; d < D; d++) r += (double)q[i * sn + d] * k[j * sn + d];
+                    raw[i * Nk + j] = r;
+                    double sc = r * sh;
+                    if (c.bias) sc += bias[(size_t)h * nsc + i * Nk + j];
+                    if (c.nmask) sc += mask[(size_t)(b % c.nmask) * nsc + i * Nk + j];
+                    S[i * Nk + j] = sc;
+                    if (sc > mx) mx = sc;
+                }
+                double sum = 0;
+                for (int j = 0; j < Nk; j++) sum += mx == -INFINITY ? 0 : exp(S[i * Nk + j] - mx);
+                ref_lse[((size_t)b * H + h) * Nq + i] = sum > 0 ? mx + log(sum) : INFINITY;
+                for (int j = 0; j < Nk; j++)
+                    P[i * Nk + j] = sum > 0 ? exp(S[i * Nk + j] - mx) / sum : 0.0;
+                for (int d = 0; d < D; d++) {
+                    double o = 0;
+                    for (int j = 0; j < Nk; j++) o += P[i * Nk + j] * v[j * sn + d];
+                    ref_out[(size_t)b * Nq * on + i * on + h * D + d] = o;
+                }
+            }
+            const float *g = dout + (size_t)b * Nq * on + h * D;
+            double *dq = ref_dqkv + b * sb + h * D, *dk = dq + H * D, *dv = dq + 2 * H * D;
+            for (int i = 0; i < Nq; i++) {
+                double delta = 0;
+                for (int d = 0; d < D; d++)
+                    delta +=
+                        (double)g[i * on + d] * ref_out[(size_t)b * Nq * on + i * on + h * D + d];
+                for (int j = 0; j < Nk; j++) {
+                    double dp = 0;
+                    for (int d = 0; d < D; d++) dp += (double)g[i * on + d] * v[j * sn + d];
+                    const double ds = P[i * Nk + j] * (dp - delta);
+                    ref_dbias[(size_t)h * nsc + i * Nk + j] += ds;
+                    ref_dhs[h] += ds * raw[i * Nk + j];
+                    for (int d = 0; d < D; d++) {
+                        dq[i * sn + d] += sh * ds * k[j * sn + d];
+                        dk[j * sn + d] += sh * ds * q[i * sn + d];
+                        dv[j * sn + d] += P[i * Nk + j] * g[i * on + d];
+                    }
+                }
+            }
+        }
+    /* the GPU */
+    float *d_qkv = up(qkv, sizeof(float) * nqkv), *d_dout = up(dout, sizeof(float) * nout);
+    float *d_bias = up(bias, sizeof(float) * H * nsc), *d_hs = up(hscale, sizeof(float) * H);
+    float *d_mask = up(mask, sizeof(float) * (c.nmask ? c.nmask : 1) * nsc);
+    float *d_out = dev(sizeof(float) * nout), *d_lse = dev(sizeof(float) * B * H * Nq);
+    float *d_dqkv = dev(sizeof(float) * nqkv), *d_dbias = dev(sizeof(float) * H * nsc);
+    float *d_dhs = dev(sizeof(float) * H);
+    a.bias = c.bias ? d_bias : NULL;
+    a.mask = c.nmask ? d_mask : NULL;
+    a.head_scale = c.head_scale ? d_hs : NULL;
+    /* parts of dqkv no gradient reaches (rows beyond Nq or Nk) stay as they are */
+    if (visc_cuda_zero(ctx, d_dqkv, sizeof(float) * nqkv)) die_cuda("zero");
+    launched(visc_cuda_attention_forward(ctx, &a, d_out, d_lse, d_qkv, d_qkv + H * D,
+                                         d_qkv + 2 * H * D),
+             "attention forward");
+    launched(visc_cuda_attention_backward(ctx, &a, d_dqkv, d_dqkv + H * D, d_dqkv + 2 * H * D,
+                                          c.bias ? d_dbias : NULL, c.head_scale ? d_dhs : NULL,
+                                          d_dout, d_qkv, d_qkv + H * D, d_qkv + 2 * H * D, d_out,
+                                          d_lse),
+             "attention backward");
+    struct {
+        const char *what;
+        float *dev;
+        const double *ref;
+        size_t n;
+    } outs[] = {{"output", d_out, ref_out, nout},
+                {"lse", d_lse, ref_lse, (size_t)B * H * Nq},
+                {"dq dk dv", d_dqkv, ref_dqkv, nqkv},
+                {"dbias", c.bias ? d_dbias : NULL, ref_dbias, (size_t)H * nsc},
+                {"dhead_scale", c.head_scale ? d_dhs : NULL, ref_dhs, (size_t)H}};
+    for (size_t o = 0; o < sizeof outs / sizeof *outs; o++) {
+        if (!outs[o].dev) continue;
+        float *got = down(outs[o].dev, outs[o].n), *want = malloc(sizeof(float) * outs[o].n);
+        double big = 0;
+        for (size_t i = 0; i < outs[o].n; i++) {
+            want[i] = (float)outs[o].ref[i];
+            if (isfinite(outs[o].ref[i])) big = fmax(big, fabs(outs[o].ref[i]));
+            if (isinf(outs[o].ref[i]) && got[i] == want[i]) got[i] = want[i] = 0; /* +inf lse */
+        }
+        snprintf(name, sizeof name, "attention %s: B %d H %d Nq %d Nk %d D %d%s%s%s%s",
+                 outs[o].what, B, H, Nq, Nk, D, c.bias ? ", bias" : "", c.nmask ? ", masks" : "",
+                 c.head_scale ? ", head scale" : "", c.dead_row ? ", a fully masked row" : "");
+        expect_close(name, got, want, outs[o].n, 2e-5 * big, 1e-4);
+        free(got);
+        free(want);
+    }
+    void *dfree[] = {d_qkv, d_dout, d_bias, d_hs, d_mask, d_out, d_lse, d_dqkv, d_dbias, d_dhs};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {qkv,      dout,      bias,    hscale, mask, ref_out, ref_lse,
+                     ref_dqkv, ref_dbias, ref_dhs, S,      P,    raw};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* ---- the token models' glue (tokens.cu) ---- */
+static void check_tokens(int B, int T, int C) {
+    char name[160];
+    const size_t NC = (size_t)T * C, n = (size_t)B * NC;
+    float *x = random_floats(n, -1, 1), *table = random_floats(NC, -1, 1);
+    float *branch = random_floats(n, -1, 1), *keep = malloc(sizeof(float) * B);
+    visc_droppath_keep(keep, B, 0.5f, 1, 7, 0); /* some 0, some 2 */
+    keep[0] = 1.0f;                             /* and a plain add */
+    float *d_x = up(x, sizeof(float) * n), *d_table = up(table, sizeof(float) * NC);
+    float *d_branch = up(branch, sizeof(float) * n), *d_keep = up(keep, sizeof(float) * B);
+    float *d_out = dev(sizeof(float) * n), *d_sum = dev(sizeof(float) * NC);
+    /* broadcast add */
+    float *want = malloc(sizeof(float) * n);
+    memcpy(want, x, sizeof(float) * n);
+    visc_add_broadcast_forward(want, table, B, (int64_t)NC);
+    launched(visc_cuda_add_broadcast(ctx, d_x, d_table, B, (int64_t)NC), "broadcast add");
+    float *got = down(d_x, n);
+    snprintf(name, sizeof name, "broadcast add [%d, %zu]: bit-identical", B, NC);
+    expect_bits(name, got, want, n, sizeof(float));
+    free(got);
+    /* the rows' sum (its gradient): a fixed order of its own, fp32 tolerance */
+    float *sum = malloc(sizeof(float) * NC);
+    double *mag = calloc(NC, sizeof(double));
+    visc_add_broadcast_backward(sum, want, B, (int64_t)NC);
+    for (size_t i = 0; i < n; i++) mag[i % NC] += fabs((double)want[i]);
+    launched(visc_cuda_sum_rows(ctx, d_sum, d_x, B, (int)NC), "row sums");
+    got = down(d_sum, NC);
+    snprintf(name, sizeof name, "row sums [%d, %zu]", B, NC);
+    expect_sums(name, got, sum, mag, NC);
+    free(got);
+    /* drop-path: x += keep_b branch_b (factors 0 and 2, then eval's 1s), dbranch = keep_b dx */
+    float *ref = malloc(sizeof(float) * n), *keep_cpu = malloc(sizeof(float) * B);
+    for (int train = 1; train >= 0; train--) {
+        memcpy(ref, x, sizeof(float) * n);
+        visc_droppath_add_forward(ref, branch, keep_cpu, B, NC, 0.5f, train, 7, 0);
+        if (visc_cuda_upload(ctx, d_x, x, sizeof(float) * n) ||
+            visc_cuda_upload(ctx, d_keep, keep_cpu, sizeof(float) * B))
+            die_cuda("upload");
+        launched(visc_cuda_droppath_add_forward(ctx, d_x, d_branch, d_keep, B, NC),
+                 "drop-path add");
+        got = down(d_x, n);
+        snprintf(name, sizeof name, "drop-path add [%d, %zu]%s: bit-identical", B, NC,
+                 train ? "" : ", eval");
+        expect_bits(name, got, ref, n, sizeof(float));
+        free(got);
+        visc_droppath_add_backward(ref, branch, keep_cpu, B, NC);
+        launched(visc_cuda_droppath_add_backward(ctx, d_out, d_branch, d_keep, B, NC),
+                 "drop-path backward");
+        got = down(d_out, n);
+        snprintf(name, sizeof name, "drop-path backward [%d, %zu]%s: bit-identical", B, NC,
+                 train ? "" : ", eval");
+        expect_bits(name, got, ref, n, sizeof(float));
+        free(got);
+    }
+    /* the class token's rows, out and back */
+    launched(visc_cuda_copy_rows(ctx, d_out, C, d_branch, (int64_t)NC, B, C), "row copy");
+    got = down(d_out, (size_t)B * C);
+    for (int b = 0; b < B; b++)
+        memcpy(ref + (size_t)b * C, branch + (size_t)b * NC, sizeof(float) * C);
+    snprintf(name, sizeof name, "class token rows [%d x %d of %zu]: bit-identical", B, C, NC);
+    expect_bits(name, got, ref, (size_t)B * C, sizeof(float));
+    free(got);
+    void *dfree[] = {d_x, d_table, d_branch, d_keep, d_out, d_sum};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x, table, branch, keep, want, sum, mag, keep_cpu, ref};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* The patch embedding against a double-precision reference: the conv is
+ * cuDNN's fp32 one, the bias and the token layout are tokens.cu's. */
+static void check_patch_embed(int B, int Cin, int image, int patch, int C, int first) {
+    char name[160];
+    const int g = image / patch, L = g * g, T = L + first;
+    const size_t ni = (size_t)B * Cin * image * image, nw = (size_t)C * Cin * patch * patch;
+    const size_t nt = (size_t)B * T * C, nc = (size_t)B * C * L;
+    float *img = random_floats(ni, -1, 1), *w = random_floats(nw, -1, 1);
+    float *bias = random_floats((size_t)C, -1, 1), *dtok = random_floats(nt, -1, 1);
+    float *nan_tokens = malloc(sizeof(float) * nt);
+    for (size_t i = 0; i < nt; i++) nan_tokens[i] = NAN; /* the class rows stay as they were */
+    float *d_img = up(img, sizeof(float) * ni), *d_w = up(w, sizeof(float) * nw);
+    float *d_b = up(bias, sizeof(float) * C), *d_dtok = up(dtok, sizeof(float) * nt);
+    float *d_tok = up(nan_tokens, sizeof(float) * nt), *d_conv = dev(sizeof(float) * nc);
+    float *d_dw = dev(sizeof(float) * nw), *d_db = dev(sizeof(float) * C);
+    visc_cuda_patch_shape p = {B, Cin, image, patch, C, T, first};
+    launched(visc_cuda_patch_embed_forward(ctx, &p, d_tok, d_conv, d_img, d_w, d_b),
+             "patch embedding forward");
+    launched(visc_cuda_patch_embed_backward(ctx, &p, d_dw, d_db, d_conv, d_dtok, d_img),
+             "patch embedding backward");
+    float *tok = down(d_tok, nt), *dw = down(d_dw, nw), *db = down(d_db, C);
+    size_t bad = 0, worst = 0, count = 0;
+    double worst_ratio = 0, gw = 0, ww = 0;
+    for (int b = 0; b < B; b++)
+        for (int l = 0; l < L; l++)
+            for (int k = 0; k < C; k++) {
+                const int py = l / g, px = l % g;
+                double s = bias[k], mag = fabs(bias[k]);
+                for (int c = 0; c < Cin; c++)
+                    for (int r = 0; r < patch; r++)
+                        for (int q = 0; q < patch; q++) {
+                            const double t =
+                                (double)
+                                    img[(((size_t)b * Cin + c) * image + py * patch + r) * image +
+                                        px * patch + q] *
+                                w[(((size_t)k * Cin + c) * patch + r) * patch + q];
+                            s += t;
+                            mag += fabs(t);
+                        }
+                const size_t at = ((size_t)b * T + first + l) * C + k;
+                const double ratio = fabs(tok[at] - s) / (3e-5 * mag + 1e-30);
+                if (!(ratio <= 1.0)) bad++;
+                if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = at, gw = tok[at], ww = s;
+                count++;
+            }
+    for (int b = 0; b < B && first; b++) /* the class rows untouched */
+        for (int k = 0; k < C; k++)
+            if (!isnan(tok[(size_t)b * T * C + k])) bad++;
+    snprintf(name, sizeof name,
+             "patch embedding forward: B %d, %d x %dpx, patch %d, C %d, first %d", B, Cin, image,
+             patch, C, first);
+    report(name, bad, count, worst, gw, ww, worst_ratio);
+    /* dbias = sum of the token gradients; dW = sum of dtok x patch pixels */
+    float *dbias_ref = malloc(sizeof(float) * C);
+    double *bmag = calloc((size_t)C, sizeof(double));
+    for (int k = 0; k < C; k++) {
+        double s = 0;
+        for (int b = 0; b < B; b++)
+            for (int l = 0; l < L; l++) {
+                s += dtok[((size_t)b * T + first + l) * C + k];
+                bmag[k] += fabs((double)dtok[((size_t)b * T + first + l) * C + k]);
+            }
+        dbias_ref[k] = (float)s;
+    }
+    snprintf(name, sizeof name, "patch embedding dbias: B %d, C %d", B, C);
+    expect_sums(name, db, dbias_ref, bmag, (size_t)C);
+    bad = worst = count = 0;
+    worst_ratio = 0;
+    for (int k = 0; k < C; k++)
+        for (int c = 0; c < Cin; c++)
+            for (int r = 0; r < patch; r++)
+                for (int q = 0; q < patch; q++) {
+                    double s = 0, mag = 0;
+                    for (int b = 0; b < B; b++)
+                        for (int l = 0; l < L; l++) {
+                            const int py = l / g, px = l % g;
+                            const double t =
+                                (double)dtok[((size_t)b * T + first + l) * C + k] *
+                                img[(((size_t)b * Cin + c) * image + py * patch + r) * image +
+                                    px * patch + q];
+                            s += t;
+                            mag += fabs(t);
+                        }
+                    const size_t at = (((size_t)k * Cin + c) * patch + r) * patch + q;
+                    const double ratio = fabs(dw[at] - s) / (3e-5 * mag + 1e-30);
+                    if (!(ratio <= 1.0)) bad++;
+                    if (!(ratio <= worst_ratio))
+                        worst_ratio = ratio, worst = at, gw = dw[at], ww = s;
+                    count++;
+                }
+    snprintf(name, sizeof name, "patch embedding dW: C %d, %d x %d x %d", C, Cin, patch, patch);
+    report(name, bad, count, worst, gw, ww, worst_ratio);
+    void *dfree[] = {d_img, d_w, d_b, d_dtok, d_tok, d_conv, d_dw, d_db};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {img, w, bias, dtok, nan_tokens, tok, dw, db, dbias_ref, bmag};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 /* ---- sums: visc_add_forward's bits, and the residual block's add + ReLU ---- */
 static void check_add(size_t n) {
     char name[128];
@@ -1170,6 +1488,39 @@ static void group_linear(void) {
     check_linear(37, 64, 100, 1);      /* odd shapes, element-aligned tensors */
     check_linear(256, 2048, 1000, 16); /* ResNet-50 on ImageNet, table-aligned */
 }
+static void group_attention(void) {
+    check_attention((attn_case){.B = 2, .H = 6, .Nq = 197, .Nk = 197, .D = 64}); /* ViT-S */
+    check_attention((attn_case){.B = 8,
+                                .H = 3,
+                                .Nq = 49,
+                                .Nk = 49,
+                                .D = 32,
+                                .nmask = 4,
+                                .bias = 1}); /* Swin: windows, bias, shift masks */
+    check_attention((attn_case){.B = 4,
+                                .H = 2,
+                                .Nq = 64,
+                                .Nk = 64,
+                                .D = 32,
+                                .nmask = 2,
+                                .bias = 1,
+                                .head_scale = 1});                             /* Swin V2 */
+    check_attention((attn_case){.B = 3, .H = 4, .Nq = 1, .Nk = 197, .D = 48}); /* CaiT's class
+                                                                                 attention */
+    check_attention((attn_case){.B = 2,
+                                .H = 2,
+                                .Nq = 40,
+                                .Nk = 33,
+                                .D = 128,
+                                .nmask = 1,
+                                .dead_row = 1}); /* D 128, a row with every key masked */
+}
+static void group_tokens(void) {
+    check_tokens(8, 197, 384); /* ViT-S's position table and class tokens */
+    check_tokens(3, 5, 7);
+    check_patch_embed(4, 3, 32, 4, 192, 1); /* deit_tiny_patch4_32 */
+    check_patch_embed(2, 1, 28, 4, 64, 0);  /* no class token (CaiT's layout) */
+}
 static void group_eltwise(void) {
     check_add(((size_t)1 << 20) + 5);
     check_add(9); /* fewer elements than one block */
@@ -1229,7 +1580,8 @@ static const struct {
               {"convert", group_convert},     {"matmul", group_matmul},
               {"swin", group_swin},           {"conv", group_conv},
               {"batchnorm", group_batchnorm}, {"pool", group_pool},
-              {"linear", group_linear},       {"eltwise", group_eltwise}};
+              {"linear", group_linear},       {"eltwise", group_eltwise},
+              {"attention", group_attention}, {"tokens", group_tokens}};
 #define NUM_GROUPS (sizeof groups / sizeof *groups)
 
 int main(int argc, char **argv) {

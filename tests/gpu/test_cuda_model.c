@@ -102,7 +102,7 @@ static void fill(float *x, size_t n, uint64_t seed) {
 }
 
 static void check_model(visc_cuda *ctx, const char *arch, int image, int channels, int classes,
-                        int batch, int small_stem) {
+                        int batch, int small_stem, float drop_path) {
     visc_model_config cfg = {0};
     snprintf(cfg.arch, sizeof cfg.arch, "%s", arch);
     cfg.num_classes = classes;
@@ -110,6 +110,7 @@ static void check_model(visc_cuda *ctx, const char *arch, int image, int channel
     cfg.image_size = image;
     cfg.batch = batch;
     cfg.small_stem = small_stem;
+    cfg.drop_path_rate = drop_path;
     visc_model *cpu = visc_model_create(&cfg, 7), *gpu = visc_model_create(&cfg, 7);
     if (!cpu || !gpu || visc_model_to_gpu(gpu, ctx)) {
         printf("FAIL %s: cannot build or move the model: %s\n", arch, visc_last_error());
@@ -135,6 +136,7 @@ static void check_model(visc_cuda *ctx, const char *arch, int image, int channel
     for (int step = 0; step < 5; step++) {
         fill(x, xn, 100 + (uint64_t)step);
         for (int b = 0; b < batch; b++) labels[b] = (b * 7 + step) % classes;
+        cpu->noise_seed = gpu->noise_seed = 1000 + (uint64_t)step; /* drop-path's draws */
         cpu->forward(cpu, x, 1);
         gpu->forward(gpu, x, 1);
         visc_softmax_xent_forward(probs, cpu->logits, labels, batch, classes, 0.0f);
@@ -188,24 +190,26 @@ int main(void) {
         printf("test_cuda_model: skipped: no GPU (%s)\n", visc_last_error());
         return 77;
     }
-    check_model(ctx, "resnet20", 32, 3, 10, 16, 0); /* CIFAR: basic blocks, small stem */
-    check_model(ctx, "resnet18", 32, 1, 10, 8, 1);  /* one input channel (Fashion-MNIST) */
-    check_model(ctx, "resnet50", 64, 3, 100, 4, 0); /* bottlenecks, 7x7 stem, max-pool */
-    check_model(ctx, "resnet14", 28, 1, 10, 64, 0); /* the README's model, its batch */
+    check_model(ctx, "resnet20", 32, 3, 10, 16, 0, 0.0f); /* CIFAR: basic blocks, small stem */
+    check_model(ctx, "resnet18", 32, 1, 10, 8, 1, 0.0f);  /* one input channel (Fashion-MNIST) */
+    check_model(ctx, "resnet50", 64, 3, 100, 4, 0, 0.0f); /* bottlenecks, 7x7 stem, max-pool */
+    check_model(ctx, "resnet14", 28, 1, 10, 64, 0, 0.0f); /* the README's model, its batch */
+    check_model(ctx, "vit_pico_patch4_28", 28, 1, 10, 8, 0, 0.0f); /* class token, 6 blocks, D 32 */
+    check_model(ctx, "deit_tiny_patch4_32", 32, 3, 10, 4, 0, 0.3f); /* 65 tokens, D 64, drop-path */
     /* an architecture without a GPU path says so */
     visc_model_config cfg = {0};
-    snprintf(cfg.arch, sizeof cfg.arch, "vit_pico_patch4_28");
+    snprintf(cfg.arch, sizeof cfg.arch, "cait_xxs24_224");
     cfg.num_classes = 10;
     cfg.in_channels = 1;
-    cfg.image_size = 28;
+    cfg.image_size = 32;
     cfg.batch = 2;
-    visc_model *vit = visc_model_create(&cfg, 1);
-    int refused = vit && visc_model_to_gpu(vit, ctx) != 0 &&
+    visc_model *cait = visc_model_create(&cfg, 1);
+    int refused = cait && visc_model_to_gpu(cait, ctx) != 0 &&
                   strstr(visc_last_error(), "no GPU implementation") != NULL;
-    printf("%s vit_pico_patch4_28: refused with \"%s\"\n", refused ? "ok  " : "FAIL",
+    printf("%s cait_xxs24_224: refused with \"%s\"\n", refused ? "ok  " : "FAIL",
            visc_last_error());
     refused ? passed++ : failed++;
-    if (vit) visc_model_destroy(vit);
+    if (cait) visc_model_destroy(cait);
     visc_gpu_close(ctx);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
