@@ -8,7 +8,8 @@
 # stand-in's kernels are the CPU's layers, every result must be the CPU
 # run's, bit for bit:
 #   - 20 steps with SGD and with AdamW: the same model file as on the CPU;
-#   - a ViT (attention, LayerNorm, GELU, drop-path, class token): the same;
+#   - a ViT (attention, LayerNorm, GELU, drop-path, class token) and a Swin
+#     V2 (windows, masks, merging, cosine attention, the bias MLP): the same;
 #   - resume across devices: 10 steps on the GPU + 10 on the CPU, and
 #     10 on the CPU + 10 on the GPU, equal the 20 straight (model and
 #     checkpoint with its optimizer state, the config's device aside);
@@ -68,6 +69,14 @@ cmp "$tmp/vit-cpu/model_last.safetensors" "$tmp/vit-gpu/model_last.safetensors"
 cmp <(tensors "$tmp/vit-cpu/checkpoint_last.safetensors") \
     <(tensors "$tmp/vit-gpu/checkpoint_last.safetensors")
 echo "12 steps of vit_femto_patch4_28 with drop-path on the stand-in GPU: the CPU's, bit for bit"
+# Swin V2 (windows, shifts, patch merging, cosine attention, the bias MLP)
+swin=(--model swinv2_micro_patch2_window4_32 --input-size 32 --opt adamw --lr 0.002 --wd 0.05
+      --drop-path 0.1 --epochs 1 --batch-size 8 --print-freq 0 --no-progress --threads 2
+      --max-steps 4)
+"$V" train "${swin[@]}" --output "$tmp/swin-cpu" >/dev/null
+"$G" train "${swin[@]}" --output "$tmp/swin-gpu" --device cuda >/dev/null
+cmp "$tmp/swin-cpu/model_last.safetensors" "$tmp/swin-gpu/model_last.safetensors"
+echo "4 steps of swinv2_micro_patch2_window4_32 on the stand-in GPU: the CPU's, bit for bit"
 
 # resume across devices
 for first in cpu gpu; do

@@ -25,6 +25,9 @@
  * pool.cu         max pooling, global average pooling, ReLU (src/nn/pool2d.c,
  *                 global_pool.c, eltwise.c)
  * attention.cu    fused multi-head attention, forward and backward (src/nn/attention.c)
+ * swin.cu         Swin's bias gather / scatter, V2's head normalization and
+ *                 temperature, patch merging, the token mean (models/swin_window.c,
+ *                 nn/token_ops.c)
  * tokens.cu       patch embedding, the position table's add, drop-path, row copies
  *                 and sums (models/transformer_common.c, nn/token_ops.c, droppath.c)
  *
@@ -289,6 +292,30 @@ int visc_cuda_droppath_add_backward(visc_cuda *ctx, float *dbranch, const float 
 /* rows x count floats, rows dst_stride / src_stride floats apart */
 int visc_cuda_copy_rows(visc_cuda *ctx, float *dst, int64_t dst_stride, const float *src,
                         int64_t src_stride, int64_t rows, int count);
+
+/* ---- swin.cu: as models/swin_window.h's block pieces, on the device ---- */
+int visc_cuda_swin_gather_bias(visc_cuda *ctx, float *bias, const float *table, const int32_t *rel,
+                               int H, int N, int sigmoid16);
+int visc_cuda_swin_scatter_bias(visc_cuda *ctx, float *dtable, const float *dbias,
+                                const float *bias, const int32_t *rel, int T, int H, int N,
+                                int sigmoid16);
+int visc_cuda_swin_normalize_heads(visc_cuda *ctx, float *dst, int64_t ld_dst, float *norms,
+                                   const float *src, int64_t ld_src, int64_t rows, int H, int D);
+int visc_cuda_swin_normalize_heads_backward(visc_cuda *ctx, float *dx, int64_t ld_dx,
+                                            const float *dy, int64_t ld_dy, const float *y,
+                                            int64_t ld_y, const float *norms, int64_t rows, int H,
+                                            int D);
+int visc_cuda_swin_merge_copy(visc_cuda *ctx, float *tokens, float *merged, int B, int H, int W,
+                              int C, int back);
+/* hs = exp(min(logit_scale, log 100)) [H]; backward: the clamp's gradient */
+int visc_cuda_swin_head_scale(visc_cuda *ctx, float *hs, const float *logit_scale, int H);
+int visc_cuda_swin_head_scale_backward(visc_cuda *ctx, float *dlogit_scale,
+                                       const float *logit_scale, const float *dhs, const float *hs,
+                                       int H);
+/* as visc_token_mean_forward / backward (tokens.h) */
+int visc_cuda_token_mean_forward(visc_cuda *ctx, float *out, const float *in, int B, int N, int C);
+int visc_cuda_token_mean_backward(visc_cuda *ctx, float *din, const float *dout, int B, int N,
+                                  int C);
 
 #ifdef __cplusplus
 }

@@ -151,6 +151,33 @@ void visc_gpu_droppath_add_backward(visc_cuda *ctx, float *dbranch, const float 
 /* rows x count floats, rows dst_stride / src_stride floats apart */
 void visc_gpu_copy_rows(visc_cuda *ctx, float *dst, int64_t dst_stride, const float *src,
                         int64_t src_stride, int64_t rows, int count);
+void visc_gpu_relu_forward(visc_cuda *ctx, float *out, const float *in, size_t n);
+void visc_gpu_token_mean_forward(visc_cuda *ctx, float *out, const float *in, int B, int N, int C);
+void visc_gpu_token_mean_backward(visc_cuda *ctx, float *din, const float *dout, int B, int N,
+                                  int C);
+
+/* ---- layers.c: Swin's pieces (models/swin_window.h; grids as visc_swin_grid) ---- */
+void visc_gpu_swin_partition(visc_cuda *ctx, float *out, const float *in, int H, int W, int wh,
+                             int ww, int sh, int sw, int B, int C);
+void visc_gpu_swin_reverse(visc_cuda *ctx, float *out, const float *in, int H, int W, int wh,
+                           int ww, int sh, int sw, int B, int C);
+void visc_gpu_swin_gather_bias(visc_cuda *ctx, float *bias, const float *table, const int32_t *rel,
+                               int H, int N, int sigmoid16);
+void visc_gpu_swin_scatter_bias(visc_cuda *ctx, float *dtable, const float *dbias,
+                                const float *bias, const int32_t *rel, int T, int H, int N,
+                                int sigmoid16);
+void visc_gpu_swin_normalize_heads(visc_cuda *ctx, float *dst, int64_t ld_dst, float *norms,
+                                   const float *src, int64_t ld_src, int64_t rows, int H, int D);
+void visc_gpu_swin_normalize_heads_backward(visc_cuda *ctx, float *dx, int64_t ld_dx,
+                                            const float *dy, int64_t ld_dy, const float *y,
+                                            int64_t ld_y, const float *norms, int64_t rows, int H,
+                                            int D);
+void visc_gpu_swin_merge_copy(visc_cuda *ctx, float *tokens, float *merged, int B, int H, int W,
+                              int C, int back);
+void visc_gpu_swin_head_scale(visc_cuda *ctx, float *hs, const float *logit_scale, int H);
+void visc_gpu_swin_head_scale_backward(visc_cuda *ctx, float *dlogit_scale,
+                                       const float *logit_scale, const float *dhs, const float *hs,
+                                       int H);
 
 /* ---- optim.c ---- */
 typedef struct visc_gpu_optim visc_gpu_optim;

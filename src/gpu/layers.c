@@ -242,3 +242,69 @@ void visc_gpu_copy_rows(visc_cuda *ctx, float *dst, int64_t dst_stride, const fl
                         int64_t src_stride, int64_t rows, int count) {
     RUN(visc_cuda_copy_rows(ctx, dst, dst_stride, src, src_stride, rows, count));
 }
+
+void visc_gpu_relu_forward(visc_cuda *ctx, float *out, const float *in, size_t n) {
+    RUN(visc_cuda_relu_forward(ctx, out, in, n));
+}
+
+void visc_gpu_token_mean_forward(visc_cuda *ctx, float *out, const float *in, int B, int N, int C) {
+    RUN(visc_cuda_token_mean_forward(ctx, out, in, B, N, C));
+}
+
+void visc_gpu_token_mean_backward(visc_cuda *ctx, float *din, const float *dout, int B, int N,
+                                  int C) {
+    RUN(visc_cuda_token_mean_backward(ctx, din, dout, B, N, C));
+}
+
+/* ---- Swin ---- */
+
+void visc_gpu_swin_partition(visc_cuda *ctx, float *out, const float *in, int H, int W, int wh,
+                             int ww, int sh, int sw, int B, int C) {
+    const visc_cuda_swin_grid g = {H, W, wh, ww, sh, sw};
+    RUN(visc_cuda_swin_partition(ctx, out, in, &g, B, C));
+}
+
+void visc_gpu_swin_reverse(visc_cuda *ctx, float *out, const float *in, int H, int W, int wh,
+                           int ww, int sh, int sw, int B, int C) {
+    const visc_cuda_swin_grid g = {H, W, wh, ww, sh, sw};
+    RUN(visc_cuda_swin_reverse(ctx, out, in, &g, B, C));
+}
+
+void visc_gpu_swin_gather_bias(visc_cuda *ctx, float *bias, const float *table, const int32_t *rel,
+                               int H, int N, int sigmoid16) {
+    RUN(visc_cuda_swin_gather_bias(ctx, bias, table, rel, H, N, sigmoid16));
+}
+
+void visc_gpu_swin_scatter_bias(visc_cuda *ctx, float *dtable, const float *dbias,
+                                const float *bias, const int32_t *rel, int T, int H, int N,
+                                int sigmoid16) {
+    RUN(visc_cuda_swin_scatter_bias(ctx, dtable, dbias, bias, rel, T, H, N, sigmoid16));
+}
+
+void visc_gpu_swin_normalize_heads(visc_cuda *ctx, float *dst, int64_t ld_dst, float *norms,
+                                   const float *src, int64_t ld_src, int64_t rows, int H, int D) {
+    RUN(visc_cuda_swin_normalize_heads(ctx, dst, ld_dst, norms, src, ld_src, rows, H, D));
+}
+
+void visc_gpu_swin_normalize_heads_backward(visc_cuda *ctx, float *dx, int64_t ld_dx,
+                                            const float *dy, int64_t ld_dy, const float *y,
+                                            int64_t ld_y, const float *norms, int64_t rows, int H,
+                                            int D) {
+    RUN(visc_cuda_swin_normalize_heads_backward(ctx, dx, ld_dx, dy, ld_dy, y, ld_y, norms, rows, H,
+                                                D));
+}
+
+void visc_gpu_swin_merge_copy(visc_cuda *ctx, float *tokens, float *merged, int B, int H, int W,
+                              int C, int back) {
+    RUN(visc_cuda_swin_merge_copy(ctx, tokens, merged, B, H, W, C, back));
+}
+
+void visc_gpu_swin_head_scale(visc_cuda *ctx, float *hs, const float *logit_scale, int H) {
+    RUN(visc_cuda_swin_head_scale(ctx, hs, logit_scale, H));
+}
+
+void visc_gpu_swin_head_scale_backward(visc_cuda *ctx, float *dlogit_scale,
+                                       const float *logit_scale, const float *dhs, const float *hs,
+                                       int H) {
+    RUN(visc_cuda_swin_head_scale_backward(ctx, dlogit_scale, logit_scale, dhs, hs, H));
+}

@@ -10,9 +10,8 @@
 #ifdef VISC_WITH_CUDA
 int visc_model_to_gpu(visc_model *m, visc_cuda *ctx) {
     if (!m->to_cuda)
-        return visc_set_error("--device cuda: %s has no GPU implementation yet (the ResNets and "
-                              "the "
-                              "ViTs have one)",
+        return visc_set_error("--device cuda: %s has no GPU implementation yet (the ResNets, "
+                              "ViTs and Swins have one)",
                               m->cfg.arch);
     if (m->grad_ready)
         return visc_set_error("--device cuda: gradients handed to an all-reduce during backward "

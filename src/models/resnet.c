@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dispatch.h"
 #include "visc/gpu.h"
 #include "visc/model.h"
 #include "visc/nn.h"
@@ -300,12 +301,6 @@ static void block_forward(visc_model *m, block *b, int train) {
     add_relu(m, b->out, identity, b->out_size);
 }
 
-/* Host memory into the arena (the batch, an incoming gradient). */
-static void take_in(visc_model *m, float *dst, const float *src, size_t count) {
-    if (m->cuda) visc_gpu_upload(m->cuda, dst, src, count * sizeof(float));
-    else memcpy(dst, src, count * sizeof(float));
-}
-
 static void maxpool_fwd(visc_model *m, resnet *r) {
     if (m->cuda)
         visc_gpu_maxpool2d_forward(m->cuda, &r->maxpool, r->pooled_in, r->pool_argmax, r->stem_b);
@@ -319,8 +314,8 @@ static void head_fwd(visc_model *m, resnet *r, const float *trunk_out) {
         visc_gpu_linear_forward(m->cuda, r->logits, r->features, P(r->fc_weight), P(r->fc_bias), N,
                                 C, K);
         /* the host's copies: the loss, the accuracy and SSL heads read them */
-        visc_gpu_download(m->cuda, m->logits, r->logits, (size_t)N * K * sizeof(float));
-        visc_gpu_download(m->cuda, m->features, r->features, (size_t)N * C * sizeof(float));
+        md_give_out(m, m->logits, r->logits, (size_t)N * K);
+        md_give_out(m, m->features, r->features, (size_t)N * C);
     } else {
         visc_global_avgpool_forward(r->features, trunk_out, N, C, r->final_hw);
         visc_linear_forward(r->logits, r->features, P(r->fc_weight), P(r->fc_bias), N, C, K);
@@ -329,8 +324,8 @@ static void head_fwd(visc_model *m, resnet *r, const float *trunk_out) {
 
 static void resnet_forward(visc_model *m, const float *x, int train) {
     resnet *r = m->impl;
-    take_in(m, r->x, x,
-            (size_t)m->cfg.batch * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size);
+    md_take_in(m, r->x, x,
+               (size_t)m->cfg.batch * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size);
     conv_fwd(m, &r->stem_conv, r->stem_c, r->x);
     bn_fwd(m, &r->stem_bn, r->stem_b, r->stem_c, train);
     if (r->has_maxpool) maxpool_fwd(m, r);
@@ -407,7 +402,7 @@ static void block_backward(visc_model *m, resnet *r, block *b, float *din, float
 static void fc_backward(visc_model *m, resnet *r, float *dfeatures, const float *dlogits) {
     const int N = m->cfg.batch, C = r->feature_dim, K = m->cfg.num_classes;
     if (dlogits && m->cuda) {
-        take_in(m, r->dlogits, dlogits, (size_t)N * K);
+        md_take_in(m, r->dlogits, dlogits, (size_t)N * K);
         visc_gpu_linear_backward(m->cuda, dfeatures, G(r->fc_weight), G(r->fc_bias), r->dlogits,
                                  r->features, P(r->fc_weight), N, C, K);
     } else if (dlogits) {
@@ -456,7 +451,7 @@ static void resnet_backward(visc_model *m, const float *dlogits) {
 static void resnet_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
     resnet *r = m->impl;
     fc_backward(m, r, NULL, dlogits);
-    take_in(m, r->dfeatures, dfeatures, (size_t)m->cfg.batch * r->feature_dim);
+    md_take_in(m, r->dfeatures, dfeatures, (size_t)m->cfg.batch * r->feature_dim);
     trunk_backward(m, r);
 }
 

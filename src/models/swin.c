@@ -20,12 +20,18 @@
  * persistent=False, so state_dict has no buffers and neither has visc: a visc
  * checkpoint loads into timm with strict=True. The constants are rebuilt
  * here (swin_window.c). Activations are [rows, C] token rows (NHWC); every
- * one lives in one arena planned for cfg.batch. */
+ * one lives in one arena planned for cfg.batch.
+ *
+ * On a GPU (--device cuda) the same code runs, each call through
+ * dispatch.h or the helpers below to its GPU twin: the arena and the
+ * stages' constants (masks, index tables, V2's coordinates) move to device
+ * memory (swin_to_cuda). The head dropout (--drop) is not on the GPU yet. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dispatch.h"
 #include "swin_window.h"
 #include "visc/model.h"
 #include "visc/nn.h"
@@ -89,6 +95,8 @@ typedef struct {
     visc_swin_grid plain, shifted;
     float *mask, *coords;
     int32_t *rel;
+    float *dev_mask, *dev_coords; /* on a GPU: device copies of the constants */
+    int32_t *dev_rel;
 } swin_stage;
 
 typedef struct {
@@ -105,12 +113,16 @@ typedef struct {
     size_t max_rc, max_rh, max_bias, max_cpb;
     float *gx, *sa, *sb, *sh, *sqk, *dbias, *dhs, *dcpb_t, *dcpb_h, *qkvb, *dqkvb;
     float *dpooled, *dfeat;
+    /* the logits in the arena: m->logits on the CPU; on a GPU m->logits and
+     * m->features are host copies forward downloads */
+    float *logits;
+    float *dlogits, *keep_host; /* on a GPU: uploaded dlogits, drop-path's draws [B] */
     int last_train;
     visc_arena arena;
 } swin;
 
-#define P(idx) visc_table_get(&m->params, (idx))
-#define G(idx) (m->grads + m->params.entries[(idx)].offset)
+#define P(idx) visc_model_param(m, (idx))
+#define G(idx) visc_model_grad(m, (idx))
 
 /* ---- building: parameters ---- */
 
@@ -260,7 +272,7 @@ static void plan_activations(visc_model *m, swin *s, visc_arena *a) {
     s->dpooled = visc_arena_floats(a, (size_t)B * s->features);
     s->dfeat = visc_arena_floats(a, (size_t)B * s->features);
     s->drop_mask = visc_arena_take(a, (size_t)B * s->features);
-    m->logits = visc_arena_floats(a, (size_t)B * m->cfg.num_classes);
+    s->logits = visc_arena_floats(a, (size_t)B * m->cfg.num_classes);
     s->gx = visc_arena_floats(a, s->max_rc);
     s->sa = visc_arena_floats(a, s->max_rc);
     s->sb = visc_arena_floats(a, s->max_rc);
@@ -329,6 +341,66 @@ static void init_params(visc_model *m, const swin *s, uint64_t seed) {
 
 /* ---- forward ---- */
 
+/* ---- the calls of Swin's own pieces, on the CPU or the GPU ---- */
+
+static void partition(visc_model *m, float *out, const float *in, const visc_swin_grid *g, int B,
+                      int C) {
+    if (m->cuda)
+        visc_gpu_swin_partition(m->cuda, out, in, g->H, g->W, g->wh, g->ww, g->sh, g->sw, B, C);
+    else visc_swin_partition(out, in, g, B, C);
+}
+
+static void reverse(visc_model *m, float *out, const float *in, const visc_swin_grid *g, int B,
+                    int C) {
+    if (m->cuda)
+        visc_gpu_swin_reverse(m->cuda, out, in, g->H, g->W, g->wh, g->ww, g->sh, g->sw, B, C);
+    else visc_swin_reverse(out, in, g, B, C);
+}
+
+static void gather_bias(visc_model *m, float *bias, const float *table, const int32_t *rel, int H,
+                        int N, int sigmoid16) {
+    if (m->cuda) visc_gpu_swin_gather_bias(m->cuda, bias, table, rel, H, N, sigmoid16);
+    else visc_swin_gather_bias(bias, table, rel, H, N, sigmoid16);
+}
+
+static void scatter_bias(visc_model *m, float *dtable, const float *dbias, const float *bias,
+                         const int32_t *rel, int T, int H, int N, int sigmoid16) {
+    if (m->cuda) visc_gpu_swin_scatter_bias(m->cuda, dtable, dbias, bias, rel, T, H, N, sigmoid16);
+    else visc_swin_scatter_bias(dtable, dbias, bias, rel, T, H, N, sigmoid16);
+}
+
+static void normalize_heads(visc_model *m, float *dst, int64_t ld_dst, float *norms,
+                            const float *src, int64_t ld_src, int64_t rows, int H, int D) {
+    if (m->cuda)
+        visc_gpu_swin_normalize_heads(m->cuda, dst, ld_dst, norms, src, ld_src, rows, H, D);
+    else visc_swin_normalize_heads(dst, ld_dst, norms, src, ld_src, rows, H, D);
+}
+
+static void normalize_heads_backward(visc_model *m, float *dx, int64_t ld_dx, const float *dy,
+                                     int64_t ld_dy, const float *y, int64_t ld_y,
+                                     const float *norms, int64_t rows, int H, int D) {
+    if (m->cuda)
+        visc_gpu_swin_normalize_heads_backward(m->cuda, dx, ld_dx, dy, ld_dy, y, ld_y, norms, rows,
+                                               H, D);
+    else visc_swin_normalize_heads_backward(dx, ld_dx, dy, ld_dy, y, ld_y, norms, rows, H, D);
+}
+
+static void merge_copy(visc_model *m, float *tokens, float *merged, int B, int H, int W, int C,
+                       int back) {
+    if (m->cuda) visc_gpu_swin_merge_copy(m->cuda, tokens, merged, B, H, W, C, back);
+    else visc_swin_merge_copy(tokens, merged, B, H, W, C, back);
+}
+
+static void token_mean_forward(visc_model *m, float *out, const float *in, int B, int N, int C) {
+    if (m->cuda) visc_gpu_token_mean_forward(m->cuda, out, in, B, N, C);
+    else visc_token_mean_forward(out, in, B, N, C);
+}
+
+static void token_mean_backward(visc_model *m, float *din, const float *dout, int B, int N, int C) {
+    if (m->cuda) visc_gpu_token_mean_backward(m->cuda, din, dout, B, N, C);
+    else visc_token_mean_backward(din, dout, B, N, C);
+}
+
 /* out [rows, C] tokens (NHWC) <- in [B, C, HW] (NCHW), and back. */
 static void nchw_to_tokens(float *out, const float *in, int B, int C, int HW) {
 #pragma omp parallel for schedule(static)
@@ -346,124 +418,78 @@ static void tokens_to_nchw(float *out, const float *in, int B, int C, int HW) {
                 out[((size_t)b * C + c) * HW + t] = in[((size_t)b * HW + t) * C + c];
 }
 
-/* Patch merging's gather: merged token (b, i, j) is [x(2i,2j), x(2i+1,2j),
- * x(2i,2j+1), x(2i+1,2j+1)] (timm's reshape/permute order). A permutation,
- * so back = 1 (tokens <- merged) is its backward. */
-static void merge_copy(float *tokens, float *merged, int B, int H, int W, int C, int back) {
-    int Ho = H / 2, Wo = W / 2;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < (int64_t)B * Ho * Wo; r++) {
-        int64_t b = r / (Ho * Wo);
-        int i = (int)(r % (Ho * Wo)) / Wo, j = (int)(r % Wo);
-        for (int k = 0; k < 4; k++) {
-            int y = 2 * i + (k & 1), x = 2 * j + (k >> 1);
-            float *mg = merged + (size_t)r * 4 * C + (size_t)k * C;
-            float *tk = tokens + ((size_t)b * H * W + (size_t)y * W + x) * C;
-            if (back) memcpy(tk, mg, sizeof(float) * (size_t)C);
-            else memcpy(mg, tk, sizeof(float) * (size_t)C);
-        }
-    }
-}
-
-/* bias[h, a, b] = table[rel[a, b], h]; V2 passes 16 sigmoid of it. */
-static void gather_bias(float *bias, const float *table, const int32_t *rel, int H, int N,
-                        int sigmoid16) {
-    for (int h = 0; h < H; h++)
-        for (int i = 0; i < N * N; i++) {
-            float v = table[(size_t)rel[i] * H + h];
-            bias[(size_t)h * N * N + i] = sigmoid16 ? 16.0f / (1.0f + expf(-v)) : v;
-        }
-}
-
-/* F.normalize over each head's D values (eps 1e-12): dst rows of ld_dst,
- * src rows of ld_src; the norms are saved for backward. */
-static void normalize_heads(float *dst, int64_t ld_dst, float *norms, const float *src,
-                            int64_t ld_src, int64_t rows, int H, int D) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        for (int h = 0; h < H; h++) {
-            const float *x = src + r * ld_src + (int64_t)h * D;
-            float *y = dst + r * ld_dst + (int64_t)h * D;
-            float ss = 0.0f;
-            for (int d = 0; d < D; d++) ss += x[d] * x[d];
-            float n = sqrtf(ss);
-            n = n > 1e-12f ? n : 1e-12f;
-            norms[r * H + h] = n;
-            for (int d = 0; d < D; d++) y[d] = x[d] / n;
-        }
-}
-
 static void residual_add(visc_model *m, swin *s, float *x, const float *branch, float *keep,
                          const swin_block *b, int which, int train) {
     size_t per = (size_t)b->g.H * b->g.W * b->C;
     uint64_t site = (uint64_t)(2 * b->site + which) << 32;
-    visc_droppath_add_forward(x, branch, keep, m->cfg.batch, per, b->drop_path, train,
-                              m->noise_seed, site);
-    (void)s;
+    md_droppath_forward(m, x, branch, keep, s->keep_host, m->cfg.batch, per, b->drop_path, train,
+                        site);
 }
 
 static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
     int B = m->cfg.batch, C = b->C, H = b->heads;
     int64_t R = (int64_t)B * b->g.H * b->g.W;
     if (!b->v2) {
-        visc_layernorm_forward(s->sa, b->mean1, b->rstd1, b->in, P(b->n1w), P(b->n1b), R, C,
-                               LN_EPS);
-        visc_swin_partition(b->xw, s->sa, &b->g, B, C);
-        visc_linear_forward(b->qkv, b->xw, P(b->qkvw), P(b->qkvb), (int)R, C, 3 * C);
-        gather_bias(b->bias, P(b->table), b->rel, H, b->g.N, 0);
-        visc_attention_forward(&b->attn, b->ao, b->lse, b->qkv, b->qkv + C, b->qkv + 2 * C);
-        visc_linear_forward(s->sa, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
-        visc_swin_reverse(s->sb, s->sa, &b->g, B, C);
-        memcpy(b->x1, b->in, sizeof(float) * (size_t)(R * C));
+        md_layernorm_forward(m, s->sa, b->mean1, b->rstd1, b->in, P(b->n1w), P(b->n1b), R, C,
+                             LN_EPS);
+        partition(m, b->xw, s->sa, &b->g, B, C);
+        md_linear_forward(m, b->qkv, b->xw, P(b->qkvw), P(b->qkvb), (int)R, C, 3 * C);
+        gather_bias(m, b->bias, P(b->table), b->rel, H, b->g.N, 0);
+        md_attention_forward(m, &b->attn, b->ao, b->lse, b->qkv, b->qkv + C, b->qkv + 2 * C);
+        md_linear_forward(m, s->sa, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
+        reverse(m, s->sb, s->sa, &b->g, B, C);
+        md_copy(m, b->x1, b->in, (size_t)(R * C));
         residual_add(m, s, b->x1, s->sb, b->keep1, b, 0, train);
-        visc_layernorm_forward(s->sa, b->mean2, b->rstd2, b->x1, P(b->n2w), P(b->n2b), R, C,
-                               LN_EPS);
-        visc_linear_forward(b->h, s->sa, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
+        md_layernorm_forward(m, s->sa, b->mean2, b->rstd2, b->x1, P(b->n2w), P(b->n2b), R, C,
+                             LN_EPS);
+        md_linear_forward(m, b->h, s->sa, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
         /* fc1's input (the norm2 output) is rebuilt in backward, not stored */
-        visc_gelu_linear_forward(s->sa, b->gl, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
-        memcpy(b->out, b->x1, sizeof(float) * (size_t)(R * C));
+        md_gelu_linear_forward(m, s->sa, b->gl, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
+        md_copy(m, b->out, b->x1, (size_t)(R * C));
         residual_add(m, s, b->out, s->sa, b->keep2, b, 1, train);
         return;
     }
-    visc_swin_partition(b->xw, b->in, &b->g, B, C);
+    partition(m, b->xw, b->in, &b->g, B, C);
     float *qkvb = s->qkvb;
-    memcpy(qkvb, P(b->q_bias), sizeof(float) * (size_t)C);
-    memset(qkvb + C, 0, sizeof(float) * (size_t)C);
-    memcpy(qkvb + 2 * C, P(b->v_bias), sizeof(float) * (size_t)C);
-    visc_linear_forward(b->qkv, b->xw, P(b->qkvw), qkvb, (int)R, C, 3 * C);
-    normalize_heads(b->qk, 2 * C, b->qnorm, b->qkv, 3 * C, R, H, b->hd);
-    normalize_heads(b->qk + C, 2 * C, b->knorm, b->qkv + C, 3 * C, R, H, b->hd);
+    md_copy(m, qkvb, P(b->q_bias), (size_t)C);
+    md_zero(m, qkvb + C, (size_t)C);
+    md_copy(m, qkvb + 2 * C, P(b->v_bias), (size_t)C);
+    md_linear_forward(m, b->qkv, b->xw, P(b->qkvw), qkvb, (int)R, C, 3 * C);
+    normalize_heads(m, b->qk, 2 * C, b->qnorm, b->qkv, 3 * C, R, H, b->hd);
+    normalize_heads(m, b->qk + C, 2 * C, b->knorm, b->qkv + C, 3 * C, R, H, b->hd);
     const float *ls = P(b->logit_scale);
-    for (int h = 0; h < H; h++) b->head_scale[h] = expf(fminf(ls[h], logf(100.0f)));
-    visc_linear_forward(b->cpb_h, b->coords, P(b->cpb0w), P(b->cpb0b), b->T, 2, CPB_HIDDEN);
-    visc_relu_forward(b->cpb_h, b->cpb_h, (size_t)b->T * CPB_HIDDEN);
-    visc_linear_forward(b->cpb_t, b->cpb_h, P(b->cpb2w), NULL, b->T, CPB_HIDDEN, H);
-    gather_bias(b->bias, b->cpb_t, b->rel, H, b->g.N, 1);
-    visc_attention_forward(&b->attn, b->ao, b->lse, b->qk, b->qk + C, b->qkv + 2 * C);
-    visc_linear_forward(s->sa, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
-    visc_swin_reverse(b->a, s->sa, &b->g, B, C);
-    visc_layernorm_forward(s->sb, b->mean1, b->rstd1, b->a, P(b->n1w), P(b->n1b), R, C, LN_EPS);
-    memcpy(b->x1, b->in, sizeof(float) * (size_t)(R * C));
+    if (m->cuda) visc_gpu_swin_head_scale(m->cuda, b->head_scale, ls, H);
+    else
+        for (int h = 0; h < H; h++) b->head_scale[h] = expf(fminf(ls[h], logf(100.0f)));
+    md_linear_forward(m, b->cpb_h, b->coords, P(b->cpb0w), P(b->cpb0b), b->T, 2, CPB_HIDDEN);
+    md_relu_forward(m, b->cpb_h, b->cpb_h, (size_t)b->T * CPB_HIDDEN);
+    md_linear_forward(m, b->cpb_t, b->cpb_h, P(b->cpb2w), NULL, b->T, CPB_HIDDEN, H);
+    gather_bias(m, b->bias, b->cpb_t, b->rel, H, b->g.N, 1);
+    md_attention_forward(m, &b->attn, b->ao, b->lse, b->qk, b->qk + C, b->qkv + 2 * C);
+    md_linear_forward(m, s->sa, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
+    reverse(m, b->a, s->sa, &b->g, B, C);
+    md_layernorm_forward(m, s->sb, b->mean1, b->rstd1, b->a, P(b->n1w), P(b->n1b), R, C, LN_EPS);
+    md_copy(m, b->x1, b->in, (size_t)(R * C));
     residual_add(m, s, b->x1, s->sb, b->keep1, b, 0, train);
-    visc_linear_forward(b->h, b->x1, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
-    visc_gelu_linear_forward(b->mo, b->gl, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
-    visc_layernorm_forward(s->sa, b->mean2, b->rstd2, b->mo, P(b->n2w), P(b->n2b), R, C, LN_EPS);
-    memcpy(b->out, b->x1, sizeof(float) * (size_t)(R * C));
+    md_linear_forward(m, b->h, b->x1, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
+    md_gelu_linear_forward(m, b->mo, b->gl, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
+    md_layernorm_forward(m, s->sa, b->mean2, b->rstd2, b->mo, P(b->n2w), P(b->n2b), R, C, LN_EPS);
+    md_copy(m, b->out, b->x1, (size_t)(R * C));
     residual_add(m, s, b->out, s->sa, b->keep2, b, 1, train);
 }
 
 static void merge_forward(visc_model *m, swin *s, swin_merge *mg) {
     int B = m->cfg.batch, C = mg->C;
     int64_t R4 = (int64_t)B * (mg->H / 2) * (mg->W / 2);
-    merge_copy(mg->in, mg->m, B, mg->H, mg->W, C, 0);
+    merge_copy(m, mg->in, mg->m, B, mg->H, mg->W, C, 0);
     if (!s->v2) {
-        visc_layernorm_forward(mg->mid, mg->mean, mg->rstd, mg->m, P(mg->normw), P(mg->normb), R4,
-                               4 * C, LN_EPS);
-        visc_linear_forward(mg->out, mg->mid, P(mg->red), NULL, (int)R4, 4 * C, 2 * C);
+        md_layernorm_forward(m, mg->mid, mg->mean, mg->rstd, mg->m, P(mg->normw), P(mg->normb), R4,
+                             4 * C, LN_EPS);
+        md_linear_forward(m, mg->out, mg->mid, P(mg->red), NULL, (int)R4, 4 * C, 2 * C);
     } else {
-        visc_linear_forward(mg->mid, mg->m, P(mg->red), NULL, (int)R4, 4 * C, 2 * C);
-        visc_layernorm_forward(mg->out, mg->mean, mg->rstd, mg->mid, P(mg->normw), P(mg->normb), R4,
-                               2 * C, LN_EPS);
+        md_linear_forward(m, mg->mid, mg->m, P(mg->red), NULL, (int)R4, 4 * C, 2 * C);
+        md_layernorm_forward(m, mg->out, mg->mean, mg->rstd, mg->mid, P(mg->normw), P(mg->normb),
+                             R4, 2 * C, LN_EPS);
     }
 }
 
@@ -476,20 +502,25 @@ static void swin_forward(visc_model *m, const float *x, int train) {
     swin *s = m->impl;
     int B = m->cfg.batch, HW = s->grid * s->grid, E = s->embed;
     size_t xn = (size_t)B * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
-    memcpy(s->x, x, xn * sizeof(float));
-    visc_conv2d_forward(&s->patch, s->pe_c, s->x, P(s->pe_w), P(s->pe_b));
-    nchw_to_tokens(s->pe_t, s->pe_c, B, E, HW);
-    visc_layernorm_forward(s->x0, s->pe_mean, s->pe_rstd, s->pe_t, P(s->pe_nw), P(s->pe_nb),
-                           (int64_t)B * HW, E, LN_EPS);
+    md_take_in(m, s->x, x, xn);
+    if (m->cuda) {
+        visc_gpu_patch_embed_forward(m->cuda, &s->patch, s->pe_t, s->pe_c, s->x, P(s->pe_w),
+                                     P(s->pe_b), HW, 0);
+    } else {
+        visc_conv2d_forward(&s->patch, s->pe_c, s->x, P(s->pe_w), P(s->pe_b));
+        nchw_to_tokens(s->pe_t, s->pe_c, B, E, HW);
+    }
+    md_layernorm_forward(m, s->x0, s->pe_mean, s->pe_rstd, s->pe_t, P(s->pe_nw), P(s->pe_nb),
+                         (int64_t)B * HW, E, LN_EPS);
     for (int i = 0; i < s->stages; i++) {
         swin_stage *st = &s->st[i];
         if (st->has_merge) merge_forward(m, s, &st->merge);
         for (int j = 0; j < st->depth; j++) block_forward(m, s, &st->blocks[j], train);
     }
     int64_t rows = (int64_t)B * s->last_tokens;
-    visc_layernorm_forward(s->fn, s->f_mean, s->f_rstd, last_output(s), P(s->norm_w), P(s->norm_b),
-                           rows, s->features, LN_EPS);
-    visc_token_mean_forward(s->pooled, s->fn, B, s->last_tokens, s->features);
+    md_layernorm_forward(m, s->fn, s->f_mean, s->f_rstd, last_output(s), P(s->norm_w), P(s->norm_b),
+                         rows, s->features, LN_EPS);
+    token_mean_forward(m, s->pooled, s->fn, B, s->last_tokens, s->features);
     const float *feat = s->pooled;
     if (train && m->cfg.drop_rate > 0.0f) {
         /* offset past every drop-path site, so the masks never share draws */
@@ -497,8 +528,10 @@ static void swin_forward(visc_model *m, const float *x, int train) {
                              m->cfg.drop_rate, m->noise_seed, (uint64_t)(2 * s->sites + 1) << 32);
         feat = s->feat;
     }
-    visc_linear_forward(m->logits, feat, P(s->fc_w), P(s->fc_b), B, s->features,
-                        m->cfg.num_classes);
+    md_linear_forward(m, s->logits, feat, P(s->fc_w), P(s->fc_b), B, s->features,
+                      m->cfg.num_classes);
+    md_give_out(m, m->logits, s->logits, (size_t)B * m->cfg.num_classes);
+    md_give_out(m, m->features, s->pooled, (size_t)B * s->features);
     s->last_train = train;
 }
 
@@ -508,40 +541,8 @@ static void swin_forward(visc_model *m, const float *x, int train) {
 static const float *branch_grad(visc_model *m, const swin *s, const swin_block *b, float *dst,
                                 const float *dx, const float *keep) {
     if (!s->last_train || b->drop_path <= 0.0f) return dx;
-    visc_droppath_add_backward(dst, dx, keep, m->cfg.batch, (size_t)b->g.H * b->g.W * b->C);
+    md_droppath_backward(m, dst, dx, keep, m->cfg.batch, (size_t)b->g.H * b->g.W * b->C);
     return dst;
-}
-
-/* bias gradient [H, N, N] -> bias table [T, H] (zeroed first: scatter-add). */
-static void scatter_bias(float *dtable, const float *dbias, const float *bias, const int32_t *rel,
-                         int T, int H, int N, int sigmoid16) {
-    memset(dtable, 0, sizeof(float) * (size_t)T * H);
-    for (int h = 0; h < H; h++)
-        for (int i = 0; i < N * N; i++) {
-            float d = dbias[(size_t)h * N * N + i];
-            if (sigmoid16) {
-                float sg = bias[(size_t)h * N * N + i] * (1.0f / 16.0f); /* sigmoid(v) */
-                d *= 16.0f * sg * (1.0f - sg);
-            }
-            dtable[(size_t)rel[i] * H + h] += d;
-        }
-}
-
-/* F.normalize's backward: dx = (dy - y (y . dy)) / n, per head. */
-static void normalize_heads_backward(float *dx, int64_t ld_dx, const float *dy, int64_t ld_dy,
-                                     const float *y, int64_t ld_y, const float *norms, int64_t rows,
-                                     int H, int D) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        for (int h = 0; h < H; h++) {
-            const float *g = dy + r * ld_dy + (int64_t)h * D, *v = y + r * ld_y + (int64_t)h * D;
-            float *o = dx + r * ld_dx + (int64_t)h * D, n = norms[r * H + h];
-            float dot = 0.0f;
-            for (int d = 0; d < D; d++) dot += v[d] * g[d];
-            /* below eps the norm is the constant eps: a plain scale */
-            if (n <= 1e-12f) dot = 0.0f;
-            for (int d = 0; d < D; d++) o[d] = (g[d] - v[d] * dot) / n;
-        }
 }
 
 /* gx: gradient w.r.t. the block output on entry, w.r.t. its input on return. */
@@ -552,88 +553,90 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
     float *gx = s->gx, *sa = s->sa, *sb = s->sb, *sh = s->sh;
     if (!b->v2) {
         const float *dm = branch_grad(m, s, b, sa, gx, b->keep2);
-        visc_gelu_linear_backward(sh, G(b->fc2w), G(b->fc2b), dm, b->gl, b->h, P(b->fc2w), (int)R,
-                                  hid, C);
+        md_gelu_linear_backward(m, sh, G(b->fc2w), G(b->fc2b), dm, b->gl, b->h, P(b->fc2w), (int)R,
+                                hid, C);
         /* rebuild norm2's output (fc1's input) into sb */
-        visc_layernorm_forward(sb, b->mean2, b->rstd2, b->x1, P(b->n2w), P(b->n2b), R, C, LN_EPS);
-        visc_linear_backward(sa, G(b->fc1w), G(b->fc1b), sh, sb, P(b->fc1w), (int)R, C, hid);
-        visc_layernorm_backward(sb, G(b->n2w), G(b->n2b), sa, b->x1, P(b->n2w), b->mean2, b->rstd2,
-                                R, C);
-        visc_add_inplace(gx, sb, RC);
+        md_layernorm_forward(m, sb, b->mean2, b->rstd2, b->x1, P(b->n2w), P(b->n2b), R, C, LN_EPS);
+        md_linear_backward(m, sa, G(b->fc1w), G(b->fc1b), sh, sb, P(b->fc1w), (int)R, C, hid);
+        md_layernorm_backward(m, sb, G(b->n2w), G(b->n2b), sa, b->x1, P(b->n2w), b->mean2, b->rstd2,
+                              R, C);
+        md_add_in(m, gx, sb, RC);
         const float *dbr = branch_grad(m, s, b, sa, gx, b->keep1);
-        visc_swin_partition(sb, dbr, &b->g, B, C);
-        visc_linear_backward(sa, G(b->projw), G(b->projb), sb, b->ao, P(b->projw), (int)R, C, C);
-        visc_attention_backward(&b->attn, sh, sh + C, sh + 2 * C, s->dbias, NULL, sa, b->qkv,
-                                b->qkv + C, b->qkv + 2 * C, b->ao, b->lse);
-        scatter_bias(G(b->table), s->dbias, NULL, b->rel, b->T, H, b->g.N, 0);
-        visc_linear_backward(sa, G(b->qkvw), G(b->qkvb), sh, b->xw, P(b->qkvw), (int)R, C, 3 * C);
-        visc_swin_reverse(sb, sa, &b->g, B, C);
-        visc_layernorm_backward(sa, G(b->n1w), G(b->n1b), sb, b->in, P(b->n1w), b->mean1, b->rstd1,
-                                R, C);
-        visc_add_inplace(gx, sa, RC);
+        partition(m, sb, dbr, &b->g, B, C);
+        md_linear_backward(m, sa, G(b->projw), G(b->projb), sb, b->ao, P(b->projw), (int)R, C, C);
+        md_attention_backward(m, &b->attn, sh, sh + C, sh + 2 * C, s->dbias, NULL, sa, b->qkv,
+                              b->qkv + C, b->qkv + 2 * C, b->ao, b->lse);
+        scatter_bias(m, G(b->table), s->dbias, NULL, b->rel, b->T, H, b->g.N, 0);
+        md_linear_backward(m, sa, G(b->qkvw), G(b->qkvb), sh, b->xw, P(b->qkvw), (int)R, C, 3 * C);
+        reverse(m, sb, sa, &b->g, B, C);
+        md_layernorm_backward(m, sa, G(b->n1w), G(b->n1b), sb, b->in, P(b->n1w), b->mean1, b->rstd1,
+                              R, C);
+        md_add_in(m, gx, sa, RC);
         return;
     }
     const float *dn2 = branch_grad(m, s, b, sa, gx, b->keep2);
-    visc_layernorm_backward(sb, G(b->n2w), G(b->n2b), dn2, b->mo, P(b->n2w), b->mean2, b->rstd2, R,
+    md_layernorm_backward(m, sb, G(b->n2w), G(b->n2b), dn2, b->mo, P(b->n2w), b->mean2, b->rstd2, R,
+                          C);
+    md_gelu_linear_backward(m, sh, G(b->fc2w), G(b->fc2b), sb, b->gl, b->h, P(b->fc2w), (int)R, hid,
                             C);
-    visc_gelu_linear_backward(sh, G(b->fc2w), G(b->fc2b), sb, b->gl, b->h, P(b->fc2w), (int)R, hid,
-                              C);
-    visc_linear_backward(sa, G(b->fc1w), G(b->fc1b), sh, b->x1, P(b->fc1w), (int)R, C, hid);
-    visc_add_inplace(gx, sa, RC);
+    md_linear_backward(m, sa, G(b->fc1w), G(b->fc1b), sh, b->x1, P(b->fc1w), (int)R, C, hid);
+    md_add_in(m, gx, sa, RC);
     const float *dn1 = branch_grad(m, s, b, sa, gx, b->keep1);
-    visc_layernorm_backward(sb, G(b->n1w), G(b->n1b), dn1, b->a, P(b->n1w), b->mean1, b->rstd1, R,
-                            C);
-    visc_swin_partition(sa, sb, &b->g, B, C);
-    visc_linear_backward(sb, G(b->projw), G(b->projb), sa, b->ao, P(b->projw), (int)R, C, C);
+    md_layernorm_backward(m, sb, G(b->n1w), G(b->n1b), dn1, b->a, P(b->n1w), b->mean1, b->rstd1, R,
+                          C);
+    partition(m, sa, sb, &b->g, B, C);
+    md_linear_backward(m, sb, G(b->projw), G(b->projb), sa, b->ao, P(b->projw), (int)R, C, C);
     /* dq, dk of the normalized q, k (layout of qk) into sqk; dv straight into dqkv */
-    visc_attention_backward(&b->attn, s->sqk, s->sqk + C, sh + 2 * C, s->dbias, s->dhs, sb, b->qk,
-                            b->qk + C, b->qkv + 2 * C, b->ao, b->lse);
-    normalize_heads_backward(sh, 3 * C, s->sqk, 2 * C, b->qk, 2 * C, b->qnorm, R, H, b->hd);
-    normalize_heads_backward(sh + C, 3 * C, s->sqk + C, 2 * C, b->qk + C, 2 * C, b->knorm, R, H,
+    md_attention_backward(m, &b->attn, s->sqk, s->sqk + C, sh + 2 * C, s->dbias, s->dhs, sb, b->qk,
+                          b->qk + C, b->qkv + 2 * C, b->ao, b->lse);
+    normalize_heads_backward(m, sh, 3 * C, s->sqk, 2 * C, b->qk, 2 * C, b->qnorm, R, H, b->hd);
+    normalize_heads_backward(m, sh + C, 3 * C, s->sqk + C, 2 * C, b->qk + C, 2 * C, b->knorm, R, H,
                              b->hd);
     const float *ls = P(b->logit_scale);
     float *dls = G(b->logit_scale);
     /* clamp(max) passes the gradient where the input is <= max (torch) */
-    for (int h = 0; h < H; h++)
-        dls[h] = ls[h] <= logf(100.0f) ? s->dhs[h] * b->head_scale[h] : 0.0f;
-    scatter_bias(s->dcpb_t, s->dbias, b->bias, b->rel, b->T, H, b->g.N, 1);
-    visc_linear_backward(s->dcpb_h, G(b->cpb2w), NULL, s->dcpb_t, b->cpb_h, P(b->cpb2w), b->T,
-                         CPB_HIDDEN, H);
-    visc_relu_backward(s->dcpb_h, s->dcpb_h, b->cpb_h, (size_t)b->T * CPB_HIDDEN);
-    visc_linear_backward(NULL, G(b->cpb0w), G(b->cpb0b), s->dcpb_h, b->coords, P(b->cpb0w), b->T, 2,
-                         CPB_HIDDEN);
-    visc_linear_backward(sa, G(b->qkvw), s->dqkvb, sh, b->xw, P(b->qkvw), (int)R, C, 3 * C);
-    memcpy(G(b->q_bias), s->dqkvb, sizeof(float) * (size_t)C);
-    memcpy(G(b->v_bias), s->dqkvb + 2 * C, sizeof(float) * (size_t)C);
-    visc_swin_reverse(sb, sa, &b->g, B, C);
-    visc_add_inplace(gx, sb, RC);
+    if (m->cuda) visc_gpu_swin_head_scale_backward(m->cuda, dls, ls, s->dhs, b->head_scale, H);
+    else
+        for (int h = 0; h < H; h++)
+            dls[h] = ls[h] <= logf(100.0f) ? s->dhs[h] * b->head_scale[h] : 0.0f;
+    scatter_bias(m, s->dcpb_t, s->dbias, b->bias, b->rel, b->T, H, b->g.N, 1);
+    md_linear_backward(m, s->dcpb_h, G(b->cpb2w), NULL, s->dcpb_t, b->cpb_h, P(b->cpb2w), b->T,
+                       CPB_HIDDEN, H);
+    md_relu_backward(m, s->dcpb_h, s->dcpb_h, b->cpb_h, (size_t)b->T * CPB_HIDDEN);
+    md_linear_backward(m, NULL, G(b->cpb0w), G(b->cpb0b), s->dcpb_h, b->coords, P(b->cpb0w), b->T,
+                       2, CPB_HIDDEN);
+    md_linear_backward(m, sa, G(b->qkvw), s->dqkvb, sh, b->xw, P(b->qkvw), (int)R, C, 3 * C);
+    md_copy(m, G(b->q_bias), s->dqkvb, (size_t)C);
+    md_copy(m, G(b->v_bias), s->dqkvb + 2 * C, (size_t)C);
+    reverse(m, sb, sa, &b->g, B, C);
+    md_add_in(m, gx, sb, RC);
 }
 
 static void merge_backward(visc_model *m, swin *s, swin_merge *mg) {
     int B = m->cfg.batch, C = mg->C;
     int64_t R4 = (int64_t)B * (mg->H / 2) * (mg->W / 2);
     if (!s->v2) {
-        visc_linear_backward(s->sa, G(mg->red), NULL, s->gx, mg->mid, P(mg->red), (int)R4, 4 * C,
-                             2 * C);
-        visc_layernorm_backward(s->sb, G(mg->normw), G(mg->normb), s->sa, mg->m, P(mg->normw),
-                                mg->mean, mg->rstd, R4, 4 * C);
+        md_linear_backward(m, s->sa, G(mg->red), NULL, s->gx, mg->mid, P(mg->red), (int)R4, 4 * C,
+                           2 * C);
+        md_layernorm_backward(m, s->sb, G(mg->normw), G(mg->normb), s->sa, mg->m, P(mg->normw),
+                              mg->mean, mg->rstd, R4, 4 * C);
     } else {
-        visc_layernorm_backward(s->sa, G(mg->normw), G(mg->normb), s->gx, mg->mid, P(mg->normw),
-                                mg->mean, mg->rstd, R4, 2 * C);
-        visc_linear_backward(s->sb, G(mg->red), NULL, s->sa, mg->m, P(mg->red), (int)R4, 4 * C,
-                             2 * C);
+        md_layernorm_backward(m, s->sa, G(mg->normw), G(mg->normb), s->gx, mg->mid, P(mg->normw),
+                              mg->mean, mg->rstd, R4, 2 * C);
+        md_linear_backward(m, s->sb, G(mg->red), NULL, s->sa, mg->m, P(mg->red), (int)R4, 4 * C,
+                           2 * C);
     }
     /* the gather is a permutation: its backward is the scatter */
-    merge_copy(s->gx, s->sb, B, mg->H, mg->W, C, 1);
+    merge_copy(m, s->gx, s->sb, B, mg->H, mg->W, C, 1);
 }
 
 /* From dpooled (the gradient at the pooled features) to the input. */
 static void trunk_backward(visc_model *m, swin *s, const float *dpooled) {
     int B = m->cfg.batch, F = s->features, E = s->embed, HW = s->grid * s->grid;
     int64_t rows = (int64_t)B * s->last_tokens;
-    visc_token_mean_backward(s->sa, dpooled, B, s->last_tokens, F);
-    visc_layernorm_backward(s->gx, G(s->norm_w), G(s->norm_b), s->sa, last_output(s), P(s->norm_w),
-                            s->f_mean, s->f_rstd, rows, F);
+    token_mean_backward(m, s->sa, dpooled, B, s->last_tokens, F);
+    md_layernorm_backward(m, s->gx, G(s->norm_w), G(s->norm_b), s->sa, last_output(s), P(s->norm_w),
+                          s->f_mean, s->f_rstd, rows, F);
     for (int i = s->stages - 1; i >= 0; i--) {
         swin_stage *st = &s->st[i];
         for (int j = st->depth - 1; j >= 0; j--) {
@@ -646,10 +649,15 @@ static void trunk_backward(visc_model *m, swin *s, const float *dpooled) {
         }
         if (st->has_merge) merge_backward(m, s, &st->merge);
     }
-    visc_layernorm_backward(s->sa, G(s->pe_nw), G(s->pe_nb), s->gx, s->pe_t, P(s->pe_nw),
-                            s->pe_mean, s->pe_rstd, (int64_t)B * HW, E);
-    tokens_to_nchw(s->sb, s->sa, B, E, HW);
-    visc_conv2d_backward(&s->patch, NULL, G(s->pe_w), G(s->pe_b), s->sb, s->x, P(s->pe_w));
+    md_layernorm_backward(m, s->sa, G(s->pe_nw), G(s->pe_nb), s->gx, s->pe_t, P(s->pe_nw),
+                          s->pe_mean, s->pe_rstd, (int64_t)B * HW, E);
+    if (m->cuda) {
+        visc_gpu_patch_embed_backward(m->cuda, &s->patch, G(s->pe_w), G(s->pe_b), s->sb, s->sa,
+                                      s->x, HW, 0);
+    } else {
+        tokens_to_nchw(s->sb, s->sa, B, E, HW);
+        visc_conv2d_backward(&s->patch, NULL, G(s->pe_w), G(s->pe_b), s->sb, s->x, P(s->pe_w));
+    }
 }
 
 /* The classifier's input: the pooled features, or their dropout. */
@@ -661,8 +669,12 @@ static void swin_backward(visc_model *m, const float *dlogits) {
     swin *s = m->impl;
     int B = m->cfg.batch, F = s->features;
     int dropped = s->last_train && m->cfg.drop_rate > 0.0f;
-    visc_linear_backward(s->dfeat, G(s->fc_w), G(s->fc_b), dlogits, head_input(m, s), P(s->fc_w), B,
-                         F, m->cfg.num_classes);
+    if (m->cuda) {
+        md_take_in(m, s->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
+        dlogits = s->dlogits;
+    }
+    md_linear_backward(m, s->dfeat, G(s->fc_w), G(s->fc_b), dlogits, head_input(m, s), P(s->fc_w),
+                       B, F, m->cfg.num_classes);
     const float *dpooled = s->dfeat;
     if (dropped) {
         visc_dropout_backward(s->dpooled, s->dfeat, s->drop_mask, (size_t)B * F, m->cfg.drop_rate);
@@ -673,9 +685,17 @@ static void swin_backward(visc_model *m, const float *dlogits) {
 
 static void swin_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
     swin *s = m->impl;
+    if (dlogits && m->cuda) {
+        md_take_in(m, s->dlogits, dlogits, (size_t)m->cfg.batch * m->cfg.num_classes);
+        dlogits = s->dlogits;
+    }
+    if (m->cuda) { /* the features' gradient comes from the host */
+        md_take_in(m, s->dfeat, dfeatures, (size_t)m->cfg.batch * s->features);
+        dfeatures = s->dfeat;
+    }
     if (dlogits) {
-        visc_linear_backward(NULL, G(s->fc_w), G(s->fc_b), dlogits, head_input(m, s), P(s->fc_w),
-                             m->cfg.batch, s->features, m->cfg.num_classes);
+        md_linear_backward(m, NULL, G(s->fc_w), G(s->fc_b), dlogits, head_input(m, s), P(s->fc_w),
+                           m->cfg.batch, s->features, m->cfg.num_classes);
     } else {
         visc_model_zero_grad(m, s->fc_w);
         visc_model_zero_grad(m, s->fc_b);
@@ -685,6 +705,46 @@ static void swin_backward_features(visc_model *m, const float *dfeatures, const 
 
 /* ---- lifetime ---- */
 
+static void set_attention(visc_model *m, swin *s);
+
+static void plan(visc_model *m, visc_arena *a) { plan_activations(m, m->impl, a); }
+
+/* A device copy of n bytes of host memory (NULL in, NULL out). */
+static void *device_copy(visc_model *m, const void *host, size_t bytes, int *failed) {
+    if (!host || *failed) return NULL;
+    void *d = visc_gpu_alloc(m->cuda, bytes);
+    if (!d) *failed = 1;
+    else visc_gpu_upload(m->cuda, d, host, bytes);
+    return d;
+}
+
+/* The stages' constants, then the arena, to device memory; the attention
+ * descriptors are set again for the device's pointers. */
+static int swin_to_cuda(visc_model *m) {
+    swin *s = m->impl;
+    if (m->cfg.drop_rate > 0.0f)
+        return visc_set_error("--device cuda: --drop (the head dropout) is not on the GPU yet");
+    int failed = 0;
+    for (int i = 0; i < s->stages; i++) {
+        swin_stage *st = &s->st[i];
+        const visc_swin_grid *g = &st->plain;
+        const size_t NN = (size_t)g->N * g->N, T = (size_t)(2 * g->wh - 1) * (2 * g->ww - 1);
+        st->dev_rel = device_copy(m, st->rel, sizeof(int32_t) * NN, &failed);
+        st->dev_mask = device_copy(m, st->mask, sizeof(float) * st->shifted.nw * NN, &failed);
+        st->dev_coords = device_copy(m, st->coords, sizeof(float) * T * 2, &failed);
+        for (int j = 0; j < st->depth; j++) {
+            swin_block *b = &st->blocks[j];
+            b->mask = b->mask ? st->dev_mask : NULL;
+            b->rel = st->dev_rel;
+            b->coords = st->dev_coords;
+        }
+    }
+    if (failed || visc_gpu_arena_move(m, &s->arena, plan, &s->dlogits)) return -1;
+    set_attention(m, s);
+    s->keep_host = visc_alloc_aligned((size_t)m->cfg.batch * sizeof(float), "drop-path draws");
+    return 0;
+}
+
 static void swin_destroy(visc_model *m) {
     swin *s = m->impl;
     visc_conv2d_destroy(&s->patch);
@@ -693,8 +753,19 @@ static void swin_destroy(visc_model *m) {
         free(s->st[i].mask);
         free(s->st[i].rel);
         free(s->st[i].coords);
+        if (m->cuda) {
+            visc_gpu_free(m->cuda, s->st[i].dev_mask);
+            visc_gpu_free(m->cuda, s->st[i].dev_rel);
+            visc_gpu_free(m->cuda, s->st[i].dev_coords);
+        }
     }
-    visc_arena_free(&s->arena);
+    if (m->cuda) {
+        visc_gpu_arena_free(m, &s->arena, s->dlogits);
+        visc_free_aligned(s->keep_host);
+        visc_model_gpu_release(m);
+    } else {
+        visc_arena_free(&s->arena);
+    }
     visc_table_free(&m->params);
     visc_table_free(&m->buffers);
     visc_free_aligned(m->grads);
@@ -896,8 +967,10 @@ visc_model *visc_swin_create(const visc_model_config *cfg, uint64_t seed) {
     m->forward = swin_forward;
     m->backward = swin_backward;
     m->backward_features = swin_backward_features;
+    m->logits = s->logits;
     m->features = s->pooled;
     m->feature_dim = s->features;
+    m->to_cuda = swin_to_cuda;
     m->head_prefix = "head.fc.";
     return m;
 }

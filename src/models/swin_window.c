@@ -107,3 +107,84 @@ void visc_swin_v2_coords(float *table, int wh, int ww) {
             table[(i * cols + j) * 2 + 1] = log_coord(j - (ww - 1), ww);
         }
 }
+
+/* ---- the blocks' own maps (models/swin.c, and the GPU stand-in's) ---- */
+
+/* Patch merging's gather: merged token (b, i, j) is [x(2i,2j), x(2i+1,2j),
+ * x(2i,2j+1), x(2i+1,2j+1)] (timm's reshape/permute order). A permutation,
+ * so back = 1 (tokens <- merged) is its backward. */
+void visc_swin_merge_copy(float *tokens, float *merged, int B, int H, int W, int C, int back) {
+    int Ho = H / 2, Wo = W / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < (int64_t)B * Ho * Wo; r++) {
+        int64_t b = r / (Ho * Wo);
+        int i = (int)(r % (Ho * Wo)) / Wo, j = (int)(r % Wo);
+        for (int k = 0; k < 4; k++) {
+            int y = 2 * i + (k & 1), x = 2 * j + (k >> 1);
+            float *mg = merged + (size_t)r * 4 * C + (size_t)k * C;
+            float *tk = tokens + ((size_t)b * H * W + (size_t)y * W + x) * C;
+            if (back) memcpy(tk, mg, sizeof(float) * (size_t)C);
+            else memcpy(mg, tk, sizeof(float) * (size_t)C);
+        }
+    }
+}
+
+/* bias[h, a, b] = table[rel[a, b], h]; V2 passes 16 sigmoid of it. */
+void visc_swin_gather_bias(float *bias, const float *table, const int32_t *rel, int H, int N,
+                           int sigmoid16) {
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < N * N; i++) {
+            float v = table[(size_t)rel[i] * H + h];
+            bias[(size_t)h * N * N + i] = sigmoid16 ? 16.0f / (1.0f + expf(-v)) : v;
+        }
+}
+
+/* F.normalize over each head's D values (eps 1e-12): dst rows of ld_dst,
+ * src rows of ld_src; the norms are saved for backward. */
+void visc_swin_normalize_heads(float *dst, int64_t ld_dst, float *norms, const float *src,
+                               int64_t ld_src, int64_t rows, int H, int D) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        for (int h = 0; h < H; h++) {
+            const float *x = src + r * ld_src + (int64_t)h * D;
+            float *y = dst + r * ld_dst + (int64_t)h * D;
+            float ss = 0.0f;
+            for (int d = 0; d < D; d++) ss += x[d] * x[d];
+            float n = sqrtf(ss);
+            n = n > 1e-12f ? n : 1e-12f;
+            norms[r * H + h] = n;
+            for (int d = 0; d < D; d++) y[d] = x[d] / n;
+        }
+}
+
+/* bias gradient [H, N, N] -> bias table [T, H] (zeroed first: scatter-add). */
+void visc_swin_scatter_bias(float *dtable, const float *dbias, const float *bias,
+                            const int32_t *rel, int T, int H, int N, int sigmoid16) {
+    memset(dtable, 0, sizeof(float) * (size_t)T * H);
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < N * N; i++) {
+            float d = dbias[(size_t)h * N * N + i];
+            if (sigmoid16) {
+                float sg = bias[(size_t)h * N * N + i] * (1.0f / 16.0f); /* sigmoid(v) */
+                d *= 16.0f * sg * (1.0f - sg);
+            }
+            dtable[(size_t)rel[i] * H + h] += d;
+        }
+}
+
+/* F.normalize's backward: dx = (dy - y (y . dy)) / n, per head. */
+void visc_swin_normalize_heads_backward(float *dx, int64_t ld_dx, const float *dy, int64_t ld_dy,
+                                        const float *y, int64_t ld_y, const float *norms,
+                                        int64_t rows, int H, int D) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        for (int h = 0; h < H; h++) {
+            const float *g = dy + r * ld_dy + (int64_t)h * D, *v = y + r * ld_y + (int64_t)h * D;
+            float *o = dx + r * ld_dx + (int64_t)h * D, n = norms[r * H + h];
+            float dot = 0.0f;
+            for (int d = 0; d < D; d++) dot += v[d] * g[d];
+            /* below eps the norm is the constant eps: a plain scale */
+            if (n <= 1e-12f) dot = 0.0f;
+            for (int d = 0; d < D; d++) o[d] = (g[d] - v[d] * dot) / n;
+        }
+}

@@ -39,6 +39,26 @@ void visc_swin_attn_mask(float *mask, const visc_swin_grid *g);
  * indexes the (2wh-1)(2ww-1)-row bias table by the offset of token a from b. */
 void visc_swin_rel_index(int32_t *index, int wh, int ww);
 
+/* ---- pieces of a block (swin.c), shared with the GPU stand-in ---- */
+/* Patch merging's gather: merged token (b, i, j) of [B, H/2, W/2, 4C] is
+ * [x(2i,2j), x(2i+1,2j), x(2i,2j+1), x(2i+1,2j+1)] of tokens [B, H, W, C]
+ * (timm's order). back = 1: tokens <- merged (its backward). */
+void visc_swin_merge_copy(float *tokens, float *merged, int B, int H, int W, int C, int back);
+/* bias[h, a, b] = table[rel[a, b], h], or 16 sigmoid of it (V2). */
+void visc_swin_gather_bias(float *bias, const float *table, const int32_t *rel, int H, int N,
+                           int sigmoid16);
+/* Its backward into dtable [T, H] (zeroed first, then added in index
+ * order); with sigmoid16, bias holds the forward's output. */
+void visc_swin_scatter_bias(float *dtable, const float *dbias, const float *bias,
+                            const int32_t *rel, int T, int H, int N, int sigmoid16);
+/* F.normalize over each head's D values (eps 1e-12), rows of ld floats;
+ * the norms [rows, H] are kept for backward. */
+void visc_swin_normalize_heads(float *dst, int64_t ld_dst, float *norms, const float *src,
+                               int64_t ld_src, int64_t rows, int H, int D);
+void visc_swin_normalize_heads_backward(float *dx, int64_t ld_dx, const float *dy, int64_t ld_dy,
+                                        const float *y, int64_t ld_y, const float *norms,
+                                        int64_t rows, int H, int D);
+
 /* Swin V2's relative_coords_table [(2wh-1)(2ww-1), 2]: the offsets scaled to
  * [-8, 8] and log-spaced, sign(x) log2(|x| + 1) / 3. Needs wh, ww >= 2. */
 void visc_swin_v2_coords(float *table, int wh, int ww);

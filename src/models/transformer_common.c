@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "dispatch.h"
 #include "visc/gpu.h"
 #include "visc/rng.h"
 #include "visc/tokens.h"
@@ -37,21 +38,14 @@ void visc_tf_add_linear(visc_model *m, visc_tf_linear *l, const char *name, int 
 
 void visc_tf_linear_forward(visc_model *m, const visc_tf_linear *l, float *out, const float *in,
                             int64_t rows) {
-    const float *bias = l->bias >= 0 ? P(l->bias) : NULL;
-    if (m->cuda)
-        visc_gpu_linear_forward(m->cuda, out, in, P(l->weight), bias, (int)rows, l->in, l->out);
-    else visc_linear_forward(out, in, P(l->weight), bias, (int)rows, l->in, l->out);
+    md_linear_forward(m, out, in, P(l->weight), l->bias >= 0 ? P(l->bias) : NULL, (int)rows, l->in,
+                      l->out);
 }
 
 void visc_tf_linear_backward(visc_model *m, const visc_tf_linear *l, float *din, const float *dout,
                              const float *in, int64_t rows) {
-    float *dbias = l->bias >= 0 ? G(l->bias) : NULL;
-    if (m->cuda)
-        visc_gpu_linear_backward(m->cuda, din, G(l->weight), dbias, dout, in, P(l->weight),
-                                 (int)rows, l->in, l->out);
-    else
-        visc_linear_backward(din, G(l->weight), dbias, dout, in, P(l->weight), (int)rows, l->in,
-                             l->out);
+    md_linear_backward(m, din, G(l->weight), l->bias >= 0 ? G(l->bias) : NULL, dout, in,
+                       P(l->weight), (int)rows, l->in, l->out);
     visc_model_grad_ready(m, G(l->weight), (size_t)l->in * l->out);
     if (l->bias >= 0) visc_model_grad_ready(m, G(l->bias), (size_t)l->out);
 }
@@ -68,10 +62,7 @@ void visc_tf_add_norm(visc_model *m, visc_tf_norm *n, const char *name, int C, f
 
 void visc_tf_norm_forward(visc_model *m, const visc_tf_norm *n, float *out, float *mean,
                           float *rstd, const float *in, int64_t rows) {
-    if (m->cuda)
-        visc_gpu_layernorm_forward(m->cuda, out, mean, rstd, in, P(n->weight), P(n->bias), rows,
-                                   n->C, n->eps);
-    else visc_layernorm_forward(out, mean, rstd, in, P(n->weight), P(n->bias), rows, n->C, n->eps);
+    md_layernorm_forward(m, out, mean, rstd, in, P(n->weight), P(n->bias), rows, n->C, n->eps);
 }
 
 void visc_tf_head_backward(visc_model *m, const visc_tf_linear *l, const float *dout,
@@ -88,12 +79,8 @@ void visc_tf_head_backward(visc_model *m, const visc_tf_linear *l, const float *
 
 void visc_tf_norm_backward(visc_model *m, const visc_tf_norm *n, float *din, const float *dout,
                            const float *in, const float *mean, const float *rstd, int64_t rows) {
-    if (m->cuda)
-        visc_gpu_layernorm_backward(m->cuda, din, G(n->weight), G(n->bias), dout, in, P(n->weight),
-                                    mean, rstd, rows, n->C);
-    else
-        visc_layernorm_backward(din, G(n->weight), G(n->bias), dout, in, P(n->weight), mean, rstd,
-                                rows, n->C);
+    md_layernorm_backward(m, din, G(n->weight), G(n->bias), dout, in, P(n->weight), mean, rstd,
+                          rows, n->C);
     visc_model_grad_ready(m, G(n->weight), (size_t)n->C);
     visc_model_grad_ready(m, G(n->bias), (size_t)n->C);
 }

@@ -43,6 +43,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dispatch.h"
 #include "transformer_common.h"
 #include "visc/gpu.h"
 #include "visc/model.h"
@@ -183,41 +184,15 @@ static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
 /* Noise sites: 1 the head dropout, 2 + 2i and 3 + 2i block i's drop-paths. */
 enum { SITE_HEAD = 1, SITE_BLOCKS = 2 };
 
-/* ---- the calls that differ on a GPU ---- */
-
-/* Host memory into the arena (the batch, an incoming gradient). */
-static void take_in(visc_model *m, float *dst, const float *src, size_t n) {
-    if (m->cuda) visc_gpu_upload(m->cuda, dst, src, n * sizeof(float));
-    else memcpy(dst, src, n * sizeof(float));
-}
-
-static void copy(visc_model *m, float *dst, const float *src, size_t n) {
-    if (m->cuda) visc_gpu_copy(m->cuda, dst, src, n);
-    else memcpy(dst, src, n * sizeof(float));
-}
-
-static void add_in(visc_model *m, float *acc, const float *x, size_t n) {
-    if (m->cuda) visc_gpu_add(m->cuda, acc, acc, x, n);
-    else visc_add_inplace(acc, x, n);
-}
-
+/* drop-path on the block's branch (scratch v->branch) */
 static void droppath_forward(visc_model *m, vit *v, float *x, float *keep, float p, int train,
                              uint64_t offset) {
-    const int B = m->cfg.batch;
-    const size_t per_sample = (size_t)v->tokens * v->embed;
-    if (m->cuda)
-        visc_gpu_droppath_add_forward(m->cuda, x, v->branch, keep, v->keep_host, B, per_sample, p,
-                                      train, m->noise_seed, offset);
-    else
-        visc_droppath_add_forward(x, v->branch, keep, B, per_sample, p, train, m->noise_seed,
-                                  offset);
+    md_droppath_forward(m, x, v->branch, keep, v->keep_host, m->cfg.batch,
+                        (size_t)v->tokens * v->embed, p, train, offset);
 }
 
 static void droppath_backward(visc_model *m, vit *v, const float *keep) {
-    const int B = m->cfg.batch;
-    const size_t per_sample = (size_t)v->tokens * v->embed;
-    if (m->cuda) visc_gpu_droppath_add_backward(m->cuda, v->branch, v->dx, keep, B, per_sample);
-    else visc_droppath_add_backward(v->branch, v->dx, keep, B, per_sample);
+    md_droppath_backward(m, v->branch, v->dx, keep, m->cfg.batch, (size_t)v->tokens * v->embed);
 }
 
 static void block_forward(visc_model *m, vit *v, vit_block *b, int i, int train) {
@@ -227,17 +202,14 @@ static void block_forward(visc_model *m, vit *v, vit_block *b, int i, int train)
     float *qkv = b->qkv_out;
     visc_tf_norm_forward(m, &b->norm1, b->ln1, b->mean1, b->rstd1, b->x, R);
     visc_tf_linear_forward(m, &b->qkv, qkv, b->ln1, R);
-    if (m->cuda)
-        visc_gpu_attention_forward(m->cuda, &b->attn, b->att, b->lse, qkv, qkv + v->embed,
-                                   qkv + 2 * v->embed);
-    else visc_attention_forward(&b->attn, b->att, b->lse, qkv, qkv + v->embed, qkv + 2 * v->embed);
+    md_attention_forward(m, &b->attn, b->att, b->lse, qkv, qkv + v->embed, qkv + 2 * v->embed);
     visc_tf_linear_forward(m, &b->proj, v->branch, b->att, R);
-    copy(m, b->x_mid, b->x, RC);
+    md_copy(m, b->x_mid, b->x, RC);
     droppath_forward(m, v, b->x_mid, b->keep1, b->drop_path, train,
                      visc_tf_noise_offset(SITE_BLOCKS + 2 * i));
     visc_tf_norm_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->x_mid, R);
     visc_tf_mlp_forward(m, &b->mlp, v->branch, b->h, v->hid, b->ln2, R);
-    copy(m, b->x_out, b->x_mid, RC);
+    md_copy(m, b->x_out, b->x_mid, RC);
     droppath_forward(m, v, b->x_out, b->keep2, b->drop_path, train,
                      visc_tf_noise_offset(SITE_BLOCKS + 2 * i + 1));
 }
@@ -245,9 +217,9 @@ static void block_forward(visc_model *m, vit *v, vit_block *b, int i, int train)
 static void vit_forward(visc_model *m, const float *x, int train) {
     vit *v = m->impl;
     const int B = m->cfg.batch, C = v->embed, T = v->tokens, S = m->cfg.image_size;
-    take_in(m, v->image, x, (size_t)B * m->cfg.in_channels * S * S);
+    md_take_in(m, v->image, x, (size_t)B * m->cfg.in_channels * S * S);
     visc_tf_patch_embed_forward(m, &v->pe, v->x0, v->conv_out, v->image);
-    for (int b = 0; b < B; b++) copy(m, v->x0 + (size_t)b * T * C, P(v->cls_token), (size_t)C);
+    for (int b = 0; b < B; b++) md_copy(m, v->x0 + (size_t)b * T * C, P(v->cls_token), (size_t)C);
     if (m->cuda) visc_gpu_add_broadcast(m->cuda, v->x0, P(v->pos_embed), B, (int64_t)T * C);
     else visc_add_broadcast_forward(v->x0, P(v->pos_embed), B, (int64_t)T * C);
     for (int i = 0; i < v->depth; i++) block_forward(m, v, &v->blocks[i], i, train);
@@ -264,11 +236,9 @@ static void vit_forward(visc_model *m, const float *x, int train) {
         feat = v->feat_drop;
     }
     visc_tf_linear_forward(m, &v->head, v->logits, feat, B);
-    if (m->cuda) { /* the host's copies: the loss, the accuracy and SSL heads read them */
-        visc_gpu_download(m->cuda, m->logits, v->logits,
-                          (size_t)B * m->cfg.num_classes * sizeof(float));
-        visc_gpu_download(m->cuda, m->features, v->feat, (size_t)B * C * sizeof(float));
-    }
+    /* the host's copies: the loss, the accuracy and SSL heads read them */
+    md_give_out(m, m->logits, v->logits, (size_t)B * m->cfg.num_classes);
+    md_give_out(m, m->features, v->feat, (size_t)B * C);
 }
 
 /* ---- backward ---- */
@@ -284,18 +254,14 @@ static void block_backward(visc_model *m, vit *v, vit_block *b) {
     droppath_backward(m, v, b->keep2);
     visc_tf_mlp_backward(m, &b->mlp, v->dln, v->branch, b->ln2, b->h, v->hid, v->dhid, R);
     visc_tf_norm_backward(m, &b->norm2, v->dtmp, v->dln, b->x_mid, b->mean2, b->rstd2, R);
-    add_in(m, v->dx, v->dtmp, RC);
+    md_add_in(m, v->dx, v->dtmp, RC);
     droppath_backward(m, v, b->keep1);
     visc_tf_linear_backward(m, &b->proj, v->datt, v->branch, b->att, R);
-    if (m->cuda)
-        visc_gpu_attention_backward(m->cuda, &b->attn, dqkv, dqkv + C, dqkv + 2 * C, NULL, NULL,
-                                    v->datt, qkv, qkv + C, qkv + 2 * C, b->att, b->lse);
-    else
-        visc_attention_backward(&b->attn, dqkv, dqkv + C, dqkv + 2 * C, NULL, NULL, v->datt, qkv,
-                                qkv + C, qkv + 2 * C, b->att, b->lse);
+    md_attention_backward(m, &b->attn, dqkv, dqkv + C, dqkv + 2 * C, NULL, NULL, v->datt, qkv,
+                          qkv + C, qkv + 2 * C, b->att, b->lse);
     visc_tf_linear_backward(m, &b->qkv, v->dln, dqkv, b->ln1, R);
     visc_tf_norm_backward(m, &b->norm1, v->dtmp, v->dln, b->x, b->mean1, b->rstd1, R);
-    add_in(m, v->dx, v->dtmp, RC);
+    md_add_in(m, v->dx, v->dtmp, RC);
 }
 
 /* From v->dfeat (the gradient at the features) to the input. */
@@ -328,7 +294,7 @@ static void vit_backward(visc_model *m, const float *dlogits) {
     const int B = m->cfg.batch, C = v->embed;
     const int dropped = v->head_dropped;
     if (m->cuda) { /* dlogits come from the host */
-        take_in(m, v->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
+        md_take_in(m, v->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
         dlogits = v->dlogits;
     }
     visc_tf_linear_backward(m, &v->head, v->dfeat, dlogits, dropped ? v->feat_drop : v->feat, B);
@@ -341,11 +307,11 @@ static void vit_backward_features(visc_model *m, const float *dfeatures, const f
     vit *v = m->impl;
     const int B = m->cfg.batch, C = v->embed;
     if (m->cuda && dlogits) {
-        take_in(m, v->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
+        md_take_in(m, v->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
         dlogits = v->dlogits;
     }
     visc_tf_head_backward(m, &v->head, dlogits, v->head_dropped ? v->feat_drop : v->feat, B);
-    take_in(m, v->dfeat, dfeatures, (size_t)B * C);
+    md_take_in(m, v->dfeat, dfeatures, (size_t)B * C);
     trunk_backward(m, v);
 }
 

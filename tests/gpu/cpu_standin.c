@@ -17,10 +17,12 @@
  * Linked instead of libvisc_cuda.a into tests/gpu/test_gpu_standin (the
  * model checks of test_cuda_model.c, held to zero difference) and
  * tests/gpu/visc_standin (the whole program: tests/e2e_gpu_standin.sh). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../src/models/swin_window.h"
 #include "visc/cuda.h"
 #include "visc/nn.h"
 #include "visc/tokens.h"
@@ -442,6 +444,103 @@ int visc_cuda_copy_rows(visc_cuda *ctx, float *dst, int64_t dst_stride, const fl
     (void)ctx;
     for (int64_t r = 0; r < rows; r++)
         memcpy(dst + r * dst_stride, src + r * src_stride, (size_t)count * sizeof(float));
+    return 0;
+}
+
+int visc_cuda_relu_forward(visc_cuda *ctx, float *out, const float *in, size_t n) {
+    (void)ctx;
+    visc_relu_forward(out, in, n);
+    return 0;
+}
+
+int visc_cuda_token_mean_forward(visc_cuda *ctx, float *out, const float *in, int B, int N, int C) {
+    (void)ctx;
+    visc_token_mean_forward(out, in, B, N, C);
+    return 0;
+}
+
+int visc_cuda_token_mean_backward(visc_cuda *ctx, float *din, const float *dout, int B, int N,
+                                  int C) {
+    (void)ctx;
+    visc_token_mean_backward(din, dout, B, N, C);
+    return 0;
+}
+
+/* ---- Swin: models/swin_window.c's maps ---- */
+static visc_swin_grid grid_of(const visc_cuda_swin_grid *g) {
+    visc_swin_grid s = {.H = g->H, .W = g->W, .wh = g->wh, .ww = g->ww, .sh = g->sh, .sw = g->sw};
+    s.nw = (g->H / g->wh) * (g->W / g->ww);
+    s.N = g->wh * g->ww;
+    return s;
+}
+
+int visc_cuda_swin_partition(visc_cuda *ctx, float *out, const float *in,
+                             const visc_cuda_swin_grid *g, int B, int C) {
+    (void)ctx;
+    const visc_swin_grid s = grid_of(g);
+    visc_swin_partition(out, in, &s, B, C);
+    return 0;
+}
+
+int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
+                           const visc_cuda_swin_grid *g, int B, int C) {
+    (void)ctx;
+    const visc_swin_grid s = grid_of(g);
+    visc_swin_reverse(out, in, &s, B, C);
+    return 0;
+}
+
+int visc_cuda_swin_gather_bias(visc_cuda *ctx, float *bias, const float *table, const int32_t *rel,
+                               int H, int N, int sigmoid16) {
+    (void)ctx;
+    visc_swin_gather_bias(bias, table, rel, H, N, sigmoid16);
+    return 0;
+}
+
+int visc_cuda_swin_scatter_bias(visc_cuda *ctx, float *dtable, const float *dbias,
+                                const float *bias, const int32_t *rel, int T, int H, int N,
+                                int sigmoid16) {
+    (void)ctx;
+    visc_swin_scatter_bias(dtable, dbias, bias, rel, T, H, N, sigmoid16);
+    return 0;
+}
+
+int visc_cuda_swin_normalize_heads(visc_cuda *ctx, float *dst, int64_t ld_dst, float *norms,
+                                   const float *src, int64_t ld_src, int64_t rows, int H, int D) {
+    (void)ctx;
+    visc_swin_normalize_heads(dst, ld_dst, norms, src, ld_src, rows, H, D);
+    return 0;
+}
+
+int visc_cuda_swin_normalize_heads_backward(visc_cuda *ctx, float *dx, int64_t ld_dx,
+                                            const float *dy, int64_t ld_dy, const float *y,
+                                            int64_t ld_y, const float *norms, int64_t rows, int H,
+                                            int D) {
+    (void)ctx;
+    visc_swin_normalize_heads_backward(dx, ld_dx, dy, ld_dy, y, ld_y, norms, rows, H, D);
+    return 0;
+}
+
+int visc_cuda_swin_merge_copy(visc_cuda *ctx, float *tokens, float *merged, int B, int H, int W,
+                              int C, int back) {
+    (void)ctx;
+    visc_swin_merge_copy(tokens, merged, B, H, W, C, back);
+    return 0;
+}
+
+/* models/swin.c's loops */
+int visc_cuda_swin_head_scale(visc_cuda *ctx, float *hs, const float *logit_scale, int H) {
+    (void)ctx;
+    for (int h = 0; h < H; h++) hs[h] = expf(fminf(logit_scale[h], logf(100.0f)));
+    return 0;
+}
+
+int visc_cuda_swin_head_scale_backward(visc_cuda *ctx, float *dlogit_scale,
+                                       const float *logit_scale, const float *dhs, const float *hs,
+                                       int H) {
+    (void)ctx;
+    for (int h = 0; h < H; h++)
+        dlogit_scale[h] = logit_scale[h] <= logf(100.0f) ? dhs[h] * hs[h] : 0.0f;
     return 0;
 }
 

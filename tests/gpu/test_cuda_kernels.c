@@ -16,8 +16,10 @@
  *   matmul             atol 1e-4 x sum_k |a_k b_k|, against a double-precision
  *                      product of the same bf16 operands (fp32 accumulation
  *                      error only; oneDNN's fp32 path is not linked here)
- *   optimizer steps, the weights' EMA, bf16 conversion, Swin windows:
- *                      bit-identical.
+ *   optimizer steps, the weights' EMA, bf16 conversion, Swin windows,
+ *   Swin's bias gather, patch merging, the token mean: bit-identical.
+ *   Swin's bias scatter and V2 head normalization: fp32 as above; V2's
+ *                      16 sigmoid bias and temperature within a few ulp (expf)
  *   convolutions       against a direct double-precision convolution of the
  *                      same operands (oneDNN is not linked here): fp32 atol
  *                      3e-5 x the sum of |terms| (cuDNN runs FMA math, no
@@ -1405,6 +1407,113 @@ static void check_patch_embed(int B, int Cin, int image, int patch, int C, int f
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* ---- Swin's block pieces (swin.cu) against models/swin_window.c and token_ops.c ---- */
+static void check_swin_pieces(int B, int grid, int window, int H, int D) {
+    char name[160];
+    const int N = window * window, NN = N * N, T = (2 * window - 1) * (2 * window - 1), C = H * D;
+    const int64_t rows = (int64_t)B * grid * grid;
+    int32_t *rel = malloc(sizeof(int32_t) * NN);
+    visc_swin_rel_index(rel, window, window);
+    float *table = random_floats((size_t)T * H, -2, 2),
+          *dbias = random_floats((size_t)H * NN, -1, 1);
+    int32_t *d_rel = up(rel, sizeof(int32_t) * NN);
+    float *d_table = up(table, sizeof(float) * T * H), *d_dbias = up(dbias, sizeof(float) * H * NN);
+    float *d_bias = dev(sizeof(float) * H * NN), *d_dtable = dev(sizeof(float) * T * H);
+    float *bias = malloc(sizeof(float) * H * NN), *dtable = malloc(sizeof(float) * T * H);
+    for (int sig = 0; sig <= 1; sig++) {
+        visc_swin_gather_bias(bias, table, rel, H, N, sig);
+        visc_swin_scatter_bias(dtable, dbias, bias, rel, T, H, N, sig);
+        launched(visc_cuda_swin_gather_bias(ctx, d_bias, d_table, d_rel, H, N, sig), "bias gather");
+        launched(visc_cuda_swin_scatter_bias(ctx, d_dtable, d_dbias, d_bias, d_rel, T, H, N, sig),
+                 "bias scatter");
+        float *gb = down(d_bias, (size_t)H * NN), *gt = down(d_dtable, (size_t)T * H);
+        snprintf(name, sizeof name, "swin bias gather, window %d, %d heads%s", window, H,
+                 sig ? ", 16 sigmoid (V2)" : "");
+        if (sig) expect_close(name, gb, bias, (size_t)H * NN, 1e-6 * 16, 1e-6); /* expf */
+        else expect_bits(name, gb, bias, (size_t)H * NN, sizeof(float));
+        snprintf(name, sizeof name, "swin bias scatter, window %d, %d heads%s", window, H,
+                 sig ? ", 16 sigmoid (V2)" : "");
+        expect_fp32(name, gt, dtable, (size_t)T * H);
+        free(gb);
+        free(gt);
+    }
+    /* V2's per-head normalization of q and k inside the qkv rows */
+    const size_t nq = (size_t)rows * 3 * C;
+    float *qkv = random_floats(nq, -1, 1), *dy = random_floats((size_t)rows * 2 * C, -1, 1);
+    float *y = malloc(sizeof(float) * rows * 2 * C), *norms = malloc(sizeof(float) * rows * 2 * H);
+    float *dx = calloc(nq, sizeof(float));
+    float *d_qkv = up(qkv, sizeof(float) * nq), *d_dy = up(dy, sizeof(float) * rows * 2 * C);
+    float *d_y = dev(sizeof(float) * rows * 2 * C), *d_norms = dev(sizeof(float) * rows * 2 * H);
+    float *d_dx = up(dx, sizeof(float) * nq); /* v's part stays 0 */
+    for (int k = 0; k < 2; k++) {             /* q, then k, as a Swin V2 block */
+        const int64_t at = (int64_t)k * C, nat = (int64_t)k * rows * H;
+        visc_swin_normalize_heads(y + at, 2 * C, norms + nat, qkv + at, 3 * C, rows, H, D);
+        visc_swin_normalize_heads_backward(dx + at, 3 * C, dy + at, 2 * C, y + at, 2 * C,
+                                           norms + nat, rows, H, D);
+        launched(visc_cuda_swin_normalize_heads(ctx, d_y + at, 2 * C, d_norms + nat, d_qkv + at,
+                                                3 * C, rows, H, D),
+                 "head normalization");
+        launched(visc_cuda_swin_normalize_heads_backward(ctx, d_dx + at, 3 * C, d_dy + at, 2 * C,
+                                                         d_y + at, 2 * C, d_norms + nat, rows, H,
+                                                         D),
+                 "head normalization backward");
+    }
+    float *gy = down(d_y, (size_t)rows * 2 * C), *gdx = down(d_dx, nq);
+    snprintf(name, sizeof name, "swin v2 head normalization [%lld rows, %d x %d]", (long long)rows,
+             H, D);
+    expect_fp32(name, gy, y, (size_t)rows * 2 * C);
+    snprintf(name, sizeof name, "swin v2 head normalization backward [%lld rows, %d x %d]",
+             (long long)rows, H, D);
+    expect_fp32(name, gdx, dx, nq);
+    /* patch merging's gather and scatter: a permutation, bit-identical */
+    const size_t nt = (size_t)rows * C;
+    float *tok = random_floats(nt, -1, 1), *merged = malloc(sizeof(float) * nt);
+    float *back = malloc(sizeof(float) * nt);
+    visc_swin_merge_copy(tok, merged, B, grid, grid, C, 0);
+    visc_swin_merge_copy(back, merged, B, grid, grid, C, 1);
+    float *d_tok = up(tok, sizeof(float) * nt), *d_merged = dev(sizeof(float) * nt);
+    float *d_back = dev(sizeof(float) * nt);
+    launched(visc_cuda_swin_merge_copy(ctx, d_tok, d_merged, B, grid, grid, C, 0), "merge");
+    launched(visc_cuda_swin_merge_copy(ctx, d_back, d_merged, B, grid, grid, C, 1), "merge back");
+    float *gm = down(d_merged, nt), *gback = down(d_back, nt);
+    snprintf(name, sizeof name, "swin patch merging [%d x %dx%d x %d]: bit-identical", B, grid,
+             grid, C);
+    expect_bits(name, gm, merged, nt, sizeof(float));
+    snprintf(name, sizeof name, "swin patch merging backward: bit-identical");
+    expect_bits(name, gback, back, nt, sizeof(float));
+    /* the token mean (the pooled features) and its backward */
+    float *mean = malloc(sizeof(float) * B * C), *dtok = malloc(sizeof(float) * nt);
+    const int NT = grid * grid;
+    visc_token_mean_forward(mean, tok, B, NT, C);
+    visc_token_mean_backward(dtok, mean, B, NT, C);
+    float *d_mean = dev(sizeof(float) * B * C);
+    launched(visc_cuda_token_mean_forward(ctx, d_mean, d_tok, B, NT, C), "token mean");
+    launched(visc_cuda_token_mean_backward(ctx, d_back, d_mean, B, NT, C), "token mean backward");
+    float *gmean = down(d_mean, (size_t)B * C), *gdtok = down(d_back, nt);
+    snprintf(name, sizeof name, "token mean [%d, %d, %d]: bit-identical", B, NT, C);
+    expect_bits(name, gmean, mean, (size_t)B * C, sizeof(float));
+    snprintf(name, sizeof name, "token mean backward [%d, %d, %d]: bit-identical", B, NT, C);
+    expect_bits(name, gdtok, dtok, nt, sizeof(float));
+    /* V2's temperature exp(min(logit_scale, log 100)) and its clamp's gradient */
+    float ls[4] = {logf(10.0f), 4.0f, logf(100.0f), 5.0f}, dhs[4] = {1, -2, 3, 4}, hs[4], dls[4];
+    for (int h = 0; h < 4; h++) hs[h] = expf(fminf(ls[h], logf(100.0f)));
+    for (int h = 0; h < 4; h++) dls[h] = ls[h] <= logf(100.0f) ? dhs[h] * hs[h] : 0.0f;
+    float *d_ls = up(ls, sizeof ls), *d_dhs = up(dhs, sizeof dhs), *d_hs = dev(sizeof hs);
+    float *d_dls = dev(sizeof dls);
+    launched(visc_cuda_swin_head_scale(ctx, d_hs, d_ls, 4), "head scale");
+    launched(visc_cuda_swin_head_scale_backward(ctx, d_dls, d_ls, d_dhs, d_hs, 4),
+             "head scale backward");
+    float *ghs = down(d_hs, 4), *gdls = down(d_dls, 4);
+    expect_close("swin v2 temperature exp(min(s, log 100))", ghs, hs, 4, 0, 2e-7);
+    expect_close("swin v2 temperature backward (clamped above log 100)", gdls, dls, 4, 0, 4e-7);
+    void *dfree[] = {d_rel, d_table, d_dbias,  d_bias, d_dtable, d_qkv, d_dy,  d_y,  d_norms,
+                     d_dx,  d_tok,   d_merged, d_back, d_mean,   d_ls,  d_dhs, d_hs, d_dls};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {rel,  table, dbias, bias, dtable, qkv, dy,    y,     norms, dx,  tok, merged,
+                     back, mean,  dtok,  gy,   gdx,    gm,  gback, gmean, gdtok, ghs, gdls};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 /* ---- sums: visc_add_forward's bits, and the residual block's add + ReLU ---- */
 static void check_add(size_t n) {
     char name[128];
@@ -1528,7 +1637,9 @@ static void group_eltwise(void) {
 static void group_swin(void) {
     check_swin(2, 8, 8, 4, 1, 48);
     check_swin(2, 8, 8, 4, 0, 48);
-    check_swin(1, 14, 7, 7, 1, 24); /* an axis of one window is never shifted */
+    check_swin(1, 14, 7, 7, 1, 24);     /* an axis of one window is never shifted */
+    check_swin_pieces(2, 14, 7, 3, 32); /* Swin-T's first stage */
+    check_swin_pieces(3, 8, 4, 2, 16);  /* the micro models */
     /* A grid the kernel would index outside the tensor with is refused
      * before any launch (the pointers are never touched). */
     const visc_cuda_swin_grid bad = {8, 8, 4, 4, -2, 0};

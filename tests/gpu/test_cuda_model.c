@@ -196,6 +196,10 @@ int main(void) {
     check_model(ctx, "resnet14", 28, 1, 10, 64, 0, 0.0f); /* the README's model, its batch */
     check_model(ctx, "vit_pico_patch4_28", 28, 1, 10, 8, 0, 0.0f); /* class token, 6 blocks, D 32 */
     check_model(ctx, "deit_tiny_patch4_32", 32, 3, 10, 4, 0, 0.3f); /* 65 tokens, D 64, drop-path */
+    check_model(ctx, "swin_micro_patch2_window4_32", 32, 3, 10, 4, 0, 0.2f);   /* windows, shifts,
+                                                                                  merging */
+    check_model(ctx, "swinv2_micro_patch2_window4_32", 32, 3, 10, 4, 0, 0.2f); /* cosine attention,
+                                                                                  bias MLP */
     /* an architecture without a GPU path says so */
     visc_model_config cfg = {0};
     snprintf(cfg.arch, sizeof cfg.arch, "cait_xxs24_224");

@@ -1,0 +1,141 @@
+/* dispatch.h: the layer calls a model makes, each to the CPU layer (nn.h,
+ * tokens.h) or, when the model is on a GPU (m->cuda), to its twin (gpu.h).
+ * The arguments are the CPU layer's; pointers are the arena's and the
+ * model's tensors, which live where the model does. Private to src/models. */
+#ifndef VISC_MODELS_DISPATCH_H
+#define VISC_MODELS_DISPATCH_H
+
+#include <string.h>
+
+#include "visc/gpu.h"
+#include "visc/model.h"
+#include "visc/nn.h"
+#include "visc/tokens.h"
+
+/* Host memory into the arena (a batch, an incoming gradient). */
+static inline void md_take_in(visc_model *m, float *dst, const float *src, size_t n) {
+    if (m->cuda) visc_gpu_upload(m->cuda, dst, src, n * sizeof(float));
+    else memcpy(dst, src, n * sizeof(float));
+}
+
+static inline void md_copy(visc_model *m, float *dst, const float *src, size_t n) {
+    if (m->cuda) visc_gpu_copy(m->cuda, dst, src, n);
+    else memcpy(dst, src, n * sizeof(float));
+}
+
+static inline void md_zero(visc_model *m, float *p, size_t n) {
+    if (m->cuda) visc_gpu_zero(m->cuda, p, n);
+    else memset(p, 0, n * sizeof(float));
+}
+
+/* acc += x */
+static inline void md_add_in(visc_model *m, float *acc, const float *x, size_t n) {
+    if (m->cuda) visc_gpu_add(m->cuda, acc, acc, x, n);
+    else visc_add_inplace(acc, x, n);
+}
+
+static inline void md_linear_forward(visc_model *m, float *out, const float *in, const float *w,
+                                     const float *b, int N, int in_f, int out_f) {
+    if (m->cuda) visc_gpu_linear_forward(m->cuda, out, in, w, b, N, in_f, out_f);
+    else visc_linear_forward(out, in, w, b, N, in_f, out_f);
+}
+
+static inline void md_linear_backward(visc_model *m, float *din, float *dw, float *db,
+                                      const float *dout, const float *in, const float *w, int N,
+                                      int in_f, int out_f) {
+    if (m->cuda) visc_gpu_linear_backward(m->cuda, din, dw, db, dout, in, w, N, in_f, out_f);
+    else visc_linear_backward(din, dw, db, dout, in, w, N, in_f, out_f);
+}
+
+static inline void md_layernorm_forward(visc_model *m, float *out, float *mean, float *rstd,
+                                        const float *in, const float *gamma, const float *beta,
+                                        int64_t rows, int C, float eps) {
+    if (m->cuda)
+        visc_gpu_layernorm_forward(m->cuda, out, mean, rstd, in, gamma, beta, rows, C, eps);
+    else visc_layernorm_forward(out, mean, rstd, in, gamma, beta, rows, C, eps);
+}
+
+static inline void md_layernorm_backward(visc_model *m, float *din, float *dgamma, float *dbeta,
+                                         const float *dout, const float *in, const float *gamma,
+                                         const float *mean, const float *rstd, int64_t rows,
+                                         int C) {
+    if (m->cuda)
+        visc_gpu_layernorm_backward(m->cuda, din, dgamma, dbeta, dout, in, gamma, mean, rstd, rows,
+                                    C);
+    else visc_layernorm_backward(din, dgamma, dbeta, dout, in, gamma, mean, rstd, rows, C);
+}
+
+/* GELU then a linear layer (act keeps GELU(h)); on a GPU the two separate
+ * layers, which give the fused CPU layer's results in fp32 (tokens.h). */
+static inline void md_gelu_linear_forward(visc_model *m, float *out, float *act, const float *h,
+                                          const float *w, const float *b, int N, int hidden,
+                                          int out_f) {
+    if (!m->cuda) {
+        visc_gelu_linear_forward(out, act, h, w, b, N, hidden, out_f);
+        return;
+    }
+    visc_gpu_gelu_forward(m->cuda, act, h, (size_t)N * hidden);
+    visc_gpu_linear_forward(m->cuda, out, act, w, b, N, hidden, out_f);
+}
+
+static inline void md_gelu_linear_backward(visc_model *m, float *dh, float *dw, float *db,
+                                           const float *dout, const float *act, const float *h,
+                                           const float *w, int N, int hidden, int out_f) {
+    if (!m->cuda) {
+        visc_gelu_linear_backward(dh, dw, db, dout, act, h, w, N, hidden, out_f);
+        return;
+    }
+    visc_gpu_linear_backward(m->cuda, dh, dw, db, dout, act, w, N, hidden, out_f);
+    visc_gpu_gelu_backward(m->cuda, dh, dh, h, (size_t)N * hidden);
+}
+
+static inline void md_attention_forward(visc_model *m, const visc_attention *a, float *out,
+                                        float *lse, const float *q, const float *k,
+                                        const float *v) {
+    if (m->cuda) visc_gpu_attention_forward(m->cuda, a, out, lse, q, k, v);
+    else visc_attention_forward(a, out, lse, q, k, v);
+}
+
+static inline void md_attention_backward(visc_model *m, const visc_attention *a, float *dq,
+                                         float *dk, float *dv, float *dbias, float *dhead_scale,
+                                         const float *dout, const float *q, const float *k,
+                                         const float *v, const float *out, const float *lse) {
+    if (m->cuda)
+        visc_gpu_attention_backward(m->cuda, a, dq, dk, dv, dbias, dhead_scale, dout, q, k, v, out,
+                                    lse);
+    else visc_attention_backward(a, dq, dk, dv, dbias, dhead_scale, dout, q, k, v, out, lse);
+}
+
+/* x += drop_path(branch); keep_host: [B] host floats for the GPU's draws. */
+static inline void md_droppath_forward(visc_model *m, float *x, const float *branch, float *keep,
+                                       float *keep_host, int B, size_t per_sample, float p,
+                                       int train, uint64_t offset) {
+    if (m->cuda)
+        visc_gpu_droppath_add_forward(m->cuda, x, branch, keep, keep_host, B, per_sample, p, train,
+                                      m->noise_seed, offset);
+    else visc_droppath_add_forward(x, branch, keep, B, per_sample, p, train, m->noise_seed, offset);
+}
+
+static inline void md_droppath_backward(visc_model *m, float *dbranch, const float *dx,
+                                        const float *keep, int B, size_t per_sample) {
+    if (m->cuda) visc_gpu_droppath_add_backward(m->cuda, dbranch, dx, keep, B, per_sample);
+    else visc_droppath_add_backward(dbranch, dx, keep, B, per_sample);
+}
+
+static inline void md_relu_forward(visc_model *m, float *out, const float *in, size_t n) {
+    if (m->cuda) visc_gpu_relu_forward(m->cuda, out, in, n);
+    else visc_relu_forward(out, in, n);
+}
+
+static inline void md_relu_backward(visc_model *m, float *din, const float *dout, const float *out,
+                                    size_t n) {
+    if (m->cuda) visc_gpu_relu_backward(m->cuda, din, dout, out, n);
+    else visc_relu_backward(din, dout, out, n);
+}
+
+/* The host's copies of what forward leaves for the host (logits, features). */
+static inline void md_give_out(visc_model *m, float *host, const float *arena, size_t n) {
+    if (m->cuda) visc_gpu_download(m->cuda, host, arena, n * sizeof(float));
+}
+
+#endif
