@@ -34,6 +34,7 @@
 
 #include "visc/core.h"
 #include "visc/cpu.h"
+#include "visc/gpu.h"
 #include "visc/model.h"
 #include "visc/nn.h"
 #include "visc/optim.h"
@@ -44,12 +45,14 @@ typedef struct {
     int warmup, steps, threads, peak, quiet;
     double seconds;
     visc_precision precision;
+    char device[16]; /* cpu | cuda | cuda:N */
 } options;
 
 static void usage(void) {
     fprintf(stderr, "usage: bench_train [--model NAME] [--batch N] [--image-size PX] "
                     "[--classes K] [--in-channels C] [--small-stem] [--warmup N] [--steps N] "
-                    "[--seconds S] [--threads N] [--no-peak] [--quiet] [--precision fp32|bf16]\n");
+                    "[--seconds S] [--threads N] [--no-peak] [--quiet] [--precision fp32|bf16] "
+                    "[--device cpu|cuda|cuda:N]\n");
     exit(2);
 }
 
@@ -68,6 +71,7 @@ static options parse(int argc, char **argv) {
     o.model.batch = 128, o.model.image_size = 32, o.model.num_classes = 10;
     o.model.in_channels = 3;
     o.warmup = 3, o.steps = 10, o.peak = 1;
+    snprintf(o.device, sizeof o.device, "cpu");
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--model") && i + 1 < argc)
@@ -83,6 +87,8 @@ static options parse(int argc, char **argv) {
         else if (!strcmp(a, "--seconds") && i + 1 < argc) o.seconds = atof(argv[++i]);
         else if (!strcmp(a, "--no-peak")) o.peak = 0;
         else if (!strcmp(a, "--quiet")) o.quiet = 1;
+        else if (!strcmp(a, "--device") && i + 1 < argc)
+            snprintf(o.device, sizeof o.device, "%s", argv[++i]);
         else if (!strcmp(a, "--precision") && i + 1 < argc) {
             if (visc_parse_precision(argv[++i], &o.precision)) visc_die("%s", visc_last_error());
         } else usage();
@@ -131,11 +137,19 @@ int main(int argc, char **argv) {
     const visc_model_config *mc = &o.model;
     int B = mc->batch, K = mc->num_classes;
 
-    double peak = o.peak ? sgemm_peak(2048) : 0;
+    int gpu_index;
+    if (visc_parse_device(o.device, &gpu_index)) visc_die("%s", visc_last_error());
+    visc_cuda *gpu = NULL;
+    size_t mem0 = 0, mem1 = 0;
+    if (gpu_index >= 0) {
+        gpu = visc_gpu_open(gpu_index);
+        if (!gpu || visc_gpu_memory_used(gpu, &mem0)) visc_die("%s", visc_last_error());
+    }
+    double peak = o.peak && !gpu ? sgemm_peak(2048) : 0;
 
     double t_create = visc_now();
     visc_model *m = visc_model_create(mc, 1);
-    if (!m) visc_die("%s", visc_last_error());
+    if (!m || (gpu && visc_model_to_gpu(m, gpu))) visc_die("%s", visc_last_error());
     t_create = visc_now() - t_create;
 
     /* A fixed random batch: N(0,1) pixels, uniform labels. */
@@ -152,14 +166,16 @@ int main(int argc, char **argv) {
     oc.momentum = 0.9f;
     visc_optimizer opt;
     visc_optimizer_init(&opt, &oc, &m->params);
+    visc_gpu_optim *gopt = gpu ? visc_gpu_optim_create(gpu, &opt) : NULL;
+    if (gpu && !gopt) visc_die("%s", visc_last_error());
     const float lr = 0.01f;
 
     if (!o.quiet)
         printf("visc %s batch %d %dpx %d classes%s, %d threads, %s matmuls, %.2fM params, "
-               "%.3f GFLOP/image forward (model created in %.2f s)\n",
+               "%.3f GFLOP/image forward (model created in %.2f s)%s%s\n",
                mc->arch, B, mc->image_size, K, mc->small_stem ? " small stem" : "",
                visc_num_threads(), visc_precision_name(o.precision), m->params.total * 1e-6,
-               m->flops_per_image * 1e-9, t_create);
+               m->flops_per_image * 1e-9, t_create, gpu ? ", on " : "", gpu ? o.device : "");
 
     double phase[PH_COUNT] = {0};
     float loss = 0;
@@ -175,8 +191,15 @@ int main(int argc, char **argv) {
         visc_softmax_xent_backward(dlogits, probs, y, B, K, 0.0f);
         double t2 = visc_now();
         m->backward(m, dlogits);
+        /* the GPU's work is queued: the phases are timed to its end */
+        if (gpu && visc_gpu_sync(gpu)) visc_die("%s", visc_last_error());
         double t3 = visc_now();
-        visc_optimizer_step(&opt, m->params.data, m->grads, lr);
+        if (gopt) {
+            if (visc_gpu_optim_step(gopt, &opt, m, lr) || visc_gpu_sync(gpu))
+                visc_die("%s", visc_last_error());
+        } else {
+            visc_optimizer_step(&opt, m->params.data, m->grads, lr);
+        }
         double t4 = visc_now();
         if (step == 0) t_first = t4 - t0;
         if (warm) continue;
@@ -205,16 +228,22 @@ int main(int argc, char **argv) {
                cpu_timed / timed * 1e3, visc_num_threads(), cpu_ips,
                3.0 * m->flops_per_image * cpu_ips * 1e-9);
     }
+    /* device memory: what the run added to what the device held before the model */
+    if (gpu && visc_gpu_memory_used(gpu, &mem1)) visc_die("%s", visc_last_error());
+    const double mem_mib = gpu ? (double)(mem1 - mem0) / 1048576.0 : 0.0;
+    if (gpu && !o.quiet) printf("device memory: %.0f MiB for the model and its step\n", mem_mib);
     printf("RESULT engine=visc model=%s batch=%d res=%d img_s=%.2f ms_step=%.2f gflops=%.1f "
            "peak=%.1f cpu_img_s=%.2f threads=%d fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f steps=%d "
-           "precision=%s\n",
+           "precision=%s device=%s mem_mib=%.0f\n",
            mc->arch, B, mc->image_size, ips, t_timed / timed * 1e3, gflops, peak, cpu_ips,
            visc_num_threads(), phase[PH_FWD] / timed * 1e3, phase[PH_BWD] / timed * 1e3,
-           phase[PH_OPT] / timed * 1e3, timed, visc_precision_name(o.precision));
+           phase[PH_OPT] / timed * 1e3, timed, visc_precision_name(o.precision), o.device, mem_mib);
 
+    visc_gpu_optim_free(gopt);
     visc_optimizer_free(&opt);
     visc_free_aligned(x);
     free(y), free(probs), free(dlogits);
     visc_model_destroy(m);
+    visc_gpu_close(gpu);
     return 0;
 }

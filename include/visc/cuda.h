@@ -85,6 +85,8 @@ void visc_cuda_close(visc_cuda *ctx);
 int visc_cuda_sync(visc_cuda *ctx);
 
 void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes); /* NULL with the error set */
+/* Device memory in use on the context's device (all processes), in bytes. */
+int visc_cuda_memory_used(visc_cuda *ctx, size_t *used);
 void visc_cuda_free(visc_cuda *ctx, void *p);
 /* Copies that wait for the stream (host memory may be pageable). */
 int visc_cuda_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes);

@@ -47,6 +47,10 @@ int visc_gpu_run_device(const visc_train_config *c, int world, int *index);
  * no such device). */
 visc_cuda *visc_gpu_open(int index);
 void visc_gpu_close(visc_cuda *ctx);
+/* Waits for the queued work; -1 with the error if any of it failed. */
+int visc_gpu_sync(visc_cuda *ctx);
+/* Device memory in use on the device, in bytes (-1 with the error). */
+int visc_gpu_memory_used(visc_cuda *ctx, size_t *used);
 /* Device memory (a model's activation arena); NULL with the error set. */
 void *visc_gpu_alloc(visc_cuda *ctx, size_t bytes);
 void visc_gpu_free(visc_cuda *ctx, void *p); /* NULL: nothing */

@@ -113,6 +113,14 @@ void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes) {
     return p;
 }
 
+int visc_cuda_memory_used(visc_cuda *ctx, size_t *used) {
+    (void)ctx;
+    size_t free_b = 0, total = 0;
+    if (visc_cuda_check(cudaMemGetInfo(&free_b, &total), "cudaMemGetInfo")) return -1;
+    *used = total - free_b;
+    return 0;
+}
+
 void visc_cuda_free(visc_cuda *ctx, void *p) {
     (void)ctx;
     cudaFree(p);

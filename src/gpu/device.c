@@ -67,6 +67,8 @@ void visc_gpu_close(visc_cuda *ctx) {
     if (ctx) visc_cuda_close(ctx);
 }
 void *visc_gpu_alloc(visc_cuda *ctx, size_t bytes) { return visc_cuda_alloc(ctx, bytes); }
+int visc_gpu_sync(visc_cuda *ctx) { return visc_cuda_sync(ctx); }
+int visc_gpu_memory_used(visc_cuda *ctx, size_t *used) { return visc_cuda_memory_used(ctx, used); }
 void visc_gpu_free(visc_cuda *ctx, void *p) {
     if (p) visc_cuda_free(ctx, p);
 }
@@ -78,6 +80,15 @@ void *visc_gpu_alloc(visc_cuda *ctx, size_t bytes) {
     (void)bytes;
     visc_set_error("no GPU memory in a visc without the CUDA backend");
     return NULL;
+}
+int visc_gpu_sync(visc_cuda *ctx) {
+    (void)ctx;
+    return visc_set_error("no GPU in a visc without the CUDA backend");
+}
+int visc_gpu_memory_used(visc_cuda *ctx, size_t *used) {
+    (void)ctx;
+    *used = 0;
+    return visc_set_error("no GPU in a visc without the CUDA backend");
 }
 void visc_gpu_free(visc_cuda *ctx, void *p) {
     (void)ctx;

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# tools/gpu/bench.sh BUILD: the CUDA issue's benchmark, one run on a GPU
+# machine (tools/gpu/device_check.sh runs it as its last part): training
+# images/s of visc (bench/bench_train --device cuda) against PyTorch eager
+# and torch.compile (bench/torch_train_gpu.py: bf16 autocast, channels_last
+# for the CNNs) for ResNet-50 (batch 256, 224 px), ViT-S/16 (256), Swin-T
+# (256) and ResNet-18 with the CIFAR stem (512, 32 px), with each engine's
+# device memory. Writes $OUT/bench.md (the table, with the command and the
+# machine) and prints it. Every run is bounded by the time left (BENCH_BUDGET
+# seconds, default 420); a run that does not finish is marked as such.
+#
+# visc runs fp32 today (its bf16 path is still to come); the table says so
+# rather than compare unlike precisions silently. Memory: visc's is what
+# the device held after the run minus before the model (cudaMemGetInfo:
+# arena, weights, workspaces), PyTorch's torch.cuda.max_memory_allocated.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+BUILD=${1:-${BUILD:-build-gpu}}
+OUT=${OUT:-$PWD/$BUILD/device-out}
+mkdir -p "$OUT"
+budget=${BENCH_BUDGET:-420}
+deadline=$(($(date +%s) + budget))
+# (its output and the runs' errors go to this script's output: device_check
+# keeps it as bench.log; $OUT holds few files)
+make -j"$(nproc)" BUILD="$BUILD" CUDA=1 "$BUILD/bench/bench_train" ||
+    { echo "bench: bench_train did not build"; exit 1; }
+PY=${PYTHON:-python3}
+have_torch=1
+"$PY" -c 'import torch, timm; assert torch.cuda.is_available()' 2>/dev/null || have_torch=0
+
+# result FIELD LINE: the value of FIELD= in a RESULT line
+field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
+# run SECONDS COMMAND...: the RESULT line of COMMAND, or "timeout"/"failed"
+run() {
+    local left=$((deadline - $(date +%s))) out
+    [ "$left" -gt 20 ] || { echo "not run"; return; }
+    out=$(timeout "$left" "$@") || { echo "failed"; return; }
+    grep '^RESULT' <<<"$out" | tail -1
+}
+# ratio A B: A / B as "1.23x", or "-" when either is missing
+ratio() {
+    if [ -n "$1" ] && [ -n "$2" ]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'
+    else echo "-"; fi
+}
+settings=(
+    "resnet50 256 224 1000"
+    "vit_small_patch16_224 256 224 1000"
+    "swin_tiny_patch4_window7_224 256 224 1000"
+    "resnet18 512 32 10 small"
+)
+{
+    echo "# visc vs PyTorch on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+    echo
+    echo "\`bash tools/gpu/bench.sh\`, $(date -u +%F). Training images/s (higher is better), device memory in MiB."
+    echo
+    echo "| model | batch | visc fp32 | torch eager bf16 | torch.compile bf16 | visc / eager | visc / compile | memory visc / eager |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+} >"$OUT/bench.md"
+for s in "${settings[@]}"; do
+    read -r model batch res classes small <<<"$s"
+    flags=(--model "$model" --batch "$batch" --image-size "$res" --classes "$classes")
+    [ -n "${small:-}" ] && flags+=(--small-stem)
+    v=$(run "$BUILD/bench/bench_train" "${flags[@]}" --device cuda --warmup 3 --steps 10 --quiet)
+    e=failed c=failed
+    if [ $have_torch -eq 1 ]; then
+        e=$(run "$PY" bench/torch_train_gpu.py "${flags[@]}")
+        c=$(run "$PY" bench/torch_train_gpu.py "${flags[@]}" --compile)
+    fi
+    vi=$(field img_s "$v"); ei=$(field img_s "$e"); ci=$(field img_s "$c")
+    vm=$(field mem_mib "$v"); em=$(field mem_mib "$e")
+    printf '| %s | %s | %s | %s | %s | %s | %s | %s / %s |\n' "$model" "$batch" "${vi:-$v}" \
+        "${ei:-$e}" "${ci:-$c}" "$(ratio "$vi" "$ei")" "$(ratio "$vi" "$ci")" "${vm:--}" "${em:--}" \
+        >>"$OUT/bench.md"
+done
+[ $have_torch -eq 1 ] || echo "(no PyTorch with CUDA and timm here: the torch columns are empty)" >>"$OUT/bench.md"
+cat "$OUT/bench.md"
