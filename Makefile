@@ -162,7 +162,7 @@ ifeq ($(CUDA),1)
 GPU_REF_OBJ := $(patsubst %,$(BUILD)/src/%.o,core/error core/memory core/table nn/layernorm \
                nn/gelu nn/loss nn/batchnorm2d nn/pool2d nn/global_pool nn/eltwise \
                optim/optimizer optim/sgd optim/adamw optim/lamb optim/lars optim/clip optim/ema \
-               nn/token_ops nn/droppath core/rng \
+               nn/token_ops nn/droppath nn/layerscale core/rng models/talking_heads \
                models/swin_window)
 $(GPU_TEST): $(BUILD)/tests/gpu/test_cuda_kernels.o $(CUDA_LIB) $(GPU_REF_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ -lm $(CUDA_LDLIBS)

@@ -8,8 +8,9 @@
 # stand-in's kernels are the CPU's layers, every result must be the CPU
 # run's, bit for bit:
 #   - 20 steps with SGD and with AdamW: the same model file as on the CPU;
-#   - a ViT (attention, LayerNorm, GELU, drop-path, class token) and a Swin
-#     V2 (windows, masks, merging, cosine attention, the bias MLP): the same;
+#   - a ViT (attention, LayerNorm, GELU, drop-path, class token), a Swin V2
+#     (windows, masks, merging, cosine attention, the bias MLP) and CaiT
+#     (talking heads, class attention, LayerScale): the same;
 #   - resume across devices: 10 steps on the GPU + 10 on the CPU, and
 #     10 on the CPU + 10 on the GPU, equal the 20 straight (model and
 #     checkpoint with its optimizer state, the config's device aside);
@@ -77,6 +78,13 @@ swin=(--model swinv2_micro_patch2_window4_32 --input-size 32 --opt adamw --lr 0.
 "$G" train "${swin[@]}" --output "$tmp/swin-gpu" --device cuda >/dev/null
 cmp "$tmp/swin-cpu/model_last.safetensors" "$tmp/swin-gpu/model_last.safetensors"
 echo "4 steps of swinv2_micro_patch2_window4_32 on the stand-in GPU: the CPU's, bit for bit"
+# CaiT (talking heads, class attention, LayerScale)
+cait=(--model cait_xxs24_224 --input-size 32 --opt adamw --lr 0.001 --epochs 1 --batch-size 4
+      --print-freq 0 --no-progress --threads 2 --max-steps 2)
+"$V" train "${cait[@]}" --output "$tmp/cait-cpu" >/dev/null
+"$G" train "${cait[@]}" --output "$tmp/cait-gpu" --device cuda >/dev/null
+cmp "$tmp/cait-cpu/model_last.safetensors" "$tmp/cait-gpu/model_last.safetensors"
+echo "2 steps of cait_xxs24_224 on the stand-in GPU: the CPU's, bit for bit"
 
 # resume across devices
 for first in cpu gpu; do

@@ -28,6 +28,8 @@
  * swin.cu         Swin's bias gather / scatter, V2's head normalization and
  *                 temperature, patch merging, the token mean (models/swin_window.c,
  *                 nn/token_ops.c)
+ * talking_heads.cu CaiT's talking-heads attention in steps, LayerScale
+ *                 (models/talking_heads.c, nn/layerscale.c)
  * tokens.cu       patch embedding, the position table's add, drop-path, row copies
  *                 and sums (models/transformer_common.c, nn/token_ops.c, droppath.c)
  *
@@ -318,6 +320,28 @@ int visc_cuda_swin_head_scale_backward(visc_cuda *ctx, float *dlogit_scale,
 int visc_cuda_token_mean_forward(visc_cuda *ctx, float *out, const float *in, int B, int N, int C);
 int visc_cuda_token_mean_backward(visc_cuda *ctx, float *din, const float *dout, int B, int N,
                                   int C);
+
+/* ---- talking_heads.cu: as models/talking_heads.h's steps, and LayerScale ---- */
+int visc_cuda_th_scores(visc_cuda *ctx, float *S, const float *qkv, const visc_th_dims *d);
+int visc_cuda_th_mix(visc_cuda *ctx, float *out, const float *in, const float *W, const float *bias,
+                     int B, int H, size_t TT, int transpose);
+int visc_cuda_th_softmax(visc_cuda *ctx, float *P, size_t rows, int T);
+int visc_cuda_th_apply(visc_cuda *ctx, float *att, const float *A, const float *qkv,
+                       const visc_th_dims *d);
+int visc_cuda_th_grad_a(visc_cuda *ctx, float *dA, const float *datt, const float *qkv,
+                        const visc_th_dims *d);
+int visc_cuda_th_grad_v(visc_cuda *ctx, float *dqkv, const float *A, const float *datt,
+                        const visc_th_dims *d);
+int visc_cuda_th_mix_grad(visc_cuda *ctx, float *dW, float *db, const float *dY, const float *X,
+                          int B, int H, size_t TT);
+int visc_cuda_th_softmax_backward(visc_cuda *ctx, float *dS, const float *P, size_t rows, int T);
+int visc_cuda_th_grad_qk(visc_cuda *ctx, float *dqkv, const float *dS, const float *qkv,
+                         const visc_th_dims *d);
+/* as visc_layerscale_forward / backward (din, dgamma may be NULL; din may alias dout) */
+int visc_cuda_layerscale_forward(visc_cuda *ctx, float *out, const float *in, const float *gamma,
+                                 int64_t rows, int C);
+int visc_cuda_layerscale_backward(visc_cuda *ctx, float *din, float *dgamma, const float *dout,
+                                  const float *in, const float *gamma, int64_t rows, int C);
 
 #ifdef __cplusplus
 }

@@ -183,6 +183,27 @@ void visc_gpu_swin_head_scale_backward(visc_cuda *ctx, float *dlogit_scale,
                                        const float *logit_scale, const float *dhs, const float *hs,
                                        int H);
 
+/* ---- layers.c: CaiT (models/talking_heads.h, tokens.h's layerscale) ---- */
+void visc_gpu_th_scores(visc_cuda *ctx, float *S, const float *qkv, const visc_th_dims *d);
+void visc_gpu_th_mix(visc_cuda *ctx, float *out, const float *in, const float *W, const float *bias,
+                     int B, int H, size_t TT, int transpose);
+void visc_gpu_th_softmax(visc_cuda *ctx, float *P, size_t rows, int T);
+void visc_gpu_th_apply(visc_cuda *ctx, float *att, const float *A, const float *qkv,
+                       const visc_th_dims *d);
+void visc_gpu_th_grad_a(visc_cuda *ctx, float *dA, const float *datt, const float *qkv,
+                        const visc_th_dims *d);
+void visc_gpu_th_grad_v(visc_cuda *ctx, float *dqkv, const float *A, const float *datt,
+                        const visc_th_dims *d);
+void visc_gpu_th_mix_grad(visc_cuda *ctx, float *dW, float *db, const float *dY, const float *X,
+                          int B, int H, size_t TT);
+void visc_gpu_th_softmax_backward(visc_cuda *ctx, float *dS, const float *P, size_t rows, int T);
+void visc_gpu_th_grad_qk(visc_cuda *ctx, float *dqkv, const float *dS, const float *qkv,
+                         const visc_th_dims *d);
+void visc_gpu_layerscale_forward(visc_cuda *ctx, float *out, const float *in, const float *gamma,
+                                 int64_t rows, int C);
+void visc_gpu_layerscale_backward(visc_cuda *ctx, float *din, float *dgamma, const float *dout,
+                                  const float *in, const float *gamma, int64_t rows, int C);
+
 /* ---- optim.c ---- */
 typedef struct visc_gpu_optim visc_gpu_optim;
 /* The step of `cpu` (its kind, settings, per-tensor decay) on the GPU, with

@@ -93,6 +93,13 @@ void visc_attention_backward(const visc_attention *a, float *dq, float *dk, floa
 /* Forward multiply-adds x 2 of one call. */
 double visc_attention_flops(const visc_attention *a);
 
+/* The shape of CaiT's talking-heads attention (models/talking_heads.h):
+ * B sequences of T tokens, H heads of D (C = H D), qkv rows [B, T, 3, H, D]. */
+typedef struct {
+    int B, H, T, D, C;
+    float scale;
+} visc_th_dims;
+
 /* ---- droppath.c ----
  * x += keep_b / (1 - p) * branch for each sample b of B (per_sample floats
  * each), keep_b ~ Bernoulli(1 - p) drawn from (seed, offset + b); p = 0 or

@@ -81,7 +81,7 @@ static const option options[] = {
     {"precision", NULL, STR, O(precision),
      "linear-layer matmuls: fp32 | bf16 (bf16 operands, fp32 accumulation)"},
     {"device", NULL, STR, O(device),
-     "where the model trains: cpu | cuda | cuda:N (ResNets, ViTs, Swins; one process)"},
+     "where the model trains: cpu | cuda | cuda:N (one process for now)"},
     {"workers", "j", INT, O(workers), "data loading threads (default: all cores)"},
     {"print-freq", "p", INT, O(print_freq), "log every N steps"},
     {"output", "o", STR, O(output), "folder for checkpoints and logs"},

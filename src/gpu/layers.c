@@ -308,3 +308,57 @@ void visc_gpu_swin_head_scale_backward(visc_cuda *ctx, float *dlogit_scale,
                                        int H) {
     RUN(visc_cuda_swin_head_scale_backward(ctx, dlogit_scale, logit_scale, dhs, hs, H));
 }
+
+/* ---- CaiT ---- */
+
+void visc_gpu_th_scores(visc_cuda *ctx, float *S, const float *qkv, const visc_th_dims *d) {
+    RUN(visc_cuda_th_scores(ctx, S, qkv, d));
+}
+
+void visc_gpu_th_mix(visc_cuda *ctx, float *out, const float *in, const float *W, const float *bias,
+                     int B, int H, size_t TT, int transpose) {
+    RUN(visc_cuda_th_mix(ctx, out, in, W, bias, B, H, TT, transpose));
+}
+
+void visc_gpu_th_softmax(visc_cuda *ctx, float *P, size_t rows, int T) {
+    RUN(visc_cuda_th_softmax(ctx, P, rows, T));
+}
+
+void visc_gpu_th_apply(visc_cuda *ctx, float *att, const float *A, const float *qkv,
+                       const visc_th_dims *d) {
+    RUN(visc_cuda_th_apply(ctx, att, A, qkv, d));
+}
+
+void visc_gpu_th_grad_a(visc_cuda *ctx, float *dA, const float *datt, const float *qkv,
+                        const visc_th_dims *d) {
+    RUN(visc_cuda_th_grad_a(ctx, dA, datt, qkv, d));
+}
+
+void visc_gpu_th_grad_v(visc_cuda *ctx, float *dqkv, const float *A, const float *datt,
+                        const visc_th_dims *d) {
+    RUN(visc_cuda_th_grad_v(ctx, dqkv, A, datt, d));
+}
+
+void visc_gpu_th_mix_grad(visc_cuda *ctx, float *dW, float *db, const float *dY, const float *X,
+                          int B, int H, size_t TT) {
+    RUN(visc_cuda_th_mix_grad(ctx, dW, db, dY, X, B, H, TT));
+}
+
+void visc_gpu_th_softmax_backward(visc_cuda *ctx, float *dS, const float *P, size_t rows, int T) {
+    RUN(visc_cuda_th_softmax_backward(ctx, dS, P, rows, T));
+}
+
+void visc_gpu_th_grad_qk(visc_cuda *ctx, float *dqkv, const float *dS, const float *qkv,
+                         const visc_th_dims *d) {
+    RUN(visc_cuda_th_grad_qk(ctx, dqkv, dS, qkv, d));
+}
+
+void visc_gpu_layerscale_forward(visc_cuda *ctx, float *out, const float *in, const float *gamma,
+                                 int64_t rows, int C) {
+    RUN(visc_cuda_layerscale_forward(ctx, out, in, gamma, rows, C));
+}
+
+void visc_gpu_layerscale_backward(visc_cuda *ctx, float *din, float *dgamma, const float *dout,
+                                  const float *in, const float *gamma, int64_t rows, int C) {
+    RUN(visc_cuda_layerscale_backward(ctx, din, dgamma, dout, in, gamma, rows, C));
+}

@@ -10,9 +10,7 @@
 #ifdef VISC_WITH_CUDA
 int visc_model_to_gpu(visc_model *m, visc_cuda *ctx) {
     if (!m->to_cuda)
-        return visc_set_error("--device cuda: %s has no GPU implementation yet (the ResNets, "
-                              "ViTs and Swins have one)",
-                              m->cfg.arch);
+        return visc_set_error("--device cuda: %s has no GPU implementation", m->cfg.arch);
     if (m->grad_ready)
         return visc_set_error("--device cuda: gradients handed to an all-reduce during backward "
                               "are not on the GPU yet");

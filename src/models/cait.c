@@ -25,12 +25,19 @@
  * Memory: per block the arena keeps norm outputs, qkv, the pre-softmax
  * logits S and the probabilities P ([B, H, T, T] each), the attention and
  * MLP outputs before LayerScale (LayerScale's gamma gradient needs them),
- * fc1's output and the residual stream. */
+ * fc1's output and the residual stream.
+ *
+ * On a GPU (--device cuda) the same code runs, each call through
+ * dispatch.h or talking_heads.h's steps to its GPU twin; the arena is
+ * planned again in device memory (cait_to_cuda). The head dropout (--drop)
+ * is not on the GPU yet. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dispatch.h"
+#include "talking_heads.h"
 #include "transformer_common.h"
 #include "visc/model.h"
 #include "visc/rng.h"
@@ -84,178 +91,76 @@ typedef struct {
     /* scratch shared by all blocks */
     float *branch, *hid, *dhid, *mix, *dmix, *dmix2;
     float *dx, *dtmp, *dln, *datt, *dqkv, *dfeat, *dcls, *dcls_tmp, *du, *dk, *dv, *dq;
+    /* the logits in the arena: m->logits on the CPU; on a GPU m->logits and
+     * m->features are host copies forward downloads */
+    float *logits;
+    float *dlogits, *keep_host; /* on a GPU: uploaded dlogits, drop-path's draws [B] */
     visc_arena arena;
 } cait;
 
-#define P(idx) visc_table_get(&m->params, (idx))
-#define G(idx) (m->grads + m->params.entries[(idx)].offset)
+#define P(idx) visc_model_param(m, (idx))
+#define G(idx) visc_model_grad(m, (idx))
 
-/* ---- talking-heads attention on qkv rows [B, T, 3, H, D] ----
+/* ---- talking-heads attention (talking_heads.h), on the CPU or the GPU ----
  * S = scale q k^T            [B, H, T, T]   (kept)
  * P = softmax(proj_l(S))     mixing over heads at every (i, j)  (kept)
  * A = proj_w(P)              (scratch, recomputed in backward)
  * out = A v                  [B, T, H, D] */
 
-typedef struct {
-    int B, H, T, D, C;
-    float scale;
-} th_dims;
+typedef visc_th_dims th_dims;
 
-/* out[b, f, :] = bias[f] + sum_g W[f, g] in[b, g, :] over TT contiguous
- * floats; transpose uses W[g, f] (the backward of the mix), bias NULL = 0. */
-static void th_mix(float *out, const float *in, const float *W, const float *bias, int B, int H,
-                   size_t TT, int transpose) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int f = 0; f < H; f++) {
-            float *o = out + ((size_t)b * H + f) * TT;
-            const float b0 = bias ? bias[f] : 0.0f;
-            for (size_t t = 0; t < TT; t++) o[t] = b0;
-            for (int g = 0; g < H; g++) {
-                const float w = transpose ? W[g * H + f] : W[f * H + g];
-                const float *x = in + ((size_t)b * H + g) * TT;
-                for (size_t t = 0; t < TT; t++) o[t] += w * x[t];
-            }
-        }
+static void th_mix(visc_model *m, float *out, const float *in, const float *W, const float *bias,
+                   const th_dims *d, int transpose) {
+    const size_t TT = (size_t)d->T * d->T;
+    if (m->cuda) visc_gpu_th_mix(m->cuda, out, in, W, bias, d->B, d->H, TT, transpose);
+    else visc_th_mix(out, in, W, bias, d->B, d->H, TT, transpose);
 }
 
-/* dW[f, g] = sum_b <dY[b, f], X[b, g]>, db[f] = sum_b sum dY[b, f] (double sums). */
-static void th_mix_grad(float *dW, float *db, const float *dY, const float *X, int B, int H,
-                        size_t TT) {
-#pragma omp parallel for schedule(static)
-    for (int fg = 0; fg < H * H + H; fg++) {
-        const int f = fg < H * H ? fg / H : fg - H * H, g = fg < H * H ? fg % H : -1;
-        double s = 0.0;
-        for (int b = 0; b < B; b++) {
-            const float *y = dY + ((size_t)b * H + f) * TT;
-            if (g >= 0) {
-                const float *x = X + ((size_t)b * H + g) * TT;
-#pragma omp simd reduction(+ : s)
-                for (size_t t = 0; t < TT; t++) s += (double)y[t] * x[t];
-            } else {
-#pragma omp simd reduction(+ : s)
-                for (size_t t = 0; t < TT; t++) s += y[t];
-            }
-        }
-        if (g >= 0) dW[f * H + g] = (float)s;
-        else db[f] = (float)s;
-    }
-}
-
-static const float *q_row(const float *qkv, const th_dims *d, int b, int i, int h) {
-    return qkv + ((size_t)b * d->T + i) * 3 * d->C + (size_t)h * d->D;
+static void th_mix_grad(visc_model *m, float *dW, float *db, const float *dY, const float *X,
+                        const th_dims *d) {
+    const size_t TT = (size_t)d->T * d->T;
+    if (m->cuda) visc_gpu_th_mix_grad(m->cuda, dW, db, dY, X, d->B, d->H, TT);
+    else visc_th_mix_grad(dW, db, dY, X, d->B, d->H, TT);
 }
 
 static void th_forward(visc_model *m, const cait_block *blk, float *scratch, const th_dims *d) {
-    const int B = d->B, H = d->H, T = d->T, D = d->D, C = d->C;
-    const size_t TT = (size_t)T * T;
+    const size_t rows = (size_t)d->B * d->H * d->T;
     const float *qkv = blk->qkv_out;
-    float *S = blk->S, *Pr = blk->Pr, *A = scratch;
-#pragma omp parallel for collapse(3) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int i = 0; i < T; i++) {
-                const float *q = q_row(qkv, d, b, i, h);
-                float *row = S + (((size_t)b * H + h) * T + i) * T;
-                for (int j = 0; j < T; j++) {
-                    const float *k = q_row(qkv, d, b, j, h) + C;
-                    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-                    for (int e = 0; e < D; e++) s += q[e] * k[e];
-                    row[j] = d->scale * s;
-                }
-            }
-    th_mix(Pr, S, P(blk->proj_l.weight), P(blk->proj_l.bias), B, H, TT, 0);
-#pragma omp parallel for schedule(static)
-    for (size_t r = 0; r < (size_t)B * H * T; r++) {
-        float *row = Pr + r * T, mx = row[0], sum = 0.0f;
-        for (int j = 1; j < T; j++) mx = row[j] > mx ? row[j] : mx;
-        for (int j = 0; j < T; j++) sum += row[j] = expf(row[j] - mx);
-        const float inv = 1.0f / sum;
-        for (int j = 0; j < T; j++) row[j] *= inv;
-    }
-    th_mix(A, Pr, P(blk->proj_w.weight), P(blk->proj_w.bias), B, H, TT, 0);
-#pragma omp parallel for collapse(3) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int f = 0; f < H; f++)
-            for (int i = 0; i < T; i++) {
-                float *o = blk->att + ((size_t)b * T + i) * C + (size_t)f * D;
-                const float *a = A + (((size_t)b * H + f) * T + i) * T;
-                for (int e = 0; e < D; e++) o[e] = 0.0f;
-                for (int j = 0; j < T; j++) {
-                    const float *v = q_row(qkv, d, b, j, f) + 2 * C, w = a[j];
-                    for (int e = 0; e < D; e++) o[e] += w * v[e];
-                }
-            }
+    float *A = scratch;
+    if (m->cuda) visc_gpu_th_scores(m->cuda, blk->S, qkv, d);
+    else visc_th_scores(blk->S, qkv, d);
+    th_mix(m, blk->Pr, blk->S, P(blk->proj_l.weight), P(blk->proj_l.bias), d, 0);
+    if (m->cuda) visc_gpu_th_softmax(m->cuda, blk->Pr, rows, d->T);
+    else visc_th_softmax(blk->Pr, rows, d->T);
+    th_mix(m, A, blk->Pr, P(blk->proj_w.weight), P(blk->proj_w.bias), d, 0);
+    if (m->cuda) visc_gpu_th_apply(m->cuda, blk->att, A, qkv, d);
+    else visc_th_apply(blk->att, A, qkv, d);
 }
 
 /* datt [B, T, C] -> dqkv [B, T, 3C]; scratch A, dA, dS: [B, H, T, T] each. */
 static void th_backward(visc_model *m, const cait_block *blk, float *dqkv, const float *datt,
                         float *A, float *dA, float *dS, const th_dims *d) {
-    const int B = d->B, H = d->H, T = d->T, D = d->D, C = d->C;
-    const size_t TT = (size_t)T * T;
-    const float *qkv = blk->qkv_out, *S = blk->S, *Pr = blk->Pr;
-    th_mix(A, Pr, P(blk->proj_w.weight), P(blk->proj_w.bias), B, H, TT, 0);
+    const size_t rows = (size_t)d->B * d->H * d->T;
+    const float *qkv = blk->qkv_out;
+    th_mix(m, A, blk->Pr, P(blk->proj_w.weight), P(blk->proj_w.bias), d, 0);
     /* dA = dout v^T, dv = A^T dout */
-#pragma omp parallel for collapse(3) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int f = 0; f < H; f++)
-            for (int i = 0; i < T; i++) {
-                const float *g = datt + ((size_t)b * T + i) * C + (size_t)f * D;
-                float *row = dA + (((size_t)b * H + f) * T + i) * T;
-                for (int j = 0; j < T; j++) {
-                    const float *v = q_row(qkv, d, b, j, f) + 2 * C;
-                    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-                    for (int e = 0; e < D; e++) s += g[e] * v[e];
-                    row[j] = s;
-                }
-            }
-#pragma omp parallel for collapse(3) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int f = 0; f < H; f++)
-            for (int j = 0; j < T; j++) {
-                float *o = dqkv + ((size_t)b * T + j) * 3 * C + 2 * C + (size_t)f * D;
-                const float *a = A + ((size_t)b * H + f) * TT + j;
-                for (int e = 0; e < D; e++) o[e] = 0.0f;
-                for (int i = 0; i < T; i++) {
-                    const float *g = datt + ((size_t)b * T + i) * C + (size_t)f * D;
-                    const float w = a[(size_t)i * T];
-                    for (int e = 0; e < D; e++) o[e] += w * g[e];
-                }
-            }
-    th_mix_grad(G(blk->proj_w.weight), G(blk->proj_w.bias), dA, Pr, B, H, TT);
-    /* through proj_w (dP) and the softmax: dS1 = P (dP - <P, dP>) */
-    th_mix(dS, dA, P(blk->proj_w.weight), NULL, B, H, TT, 1);
-#pragma omp parallel for schedule(static)
-    for (size_t r = 0; r < (size_t)B * H * T; r++) {
-        float *g = dS + r * T;
-        const float *p = Pr + r * T;
-        float dot = 0.0f;
-        for (int j = 0; j < T; j++) dot += p[j] * g[j];
-        for (int j = 0; j < T; j++) g[j] = p[j] * (g[j] - dot);
+    if (m->cuda) {
+        visc_gpu_th_grad_a(m->cuda, dA, datt, qkv, d);
+        visc_gpu_th_grad_v(m->cuda, dqkv, A, datt, d);
+    } else {
+        visc_th_grad_a(dA, datt, qkv, d);
+        visc_th_grad_v(dqkv, A, datt, d);
     }
-    th_mix_grad(G(blk->proj_l.weight), G(blk->proj_l.bias), dS, S, B, H, TT);
-    th_mix(dA, dS, P(blk->proj_l.weight), NULL, B, H, TT, 1); /* dA now holds dS0 */
+    th_mix_grad(m, G(blk->proj_w.weight), G(blk->proj_w.bias), dA, blk->Pr, d);
+    /* through proj_w (dP) and the softmax: dS1 = P (dP - <P, dP>) */
+    th_mix(m, dS, dA, P(blk->proj_w.weight), NULL, d, 1);
+    if (m->cuda) visc_gpu_th_softmax_backward(m->cuda, dS, blk->Pr, rows, d->T);
+    else visc_th_softmax_backward(dS, blk->Pr, rows, d->T);
+    th_mix_grad(m, G(blk->proj_l.weight), G(blk->proj_l.bias), dS, blk->S, d);
+    th_mix(m, dA, dS, P(blk->proj_l.weight), NULL, d, 1); /* dA now holds dS0 */
     /* dq = scale dS0 k, dk = scale dS0^T q */
-#pragma omp parallel for collapse(3) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int i = 0; i < T; i++) {
-                float *oq = dqkv + ((size_t)b * T + i) * 3 * C + (size_t)h * D;
-                float *ok = oq + C;
-                const float *row = dA + (((size_t)b * H + h) * T + i) * T;
-                const float *col = dA + ((size_t)b * H + h) * TT + i;
-                for (int e = 0; e < D; e++) oq[e] = ok[e] = 0.0f;
-                for (int j = 0; j < T; j++) {
-                    const float *k = q_row(qkv, d, b, j, h) + C, *q = q_row(qkv, d, b, j, h);
-                    const float wq = d->scale * row[j], wk = d->scale * col[(size_t)j * T];
-                    for (int e = 0; e < D; e++) {
-                        oq[e] += wq * k[e];
-                        ok[e] += wk * q[e];
-                    }
-                }
-            }
+    if (m->cuda) visc_gpu_th_grad_qk(m->cuda, dqkv, dA, qkv, d);
+    else visc_th_grad_qk(dqkv, dA, qkv, d);
 }
 
 static double th_flops(const th_dims *d) {
@@ -384,7 +289,7 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
     c->feat = visc_arena_floats(a, BC);
     c->feat_drop = visc_arena_floats(a, BC);
     c->drop_mask = visc_arena_take(a, BC);
-    m->logits = visc_arena_floats(a, (size_t)B * m->cfg.num_classes);
+    c->logits = visc_arena_floats(a, (size_t)B * m->cfg.num_classes);
     c->branch = visc_arena_floats(a, RC);
     c->hid = visc_arena_floats(a, RH);
     c->dhid = visc_arena_floats(a, RH);
@@ -407,6 +312,18 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
 
 /* ---- forward ---- */
 
+static void layerscale_forward(visc_model *m, float *out, const float *in, const float *gamma,
+                               int64_t rows, int C) {
+    if (m->cuda) visc_gpu_layerscale_forward(m->cuda, out, in, gamma, rows, C);
+    else visc_layerscale_forward(out, in, gamma, rows, C);
+}
+
+static void layerscale_backward(visc_model *m, float *din, float *dgamma, const float *dout,
+                                const float *in, const float *gamma, int64_t rows, int C) {
+    if (m->cuda) visc_gpu_layerscale_backward(m->cuda, din, dgamma, dout, in, gamma, rows, C);
+    else visc_layerscale_backward(din, dgamma, dout, in, gamma, rows, C);
+}
+
 enum { SITE_HEAD = 1, SITE_BLOCKS = 2 };
 
 static th_dims dims(const visc_model *m, const cait *c) {
@@ -423,16 +340,16 @@ static void block_forward(visc_model *m, cait *c, cait_block *b, int i, int trai
     visc_tf_linear_forward(m, &b->qkv, b->qkv_out, b->ln1, R);
     th_forward(m, b, c->mix, &d);
     visc_tf_linear_forward(m, &b->proj, b->a_out, b->att, R);
-    visc_layerscale_forward(c->branch, b->a_out, P(b->gamma_1), R, C);
-    memcpy(b->x_mid, b->x, RC * sizeof(float));
-    visc_droppath_add_forward(b->x_mid, c->branch, b->keep1, B, per_sample, p, train, m->noise_seed,
-                              visc_tf_noise_offset(SITE_BLOCKS + 2 * i));
+    layerscale_forward(m, c->branch, b->a_out, P(b->gamma_1), R, C);
+    md_copy(m, b->x_mid, b->x, RC);
+    md_droppath_forward(m, b->x_mid, c->branch, b->keep1, c->keep_host, B, per_sample, p, train,
+                        visc_tf_noise_offset(SITE_BLOCKS + 2 * i));
     visc_tf_norm_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->x_mid, R);
     visc_tf_mlp_forward(m, &b->mlp, b->m_out, b->h, c->hid, b->ln2, R);
-    visc_layerscale_forward(c->branch, b->m_out, P(b->gamma_2), R, C);
-    memcpy(b->x_out, b->x_mid, RC * sizeof(float));
-    visc_droppath_add_forward(b->x_out, c->branch, b->keep2, B, per_sample, p, train, m->noise_seed,
-                              visc_tf_noise_offset(SITE_BLOCKS + 2 * i + 1));
+    layerscale_forward(m, c->branch, b->m_out, P(b->gamma_2), R, C);
+    md_copy(m, b->x_out, b->x_mid, RC);
+    md_droppath_forward(m, b->x_out, c->branch, b->keep2, c->keep_host, B, per_sample, p, train,
+                        visc_tf_noise_offset(SITE_BLOCKS + 2 * i + 1));
 }
 
 static void class_block_forward(visc_model *m, cait *c, class_block *b, const float *x) {
@@ -441,33 +358,34 @@ static void class_block_forward(visc_model *m, cait *c, class_block *b, const fl
     const size_t BC = (size_t)B * C;
     for (int s = 0; s < B; s++) {
         float *u = b->u + (size_t)s * N * C;
-        memcpy(u, b->cls + (size_t)s * C, (size_t)C * sizeof(float));
-        memcpy(u + C, x + (size_t)s * T * C, (size_t)T * C * sizeof(float));
+        md_copy(m, u, b->cls + (size_t)s * C, (size_t)C);
+        md_copy(m, u + C, x + (size_t)s * T * C, (size_t)T * C);
     }
     visc_tf_norm_forward(m, &b->norm1, b->ln1, b->mean1, b->rstd1, b->u, U);
-    visc_tf_gather_token(b->q_in, b->ln1, B, N, 0, C);
+    if (m->cuda) visc_gpu_copy_rows(m->cuda, b->q_in, C, b->ln1, (int64_t)N * C, B, C);
+    else visc_tf_gather_token(b->q_in, b->ln1, B, N, 0, C);
     visc_tf_linear_forward(m, &b->q, b->q_out, b->q_in, B);
     visc_tf_linear_forward(m, &b->k, b->k_out, b->ln1, U);
     visc_tf_linear_forward(m, &b->v, b->v_out, b->ln1, U);
-    visc_attention_forward(&b->attn, b->att, b->lse, b->q_out, b->k_out, b->v_out);
+    md_attention_forward(m, &b->attn, b->att, b->lse, b->q_out, b->k_out, b->v_out);
     visc_tf_linear_forward(m, &b->proj, b->a_out, b->att, B);
-    visc_layerscale_forward(b->cls_mid, b->a_out, P(b->gamma_1), B, C);
-    visc_add_inplace(b->cls_mid, b->cls, BC);
+    layerscale_forward(m, b->cls_mid, b->a_out, P(b->gamma_1), B, C);
+    md_add_in(m, b->cls_mid, b->cls, BC);
     visc_tf_norm_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->cls_mid, B);
     visc_tf_mlp_forward(m, &b->mlp, b->m_out, b->h, c->hid, b->ln2, B);
-    visc_layerscale_forward(b->cls_out, b->m_out, P(b->gamma_2), B, C);
-    visc_add_inplace(b->cls_out, b->cls_mid, BC);
+    layerscale_forward(m, b->cls_out, b->m_out, P(b->gamma_2), B, C);
+    md_add_in(m, b->cls_out, b->cls_mid, BC);
 }
 
 static void cait_forward(visc_model *m, const float *x, int train) {
     cait *c = m->impl;
     const int B = m->cfg.batch, C = c->embed, T = c->tokens, S = m->cfg.image_size;
-    memcpy(c->image, x, (size_t)B * m->cfg.in_channels * S * S * sizeof(float));
+    md_take_in(m, c->image, x, (size_t)B * m->cfg.in_channels * S * S);
     visc_tf_patch_embed_forward(m, &c->pe, c->x0, c->conv_out, c->image);
-    visc_add_broadcast_forward(c->x0, P(c->pos_embed), B, (int64_t)T * C);
+    if (m->cuda) visc_gpu_add_broadcast(m->cuda, c->x0, P(c->pos_embed), B, (int64_t)T * C);
+    else visc_add_broadcast_forward(c->x0, P(c->pos_embed), B, (int64_t)T * C);
     for (int i = 0; i < c->depth; i++) block_forward(m, c, &c->blocks[i], i, train);
-    for (int s = 0; s < B; s++)
-        memcpy(c->cls0 + (size_t)s * C, P(c->cls_token), (size_t)C * sizeof(float));
+    for (int s = 0; s < B; s++) md_copy(m, c->cls0 + (size_t)s * C, P(c->cls_token), (size_t)C);
     const float *xs = c->blocks[c->depth - 1].x_out;
     for (int i = 0; i < DEPTH_TOKEN_ONLY; i++) class_block_forward(m, c, &c->cblocks[i], xs);
     /* timm normalizes [cls, x] and keeps row 0: the same as normalizing cls */
@@ -480,7 +398,10 @@ static void cait_forward(visc_model *m, const float *x, int train) {
                              m->noise_seed, visc_tf_noise_offset(SITE_HEAD));
         feat = c->feat_drop;
     }
-    visc_tf_linear_forward(m, &c->head, m->logits, feat, B);
+    visc_tf_linear_forward(m, &c->head, c->logits, feat, B);
+    /* the host's copies: the loss, the accuracy and SSL heads read them */
+    md_give_out(m, m->logits, c->logits, (size_t)B * m->cfg.num_classes);
+    md_give_out(m, m->features, c->feat, (size_t)B * C);
 }
 
 /* ---- backward ---- */
@@ -492,25 +413,25 @@ static void class_block_backward(visc_model *m, cait *c, class_block *b) {
     const int64_t U = (int64_t)B * N;
     const size_t BC = (size_t)B * C, UC = (size_t)U * C;
     float *dcls = c->dcls, *dt = c->dcls_tmp;
-    visc_layerscale_backward(dt, G(b->gamma_2), dcls, b->m_out, P(b->gamma_2), B, C);
+    layerscale_backward(m, dt, G(b->gamma_2), dcls, b->m_out, P(b->gamma_2), B, C);
     visc_tf_mlp_backward(m, &b->mlp, c->dq, dt, b->ln2, b->h, c->hid, c->dhid, B);
     visc_tf_norm_backward(m, &b->norm2, dt, c->dq, b->cls_mid, b->mean2, b->rstd2, B);
-    visc_add_inplace(dcls, dt, BC); /* gradient w.r.t. cls_mid */
-    visc_layerscale_backward(dt, G(b->gamma_1), dcls, b->a_out, P(b->gamma_1), B, C);
+    md_add_in(m, dcls, dt, BC); /* gradient w.r.t. cls_mid */
+    layerscale_backward(m, dt, G(b->gamma_1), dcls, b->a_out, P(b->gamma_1), B, C);
     visc_tf_linear_backward(m, &b->proj, c->dq, dt, b->att, B);
-    memcpy(dt, c->dq, BC * sizeof(float)); /* d(att) */
-    visc_attention_backward(&b->attn, c->dq, c->dk, c->dv, NULL, NULL, dt, b->q_out, b->k_out,
-                            b->v_out, b->att, b->lse);
+    md_copy(m, dt, c->dq, BC); /* d(att) */
+    md_attention_backward(m, &b->attn, c->dq, c->dk, c->dv, NULL, NULL, dt, b->q_out, b->k_out,
+                          b->v_out, b->att, b->lse);
     visc_tf_linear_backward(m, &b->k, c->dln, c->dk, b->ln1, U);
     visc_tf_linear_backward(m, &b->v, c->dtmp, c->dv, b->ln1, U);
-    visc_add_inplace(c->dln, c->dtmp, UC);
+    md_add_in(m, c->dln, c->dtmp, UC);
     visc_tf_linear_backward(m, &b->q, dt, c->dq, b->q_in, B);
-    for (int s = 0; s < B; s++) visc_add_inplace(c->dln + (size_t)s * N * C, dt + (size_t)s * C, C);
+    for (int s = 0; s < B; s++) md_add_in(m, c->dln + (size_t)s * N * C, dt + (size_t)s * C, C);
     visc_tf_norm_backward(m, &b->norm1, c->du, c->dln, b->u, b->mean1, b->rstd1, U);
     for (int s = 0; s < B; s++) {
         const float *du = c->du + (size_t)s * N * C;
-        visc_add_inplace(dcls + (size_t)s * C, du, C);
-        visc_add_inplace(c->dx + (size_t)s * T * C, du + C, (size_t)T * C);
+        md_add_in(m, dcls + (size_t)s * C, du, C);
+        md_add_in(m, c->dx + (size_t)s * T * C, du + C, (size_t)T * C);
     }
 }
 
@@ -519,18 +440,18 @@ static void block_backward(visc_model *m, cait *c, cait_block *b) {
     const int64_t R = (int64_t)B * c->tokens;
     const size_t per_sample = (size_t)c->tokens * C, RC = (size_t)R * C;
     const th_dims d = dims(m, c);
-    visc_droppath_add_backward(c->branch, c->dx, b->keep2, B, per_sample);
-    visc_layerscale_backward(c->datt, G(b->gamma_2), c->branch, b->m_out, P(b->gamma_2), R, C);
+    md_droppath_backward(m, c->branch, c->dx, b->keep2, B, per_sample);
+    layerscale_backward(m, c->datt, G(b->gamma_2), c->branch, b->m_out, P(b->gamma_2), R, C);
     visc_tf_mlp_backward(m, &b->mlp, c->dln, c->datt, b->ln2, b->h, c->hid, c->dhid, R);
     visc_tf_norm_backward(m, &b->norm2, c->dtmp, c->dln, b->x_mid, b->mean2, b->rstd2, R);
-    visc_add_inplace(c->dx, c->dtmp, RC);
-    visc_droppath_add_backward(c->branch, c->dx, b->keep1, B, per_sample);
-    visc_layerscale_backward(c->dln, G(b->gamma_1), c->branch, b->a_out, P(b->gamma_1), R, C);
+    md_add_in(m, c->dx, c->dtmp, RC);
+    md_droppath_backward(m, c->branch, c->dx, b->keep1, B, per_sample);
+    layerscale_backward(m, c->dln, G(b->gamma_1), c->branch, b->a_out, P(b->gamma_1), R, C);
     visc_tf_linear_backward(m, &b->proj, c->datt, c->dln, b->att, R);
     th_backward(m, b, c->dqkv, c->datt, c->mix, c->dmix, c->dmix2, &d);
     visc_tf_linear_backward(m, &b->qkv, c->dln, c->dqkv, b->ln1, R);
     visc_tf_norm_backward(m, &b->norm1, c->dtmp, c->dln, b->x, b->mean1, b->rstd1, R);
-    visc_add_inplace(c->dx, c->dtmp, RC);
+    md_add_in(m, c->dx, c->dtmp, RC);
 }
 
 /* From c->dfeat (the gradient at the features) to the input. */
@@ -538,19 +459,28 @@ static void trunk_backward(visc_model *m, cait *c) {
     const int B = m->cfg.batch, C = c->embed, T = c->tokens;
     const float *cls = c->cblocks[DEPTH_TOKEN_ONLY - 1].cls_out;
     visc_tf_norm_backward(m, &c->norm, c->dcls, c->dfeat, cls, c->cls_mean, c->cls_rstd, B);
-    memset(c->dx, 0, (size_t)B * T * C * sizeof(float));
+    md_zero(m, c->dx, (size_t)B * T * C);
     for (int i = DEPTH_TOKEN_ONLY - 1; i >= 0; i--) class_block_backward(m, c, &c->cblocks[i]);
     float *dtok = G(c->cls_token);
-    memset(dtok, 0, (size_t)C * sizeof(float));
-    for (int s = 0; s < B; s++) visc_add_inplace(dtok, c->dcls + (size_t)s * C, (size_t)C);
+    if (m->cuda) {
+        visc_gpu_sum_rows(m->cuda, dtok, c->dcls, B, C);
+    } else {
+        memset(dtok, 0, (size_t)C * sizeof(float));
+        for (int s = 0; s < B; s++) visc_add_inplace(dtok, c->dcls + (size_t)s * C, (size_t)C);
+    }
     for (int i = c->depth - 1; i >= 0; i--) block_backward(m, c, &c->blocks[i]);
-    visc_add_broadcast_backward(G(c->pos_embed), c->dx, B, (int64_t)T * C);
+    if (m->cuda) visc_gpu_sum_rows(m->cuda, G(c->pos_embed), c->dx, B, T * C);
+    else visc_add_broadcast_backward(G(c->pos_embed), c->dx, B, (int64_t)T * C);
     visc_tf_patch_embed_backward(m, &c->pe, c->conv_out, c->dx, c->image);
 }
 
 static void cait_backward(visc_model *m, const float *dlogits) {
     cait *c = m->impl;
     const int B = m->cfg.batch, C = c->embed;
+    if (m->cuda) { /* dlogits come from the host */
+        md_take_in(m, c->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
+        dlogits = c->dlogits;
+    }
     visc_tf_linear_backward(m, &c->head, c->dfeat, dlogits,
                             c->head_dropped ? c->feat_drop : c->feat, B);
     if (c->head_dropped)
@@ -561,16 +491,38 @@ static void cait_backward(visc_model *m, const float *dlogits) {
 static void cait_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
     cait *c = m->impl;
     const int B = m->cfg.batch, C = c->embed;
+    if (m->cuda && dlogits) {
+        md_take_in(m, c->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
+        dlogits = c->dlogits;
+    }
     visc_tf_head_backward(m, &c->head, dlogits, c->head_dropped ? c->feat_drop : c->feat, B);
-    memcpy(c->dfeat, dfeatures, (size_t)B * C * sizeof(float));
+    md_take_in(m, c->dfeat, dfeatures, (size_t)B * C);
     trunk_backward(m, c);
+}
+
+static void plan(visc_model *m, visc_arena *a) { plan_activations(m, m->impl, a); }
+
+/* Every activation pointer moves to device memory (gpu.h). */
+static int cait_to_cuda(visc_model *m) {
+    cait *c = m->impl;
+    if (m->cfg.drop_rate > 0.0f)
+        return visc_set_error("--device cuda: --drop (the head dropout) is not on the GPU yet");
+    if (visc_gpu_arena_move(m, &c->arena, plan, &c->dlogits)) return -1;
+    c->keep_host = visc_alloc_aligned((size_t)m->cfg.batch * sizeof(float), "drop-path draws");
+    return 0;
 }
 
 static void cait_destroy(visc_model *m) {
     cait *c = m->impl;
     visc_tf_patch_embed_destroy(&c->pe);
     free(c->blocks);
-    visc_arena_free(&c->arena);
+    if (m->cuda) {
+        visc_gpu_arena_free(m, &c->arena, c->dlogits);
+        visc_free_aligned(c->keep_host);
+        visc_model_gpu_release(m);
+    } else {
+        visc_arena_free(&c->arena);
+    }
     visc_table_free(&m->params);
     visc_table_free(&m->buffers);
     visc_free_aligned(m->grads);
@@ -658,8 +610,10 @@ visc_model *visc_cait_create(const visc_model_config *cfg, uint64_t seed) {
     m->forward = cait_forward;
     m->backward = cait_backward;
     m->backward_features = cait_backward_features;
+    m->logits = c->logits;
     m->features = c->feat;
     m->feature_dim = c->embed;
+    m->to_cuda = cait_to_cuda;
     m->head_prefix = "head.";
     m->destroy = cait_destroy;
     return m;

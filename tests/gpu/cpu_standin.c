@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "../../src/models/swin_window.h"
+#include "../../src/models/talking_heads.h"
 #include "visc/cuda.h"
 #include "visc/nn.h"
 #include "visc/tokens.h"
@@ -548,6 +549,81 @@ int visc_cuda_swin_head_scale_backward(visc_cuda *ctx, float *dlogit_scale,
     (void)ctx;
     for (int h = 0; h < H; h++)
         dlogit_scale[h] = logit_scale[h] <= logf(100.0f) ? dhs[h] * hs[h] : 0.0f;
+    return 0;
+}
+
+/* ---- CaiT: models/talking_heads.c's steps, nn/layerscale.c ---- */
+int visc_cuda_th_scores(visc_cuda *ctx, float *S, const float *qkv, const visc_th_dims *d) {
+    (void)ctx;
+    visc_th_scores(S, qkv, d);
+    return 0;
+}
+
+int visc_cuda_th_mix(visc_cuda *ctx, float *out, const float *in, const float *W, const float *bias,
+                     int B, int H, size_t TT, int transpose) {
+    (void)ctx;
+    visc_th_mix(out, in, W, bias, B, H, TT, transpose);
+    return 0;
+}
+
+int visc_cuda_th_softmax(visc_cuda *ctx, float *P, size_t rows, int T) {
+    (void)ctx;
+    visc_th_softmax(P, rows, T);
+    return 0;
+}
+
+int visc_cuda_th_apply(visc_cuda *ctx, float *att, const float *A, const float *qkv,
+                       const visc_th_dims *d) {
+    (void)ctx;
+    visc_th_apply(att, A, qkv, d);
+    return 0;
+}
+
+int visc_cuda_th_grad_a(visc_cuda *ctx, float *dA, const float *datt, const float *qkv,
+                        const visc_th_dims *d) {
+    (void)ctx;
+    visc_th_grad_a(dA, datt, qkv, d);
+    return 0;
+}
+
+int visc_cuda_th_grad_v(visc_cuda *ctx, float *dqkv, const float *A, const float *datt,
+                        const visc_th_dims *d) {
+    (void)ctx;
+    visc_th_grad_v(dqkv, A, datt, d);
+    return 0;
+}
+
+int visc_cuda_th_mix_grad(visc_cuda *ctx, float *dW, float *db, const float *dY, const float *X,
+                          int B, int H, size_t TT) {
+    (void)ctx;
+    visc_th_mix_grad(dW, db, dY, X, B, H, TT);
+    return 0;
+}
+
+int visc_cuda_th_softmax_backward(visc_cuda *ctx, float *dS, const float *P, size_t rows, int T) {
+    (void)ctx;
+    visc_th_softmax_backward(dS, P, rows, T);
+    return 0;
+}
+
+int visc_cuda_th_grad_qk(visc_cuda *ctx, float *dqkv, const float *dS, const float *qkv,
+                         const visc_th_dims *d) {
+    (void)ctx;
+    visc_th_grad_qk(dqkv, dS, qkv, d);
+    return 0;
+}
+
+int visc_cuda_layerscale_forward(visc_cuda *ctx, float *out, const float *in, const float *gamma,
+                                 int64_t rows, int C) {
+    (void)ctx;
+    visc_layerscale_forward(out, in, gamma, rows, C);
+    return 0;
+}
+
+int visc_cuda_layerscale_backward(visc_cuda *ctx, float *din, float *dgamma, const float *dout,
+                                  const float *in, const float *gamma, int64_t rows, int C) {
+    (void)ctx;
+    visc_layerscale_backward(din, dgamma, dout, in, gamma, rows, C);
     return 0;
 }
 

@@ -34,6 +34,9 @@
  *   token glue         broadcast add, drop-path, row copies bit-identical;
  *                      row sums as column sums; the patch embedding against a
  *                      double-precision reference (3e-5 x the sum of |terms|)
+ *   talking heads      each step against models/talking_heads.c on the CPU's
+ *                      inputs: rtol 1e-4, atol 2e-5 x the largest |value|;
+ *                      LayerScale bit-identical
  *   attention          against a double-precision reference: rtol 1e-4,
  *                      atol 2e-5 x the tensor's largest |value|
  * This program links the CPU twins' objects, not libvisc.a (no oneDNN). */
@@ -44,6 +47,7 @@
 #include <string.h>
 
 #include "../../src/models/swin_window.h"
+#include "../../src/models/talking_heads.h"
 #include "../../src/nn/linear_bf16.h"
 #include "visc/cuda.h"
 #include "visc/nn.h"
@@ -1514,6 +1518,112 @@ static void check_swin_pieces(int B, int grid, int window, int H, int D) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* ---- CaiT's talking heads, step by step, and LayerScale, against their CPU twins ---- */
+static void check_talking_heads(int B, int H, int T, int D) {
+    char name[160];
+    const int C = H * D;
+    const visc_th_dims d = {B, H, T, D, C, 1.0f / sqrtf((float)D)};
+    const size_t nqkv = (size_t)B * T * 3 * C, TT = (size_t)T * T, nS = (size_t)B * H * TT;
+    const size_t natt = (size_t)B * T * C, rows = (size_t)B * H * T;
+    float *qkv = random_floats(nqkv, -1, 1), *W = random_floats((size_t)H * H, -1, 1);
+    float *bias = random_floats((size_t)H, -1, 1), *datt = random_floats(natt, -1, 1);
+    float *gS = random_floats(nS, -1, 1);
+    float *S = malloc(sizeof(float) * nS), *P = malloc(sizeof(float) * nS);
+    float *att = malloc(sizeof(float) * natt), *dA = malloc(sizeof(float) * nS);
+    float *dqkv = calloc(nqkv, sizeof(float)), *dW = malloc(sizeof(float) * H * H);
+    float *db = malloc(sizeof(float) * H), *dS = malloc(sizeof(float) * nS);
+    visc_th_scores(S, qkv, &d);
+    visc_th_mix(P, S, W, bias, B, H, TT, 0);
+    visc_th_softmax(P, rows, T);
+    visc_th_apply(att, P, qkv, &d);
+    visc_th_grad_a(dA, datt, qkv, &d);
+    visc_th_grad_v(dqkv, P, datt, &d);
+    visc_th_mix_grad(dW, db, dA, P, B, H, TT);
+    memcpy(dS, gS, sizeof(float) * nS);
+    visc_th_softmax_backward(dS, P, rows, T);
+    visc_th_grad_qk(dqkv, dS, qkv, &d);
+    float *d_qkv = up(qkv, sizeof(float) * nqkv), *d_W = up(W, sizeof(float) * H * H);
+    float *d_bias = up(bias, sizeof(float) * H), *d_datt = up(datt, sizeof(float) * natt);
+    float *d_S = dev(sizeof(float) * nS), *d_P = dev(sizeof(float) * nS);
+    float *d_att = dev(sizeof(float) * natt), *d_dA = dev(sizeof(float) * nS);
+    float *d_dqkv = dev(sizeof(float) * nqkv), *d_dW = dev(sizeof(float) * H * H);
+    float *d_db = dev(sizeof(float) * H), *d_dS = up(gS, sizeof(float) * nS);
+    /* each step from the CPU's input, so that a mismatch names its step */
+    launched(visc_cuda_th_scores(ctx, d_S, d_qkv, &d), "th scores");
+    float *g_scores = down(d_S, nS);
+    if (visc_cuda_upload(ctx, d_S, S, sizeof(float) * nS)) die_cuda("upload");
+    launched(visc_cuda_th_mix(ctx, d_P, d_S, d_W, d_bias, B, H, TT, 0), "th mix");
+    float *g_mix = down(d_P, nS);
+    launched(visc_cuda_th_softmax(ctx, d_P, rows, T), "th softmax");
+    float *g_soft = down(d_P, nS);
+    if (visc_cuda_upload(ctx, d_P, P, sizeof(float) * nS)) die_cuda("upload");
+    launched(visc_cuda_th_apply(ctx, d_att, d_P, d_qkv, &d), "th apply");
+    launched(visc_cuda_th_grad_a(ctx, d_dA, d_datt, d_qkv, &d), "th grad a");
+    launched(visc_cuda_th_grad_v(ctx, d_dqkv, d_P, d_datt, &d), "th grad v");
+    float *g_dA = down(d_dA, nS);
+    if (visc_cuda_upload(ctx, d_dA, dA, sizeof(float) * nS)) die_cuda("upload");
+    launched(visc_cuda_th_mix_grad(ctx, d_dW, d_db, d_dA, d_P, B, H, TT), "th mix grad");
+    launched(visc_cuda_th_softmax_backward(ctx, d_dS, d_P, rows, T), "th softmax backward");
+    float *g_dsoft = down(d_dS, nS);
+    if (visc_cuda_upload(ctx, d_dS, dS, sizeof(float) * nS)) die_cuda("upload");
+    launched(visc_cuda_th_grad_qk(ctx, d_dqkv, d_dS, d_qkv, &d), "th grad qk");
+    /* the CPU's intermediate: the mix alone (softmax in place above) */
+    float *mix = malloc(sizeof(float) * nS), *soft = malloc(sizeof(float) * nS);
+    visc_th_mix(mix, S, W, bias, B, H, TT, 0);
+    memcpy(soft, mix, sizeof(float) * nS);
+    visc_th_softmax(soft, rows, T);
+    float *dsoft = malloc(sizeof(float) * nS);
+    memcpy(dsoft, gS, sizeof(float) * nS);
+    visc_th_softmax_backward(dsoft, P, rows, T);
+    struct {
+        const char *what;
+        float *got;
+        const float *want;
+        size_t n;
+    } outs[] = {{"scores", g_scores, S, nS},
+                {"head mix", g_mix, mix, nS},
+                {"softmax", g_soft, soft, nS},
+                {"A v", down(d_att, natt), att, natt},
+                {"dA", g_dA, dA, nS},
+                {"dq dk dv", down(d_dqkv, nqkv), dqkv, nqkv},
+                {"head mix dW", down(d_dW, (size_t)H * H), dW, (size_t)H * H},
+                {"head mix db", down(d_db, (size_t)H), db, (size_t)H},
+                {"softmax backward", g_dsoft, dsoft, nS}};
+    for (size_t o = 0; o < sizeof outs / sizeof *outs; o++) {
+        snprintf(name, sizeof name, "talking heads %s: B %d H %d T %d D %d", outs[o].what, B, H, T,
+                 D);
+        expect_close(name, outs[o].got, outs[o].want, outs[o].n,
+                     2e-5 * max_abs(outs[o].want, outs[o].n), 1e-4);
+        free(outs[o].got);
+    }
+    /* LayerScale */
+    const int64_t R = (int64_t)B * T;
+    float *g = random_floats(natt, 0.5f, 1.5f), *ls = malloc(sizeof(float) * natt);
+    float *dls = malloc(sizeof(float) * natt), *dgam = malloc(sizeof(float) * C);
+    visc_layerscale_forward(ls, att, g, R, C);
+    visc_layerscale_backward(dls, dgam, datt, att, g, R, C);
+    float *d_g = up(g, sizeof(float) * natt), *d_ls = dev(sizeof(float) * natt);
+    float *d_dls = dev(sizeof(float) * natt), *d_dgam = dev(sizeof(float) * C);
+    if (visc_cuda_upload(ctx, d_att, att, sizeof(float) * natt)) die_cuda("upload");
+    launched(visc_cuda_layerscale_forward(ctx, d_ls, d_att, d_g, R, C), "layerscale");
+    launched(visc_cuda_layerscale_backward(ctx, d_dls, d_dgam, d_datt, d_att, d_g, R, C),
+             "layerscale backward");
+    float *g_ls = down(d_ls, natt), *g_dls = down(d_dls, natt), *g_dgam = down(d_dgam, C);
+    snprintf(name, sizeof name, "layerscale [%lld, %d]: forward and din bit-identical",
+             (long long)R, C);
+    expect_bits(name, g_ls, ls, natt, sizeof(float));
+    expect_bits(name, g_dls, dls, natt, sizeof(float));
+    snprintf(name, sizeof name, "layerscale [%lld, %d]: dgamma bit-identical (rows in order)",
+             (long long)R, C);
+    expect_bits(name, g_dgam, dgam, (size_t)C, sizeof(float));
+    void *dfree[] = {d_qkv,  d_W,  d_bias, d_datt, d_S, d_P,  d_att, d_dA,
+                     d_dqkv, d_dW, d_db,   d_dS,   d_g, d_ls, d_dls, d_dgam};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {qkv, W,   bias, datt,  gS, S,  P,   att,  dA,   dqkv,  dW,    db,
+                     dS,  mix, soft, dsoft, g,  ls, dls, dgam, g_ls, g_dls, g_dgam};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 /* ---- sums: visc_add_forward's bits, and the residual block's add + ReLU ---- */
 static void check_add(size_t n) {
     char name[128];
@@ -1630,6 +1740,10 @@ static void group_tokens(void) {
     check_patch_embed(4, 3, 32, 4, 192, 1); /* deit_tiny_patch4_32 */
     check_patch_embed(2, 1, 28, 4, 64, 0);  /* no class token (CaiT's layout) */
 }
+static void group_cait(void) {
+    check_talking_heads(2, 4, 49, 48); /* cait_xxs24 at 112 px */
+    check_talking_heads(1, 3, 5, 8);
+}
 static void group_eltwise(void) {
     check_add(((size_t)1 << 20) + 5);
     check_add(9); /* fewer elements than one block */
@@ -1686,13 +1800,12 @@ static void group_pool(void) {
 static const struct {
     const char *name;
     void (*run)(void);
-} groups[] = {{"layernorm", group_layernorm}, {"xent", group_xent},
-              {"gelu", group_gelu},           {"optim", group_optim},
-              {"convert", group_convert},     {"matmul", group_matmul},
-              {"swin", group_swin},           {"conv", group_conv},
-              {"batchnorm", group_batchnorm}, {"pool", group_pool},
-              {"linear", group_linear},       {"eltwise", group_eltwise},
-              {"attention", group_attention}, {"tokens", group_tokens}};
+} groups[] =
+    {{"layernorm", group_layernorm}, {"xent", group_xent},       {"gelu", group_gelu},
+     {"optim", group_optim},         {"convert", group_convert}, {"matmul", group_matmul},
+     {"swin", group_swin},           {"conv", group_conv},       {"batchnorm", group_batchnorm},
+     {"pool", group_pool},           {"linear", group_linear},   {"eltwise", group_eltwise},
+     {"attention", group_attention}, {"tokens", group_tokens},   {"cait", group_cait}};
 #define NUM_GROUPS (sizeof groups / sizeof *groups)
 
 int main(int argc, char **argv) {
