@@ -126,7 +126,8 @@ run_full() {
     make -j"$JOBS" BUILD="$BUILD" CUDA=1 all "$BUILD/tests/gpu/test_cuda_model" || return 1
     "$BUILD/visc" devices || return 1
     "$BUILD/tests/gpu/test_cuda_model" || return 1
-    VISC_FASHION_DIR=${VISC_FASHION_DIR:-$PWD/$BUILD/data} VISC="$BUILD/visc" bash tests/e2e_cuda.sh
+    VISC_GPU_MACHINE=1 VISC_FASHION_DIR=${VISC_FASHION_DIR:-$PWD/$BUILD/data} VISC="$BUILD/visc" \
+        bash tests/e2e_cuda.sh
 }
 if [ -f /usr/include/oneapi/dnnl/dnnl.h ]; then
     part full 1 run_full
