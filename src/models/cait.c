@@ -477,10 +477,8 @@ static void trunk_backward(visc_model *m, cait *c) {
 static void cait_backward(visc_model *m, const float *dlogits) {
     cait *c = m->impl;
     const int B = m->cfg.batch, C = c->embed;
-    if (m->cuda) { /* dlogits come from the host */
-        md_take_in(m, c->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
-        dlogits = c->dlogits;
-    }
+    dlogits =
+        md_from_host(m, c->dlogits, dlogits, (size_t)B * m->cfg.num_classes); /* from the host */
     visc_tf_linear_backward(m, &c->head, c->dfeat, dlogits,
                             c->head_dropped ? c->feat_drop : c->feat, B);
     if (c->head_dropped)
@@ -491,10 +489,7 @@ static void cait_backward(visc_model *m, const float *dlogits) {
 static void cait_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
     cait *c = m->impl;
     const int B = m->cfg.batch, C = c->embed;
-    if (m->cuda && dlogits) {
-        md_take_in(m, c->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
-        dlogits = c->dlogits;
-    }
+    dlogits = md_from_host(m, c->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
     visc_tf_head_backward(m, &c->head, dlogits, c->head_dropped ? c->feat_drop : c->feat, B);
     md_take_in(m, c->dfeat, dfeatures, (size_t)B * C);
     trunk_backward(m, c);

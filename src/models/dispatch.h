@@ -28,6 +28,22 @@ static inline void md_zero(visc_model *m, float *p, size_t n) {
     else memset(p, 0, n * sizeof(float));
 }
 
+/* A gradient the host hands in (dlogits): on a GPU it is uploaded into the
+ * model's device buffer, which is returned; on the CPU the host pointer
+ * itself is. NULL stays NULL. */
+static inline const float *md_from_host(visc_model *m, float *device_buf, const float *host,
+                                        size_t n) {
+    if (!m->cuda || !host) return host;
+    visc_gpu_upload(m->cuda, device_buf, host, n * sizeof(float));
+    return device_buf;
+}
+
+/* out = a + b (out may alias a or b) */
+static inline void md_add(visc_model *m, float *out, const float *a, const float *b, size_t n) {
+    if (m->cuda) visc_gpu_add(m->cuda, out, a, b, n);
+    else visc_add_forward(out, a, b, n);
+}
+
 /* acc += x */
 static inline void md_add_in(visc_model *m, float *acc, const float *x, size_t n) {
     if (m->cuda) visc_gpu_add(m->cuda, acc, acc, x, n);

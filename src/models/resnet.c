@@ -309,17 +309,13 @@ static void maxpool_fwd(visc_model *m, resnet *r) {
 
 static void head_fwd(visc_model *m, resnet *r, const float *trunk_out) {
     const int N = m->cfg.batch, C = r->feature_dim, K = m->cfg.num_classes;
-    if (m->cuda) {
+    if (m->cuda)
         visc_gpu_global_avgpool_forward(m->cuda, r->features, trunk_out, N, C, r->final_hw);
-        visc_gpu_linear_forward(m->cuda, r->logits, r->features, P(r->fc_weight), P(r->fc_bias), N,
-                                C, K);
-        /* the host's copies: the loss, the accuracy and SSL heads read them */
-        md_give_out(m, m->logits, r->logits, (size_t)N * K);
-        md_give_out(m, m->features, r->features, (size_t)N * C);
-    } else {
-        visc_global_avgpool_forward(r->features, trunk_out, N, C, r->final_hw);
-        visc_linear_forward(r->logits, r->features, P(r->fc_weight), P(r->fc_bias), N, C, K);
-    }
+    else visc_global_avgpool_forward(r->features, trunk_out, N, C, r->final_hw);
+    md_linear_forward(m, r->logits, r->features, P(r->fc_weight), P(r->fc_bias), N, C, K);
+    /* the host's copies: the loss, the accuracy and SSL heads read them */
+    md_give_out(m, m->logits, r->logits, (size_t)N * K);
+    md_give_out(m, m->features, r->features, (size_t)N * C);
 }
 
 static void resnet_forward(visc_model *m, const float *x, int train) {
@@ -355,22 +351,11 @@ static void bn_bwd(visc_model *m, bn_layer *b, float *din, const float *dout, co
     visc_model_grad_ready(m, G(b->beta), m->params.entries[b->beta].numel);
 }
 
-static void relu_bwd(visc_model *m, float *dout, const float *out, size_t n) {
-    if (m->cuda) visc_gpu_relu_backward(m->cuda, dout, dout, out, n);
-    else visc_relu_backward(dout, dout, out, n);
-}
-
-/* out = a + b (out may alias a) */
-static void add(visc_model *m, float *out, const float *a, const float *b, size_t n) {
-    if (m->cuda) visc_gpu_add(m->cuda, out, a, b, n);
-    else visc_add_forward(out, a, b, n);
-}
-
 /* dout: gradient w.r.t. the block output (modified in place); writes the
  * gradient w.r.t. the block input to din (din != dout). */
 static void block_backward(visc_model *m, resnet *r, block *b, float *din, float *dout) {
     /* through the final relu: its output is b->out */
-    relu_bwd(m, dout, b->out, b->out_size);
+    md_relu_backward(m, dout, dout, b->out, b->out_size);
     float *t1 = r->t1, *t2 = r->t2;
     if (b->bottleneck) {
         bn_bwd(m, &b->bn3, t1, dout, b->c3, NULL);
@@ -391,9 +376,9 @@ static void block_backward(visc_model *m, resnet *r, block *b, float *din, float
     if (b->has_down) {
         bn_bwd(m, &b->down_bn, t1, dout, b->dc, NULL);
         conv_bwd(m, &b->down_conv, din, t1, b->in);
-        add(m, din, din, t2, b->in_size);
+        md_add(m, din, din, t2, b->in_size);
     } else {
-        add(m, din, dout, t2, b->in_size);
+        md_add(m, din, dout, t2, b->in_size);
     }
 }
 
@@ -401,13 +386,10 @@ static void block_backward(visc_model *m, resnet *r, block *b, float *din, float
  * NULL) receives the gradient it sends back into the backbone. */
 static void fc_backward(visc_model *m, resnet *r, float *dfeatures, const float *dlogits) {
     const int N = m->cfg.batch, C = r->feature_dim, K = m->cfg.num_classes;
-    if (dlogits && m->cuda) {
-        md_take_in(m, r->dlogits, dlogits, (size_t)N * K);
-        visc_gpu_linear_backward(m->cuda, dfeatures, G(r->fc_weight), G(r->fc_bias), r->dlogits,
-                                 r->features, P(r->fc_weight), N, C, K);
-    } else if (dlogits) {
-        visc_linear_backward(dfeatures, G(r->fc_weight), G(r->fc_bias), dlogits, r->features,
-                             P(r->fc_weight), N, C, K);
+    dlogits = md_from_host(m, r->dlogits, dlogits, (size_t)N * K);
+    if (dlogits) {
+        md_linear_backward(m, dfeatures, G(r->fc_weight), G(r->fc_bias), dlogits, r->features,
+                           P(r->fc_weight), N, C, K);
     } else {
         visc_model_zero_grad(m, r->fc_weight);
         visc_model_zero_grad(m, r->fc_bias);

@@ -669,10 +669,8 @@ static void swin_backward(visc_model *m, const float *dlogits) {
     swin *s = m->impl;
     int B = m->cfg.batch, F = s->features;
     int dropped = s->last_train && m->cfg.drop_rate > 0.0f;
-    if (m->cuda) {
-        md_take_in(m, s->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
-        dlogits = s->dlogits;
-    }
+    dlogits =
+        md_from_host(m, s->dlogits, dlogits, (size_t)B * m->cfg.num_classes); /* from the host */
     md_linear_backward(m, s->dfeat, G(s->fc_w), G(s->fc_b), dlogits, head_input(m, s), P(s->fc_w),
                        B, F, m->cfg.num_classes);
     const float *dpooled = s->dfeat;
@@ -685,14 +683,8 @@ static void swin_backward(visc_model *m, const float *dlogits) {
 
 static void swin_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
     swin *s = m->impl;
-    if (dlogits && m->cuda) {
-        md_take_in(m, s->dlogits, dlogits, (size_t)m->cfg.batch * m->cfg.num_classes);
-        dlogits = s->dlogits;
-    }
-    if (m->cuda) { /* the features' gradient comes from the host */
-        md_take_in(m, s->dfeat, dfeatures, (size_t)m->cfg.batch * s->features);
-        dfeatures = s->dfeat;
-    }
+    dlogits = md_from_host(m, s->dlogits, dlogits, (size_t)m->cfg.batch * m->cfg.num_classes);
+    dfeatures = md_from_host(m, s->dfeat, dfeatures, (size_t)m->cfg.batch * s->features);
     if (dlogits) {
         md_linear_backward(m, NULL, G(s->fc_w), G(s->fc_b), dlogits, head_input(m, s), P(s->fc_w),
                            m->cfg.batch, s->features, m->cfg.num_classes);

@@ -293,10 +293,8 @@ static void vit_backward(visc_model *m, const float *dlogits) {
     vit *v = m->impl;
     const int B = m->cfg.batch, C = v->embed;
     const int dropped = v->head_dropped;
-    if (m->cuda) { /* dlogits come from the host */
-        md_take_in(m, v->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
-        dlogits = v->dlogits;
-    }
+    dlogits =
+        md_from_host(m, v->dlogits, dlogits, (size_t)B * m->cfg.num_classes); /* from the host */
     visc_tf_linear_backward(m, &v->head, v->dfeat, dlogits, dropped ? v->feat_drop : v->feat, B);
     if (dropped)
         visc_dropout_backward(v->dfeat, v->dfeat, v->drop_mask, (size_t)B * C, m->cfg.drop_rate);
@@ -306,10 +304,7 @@ static void vit_backward(visc_model *m, const float *dlogits) {
 static void vit_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
     vit *v = m->impl;
     const int B = m->cfg.batch, C = v->embed;
-    if (m->cuda && dlogits) {
-        md_take_in(m, v->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
-        dlogits = v->dlogits;
-    }
+    dlogits = md_from_host(m, v->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
     visc_tf_head_backward(m, &v->head, dlogits, v->head_dropped ? v->feat_drop : v->feat, B);
     md_take_in(m, v->dfeat, dfeatures, (size_t)B * C);
     trunk_backward(m, v);
