@@ -133,7 +133,6 @@ static const char *const phase_names[PH_COUNT] = {"forward", "loss", "backward",
 int main(int argc, char **argv) {
     options o = parse(argc, argv);
     if (o.threads > 0) visc_set_num_threads(o.threads);
-    o.precision = visc_set_matmul_precision(o.precision);
     const visc_model_config *mc = &o.model;
     int B = mc->batch, K = mc->num_classes;
 
@@ -141,9 +140,12 @@ int main(int argc, char **argv) {
     if (visc_parse_device(o.device, &gpu_index)) visc_die("%s", visc_last_error());
     visc_cuda *gpu = NULL;
     size_t mem0 = 0, mem1 = 0;
-    if (gpu_index >= 0) {
+    if (gpu_index >= 0) { /* the GPU's precision, whatever the host CPU has */
         gpu = visc_gpu_open(gpu_index);
         if (!gpu || visc_gpu_memory_used(gpu, &mem0)) visc_die("%s", visc_last_error());
+        visc_gpu_set_precision(gpu, o.precision);
+    } else {
+        o.precision = visc_set_matmul_precision(o.precision);
     }
     double peak = o.peak && !gpu ? sgemm_peak(2048) : 0;
 

@@ -49,8 +49,6 @@ if [ $have_data -eq 1 ]; then
         <<<"$(fails train "${small[@]}" --device cuda --model-ema-decay 0.99)"
     grep -q -- "--device cuda: --clip-grad is not on the GPU yet" \
         <<<"$(fails train "${small[@]}" --device cuda --clip-grad 1)"
-    grep -q -- "--device cuda: --precision bf16 is not on the GPU yet" \
-        <<<"$(fails train "${small[@]}" --device cuda --precision bf16)"
     cifar_subset "$tmp/data" 2 1
     export VISC_CACHE_DIR="$tmp/cache"
     ssl=(pretrain --data "imagenet:$tmp/data" --model resnet14 --width 16 --input-size 32
@@ -106,6 +104,7 @@ fi
 "$V" train --config configs/fashion_mnist.ini --data "$data" --epochs 1 --warmup-epochs 0.3 \
     --device cuda --no-progress --print-freq 100 --output "$tmp/gpu" | tee "$tmp/gpu.log"
 grep -q ', on cuda$' <(head -1 "$tmp/gpu.log")
+grep '^GPU memory: [0-9]* MiB held by this run' "$tmp/gpu.log"
 top1=$(grep '"type":"val"' "$tmp/gpu/log.jsonl" | tail -1 | sed 's/.*"top1":\([0-9.]*\).*/\1/')
 echo "GPU: one epoch, test top-1 $top1%"
 # The same command on the CPU ends at 88.6% (2 cores, 2026-11-30); the GPU
@@ -118,3 +117,12 @@ echo "$cpu"
 awk -v a="$top1" -v b="$(sed 's/.*top1 \([0-9.]*\)%.*/\1/' <<<"$cpu")" \
     'BEGIN { exit !(a - b < 0.05 && b - a < 0.05) }' ||
     { echo "FAIL: the CPU evaluates the GPU's model to another accuracy than logged ($top1)"; exit 1; }
+# The same epoch in bf16 (convolutions and the classifier with bf16
+# operands, fp32 accumulation): it must learn as well.
+"$V" train --config configs/fashion_mnist.ini --data "$data" --epochs 1 --warmup-epochs 0.3 \
+    --device cuda --precision bf16 --no-progress --print-freq 100 --output "$tmp/gpu-bf16" |
+    tee "$tmp/gpu-bf16.log"
+grep -q ', bf16 matmuls, on cuda$' <(head -1 "$tmp/gpu-bf16.log")
+top1=$(grep '"type":"val"' "$tmp/gpu-bf16/log.jsonl" | tail -1 | sed 's/.*"top1":\([0-9.]*\).*/\1/')
+echo "GPU, bf16: one epoch, test top-1 $top1%"
+awk -v a="$top1" 'BEGIN { exit !(a >= 85.0) }' || { echo "FAIL: bf16 below 85% after one epoch"; exit 1; }

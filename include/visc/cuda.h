@@ -14,9 +14,10 @@
  * gelu.cu         visc_gelu_* (src/nn/gelu.c) and the fused bias + GELU epilogue
  * optim.cu        AdamW and SGD-momentum steps, the weights' EMA (src/optim/adamw.c,
  *                 sgd.c, ema.c)
- * convert.cu      fp32 <-> bf16 (src/nn/linear_bf16.h)
+ * convert.cu      fp32 <-> bf16 (src/nn/linear_bf16.h), also NCHW <-> channels-last
  * matmul.cu       cuBLASLt: bf16 or fp32 operands, fp32 accumulation and output, bias epilogue
- * linear.cu       the fp32 linear layer, as visc_linear_forward/backward (src/nn/linear.c)
+ * linear.cu       the linear layer in fp32 or bf16, as visc_linear_forward/backward
+ *                 (src/nn/linear.c, linear_bf16.c)
  * eltwise.cu      sums, the residual sum + ReLU, zeroing, copies (src/nn/eltwise.c)
  * swin_window.cu  window partition / reverse with the cyclic shift (src/models/swin_window.c)
  * cudnn_dl.cu     cuDNN, opened with dlopen at the first convolution
@@ -85,6 +86,11 @@ visc_cuda *visc_cuda_open(int dev);
 void visc_cuda_close(visc_cuda *ctx);
 /* Waits for the queued work; -1 if any of it failed. */
 int visc_cuda_sync(visc_cuda *ctx);
+/* The precision of the context's products (fp32 until set): with on = 1
+ * the linear layers (linear.cu) and the fp32 NCHW convolutions (conv.cu)
+ * multiply bf16 copies of their operands with fp32 accumulation, their
+ * inputs and outputs staying fp32 tensors in the model's layout. */
+void visc_cuda_set_bf16(visc_cuda *ctx, int on);
 
 void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes); /* NULL with the error set */
 /* Device memory in use on the context's device (all processes), in bytes. */
@@ -145,6 +151,13 @@ int visc_cuda_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t
 /* ---- convert.cu: round to nearest even, as visc_f32_to_bf16 ---- */
 int visc_cuda_f32_to_bf16(visc_cuda *ctx, uint16_t *out, const float *in, size_t n);
 int visc_cuda_bf16_to_f32(visc_cuda *ctx, float *out, const uint16_t *in, size_t n);
+/* With the layout change of channels-last, per image: in [N, C, HW] fp32
+ * -> out [N, HW, C] bf16 (a weight [K, C, R, S] -> [K, R, S, C] likewise),
+ * and back, out = beta out + value (beta 0: out is not read). N <= 65535. */
+int visc_cuda_nchw_to_nhwc_bf16(visc_cuda *ctx, uint16_t *out, const float *in, int N, int C,
+                                int HW);
+int visc_cuda_nhwc_bf16_to_nchw(visc_cuda *ctx, float *out, const uint16_t *in, int N, int C,
+                                int HW, float beta);
 
 /* ---- matmul.cu: cuBLASLt, row-major ----
  * D[M, N] = op(A)[M, K] op(B)[K, N] (+ beta D) (+ bias[N] on every row),
@@ -166,7 +179,12 @@ int visc_cuda_matmul_f32(visc_cuda *ctx, float *D, const float *A, const float *
                          const float *bias, int M, int N, int K, int trans_a, int trans_b,
                          float beta);
 
-/* ---- linear.cu: fp32, as visc_linear_forward/backward (din, dbias may be NULL) ---- */
+/* ---- linear.cu: as visc_linear_forward/backward (din, dbias may be NULL) ----
+ * In the context's precision (visc_cuda_set_bf16, in context.cu): fp32, or
+ * bf16 as in the CPU's bf16 mode: X, W and dY are rounded to bf16 (to
+ * nearest even) for the three products only, in the context's scratch,
+ * with fp32 accumulation and fp32 outputs; the bias and its gradient (the
+ * column sum of dY) stay fp32. */
 int visc_cuda_linear_forward(visc_cuda *ctx, float *out, const float *in, const float *weight,
                              const float *bias, int N, int in_features, int out_features);
 int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
@@ -196,6 +214,9 @@ int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
  * as visc_conv2d), computed with FMA math only, never TF32, so it agrees
  * with the CPU to fp32 rounding; and bf16 channels-last (x [N, H, W, C],
  * w [K, R, S, C], y [N, P, Q, K]) with fp32 accumulation on tensor cores.
+ * With visc_cuda_set_bf16 on, the fp32 NCHW form runs as the bf16 one on
+ * channels-last bf16 copies of its operands (in the scratch), its results
+ * converted back: fp32 tensors holding bf16-rounded values.
  * P = (H + 2 pad - R) / stride + 1, likewise Q. The algorithm of each
  * direction is cuDNN's first deterministic heuristic choice that fits the
  * workspace, cached per shape with its descriptors (the context keeps the

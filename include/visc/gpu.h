@@ -41,16 +41,25 @@
 int visc_parse_device(const char *name, int *index);
 /* The device a run asks for (c->device): *index -1 for the CPU, else the
  * GPU's. What is not on the GPU yet (several processes, a swarm,
- * --clip-grad, --precision bf16) is refused here, in one line. */
+ * --clip-grad) is refused here, in one line. */
 int visc_gpu_run_device(const visc_train_config *c, int world, int *index);
 /* Opens CUDA device `index`; NULL with the reason (not built in, no driver,
  * no such device). */
 visc_cuda *visc_gpu_open(int index);
 void visc_gpu_close(visc_cuda *ctx);
+/* The precision of the linear layers' products on this GPU, with nn.h's
+ * meaning (bf16: operands rounded to bf16, fp32 accumulation and outputs);
+ * fp32 until set. Unlike the CPU's, bf16 is always there. */
+void visc_gpu_set_precision(visc_cuda *ctx, visc_precision p);
 /* Waits for the queued work; -1 with the error if any of it failed. */
 int visc_gpu_sync(visc_cuda *ctx);
 /* Device memory in use on the device, in bytes (-1 with the error). */
 int visc_gpu_memory_used(visc_cuda *ctx, size_t *used);
+/* Prints one line: the device memory the run holds, in use now less `base`
+ * (in use when the GPU was opened). A run frees nothing on the device
+ * before it ends (the arena is planned once, workspaces only grow), so
+ * after its steps this is its peak. */
+void visc_gpu_print_memory(visc_cuda *ctx, size_t base);
 /* Device memory (a model's activation arena); NULL with the error set. */
 void *visc_gpu_alloc(visc_cuda *ctx, size_t bytes);
 void visc_gpu_free(visc_cuda *ctx, void *p); /* NULL: nothing */

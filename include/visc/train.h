@@ -68,7 +68,8 @@ typedef struct {
     int threads, print_freq, evaluate, max_steps, no_progress;
     int eval_interval; /* also evaluate every N optimizer steps and when a run stops early
                         * (0: at epoch ends only) */
-    char precision[8]; /* linear-layer matmuls: fp32 | bf16 (nn.h; falls back to fp32) */
+    char precision[8]; /* fp32 | bf16: the linear layers' products (nn.h; on a CPU without
+                        * bf16, fp32), on a GPU also the ResNets' convolutions (gpu.h) */
     char device[16];   /* cpu | cuda | cuda:N (gpu.h; visc train only for now) */
     char output[512], resume[512], weights[512];
     /* data-parallel processes (dist.h): under mpirun the batch is split

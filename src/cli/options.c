@@ -79,7 +79,8 @@ static const option options[] = {
     {"seed", NULL, U64, O(seed), "random seed (fixes the whole run)"},
     {"threads", NULL, INT, O(threads), "compute threads (default: all cores)"},
     {"precision", NULL, STR, O(precision),
-     "linear-layer matmuls: fp32 | bf16 (bf16 operands, fp32 accumulation)"},
+     "fp32 | bf16: bf16 operands, fp32 accumulation in the linear layers (on a GPU also the "
+     "ResNets' convolutions)"},
     {"device", NULL, STR, O(device),
      "where the model trains: cpu | cuda | cuda:N (one process for now)"},
     {"workers", "j", INT, O(workers), "data loading threads (default: all cores)"},

@@ -23,6 +23,7 @@ struct visc_cuda {
     void *workspace;     /* cuBLASLt's, VISC_CUDA_WORKSPACE bytes */
     void *scratch;       /* partial sums, grown by visc_cuda_scratch */
     size_t scratch_bytes;
+    int bf16; /* visc_cuda_set_bf16 */
     struct visc_conv_state *conv; /* cuDNN handle, plans, workspace (conv.cu), or NULL */
     struct visc_attn_state *attn; /* attention backward's workspace (attention.cu), or NULL */
 };
@@ -65,6 +66,12 @@ static inline int visc_cuda_launched(const char *kernel) {
 }
 /* At least `bytes` of device scratch (kept for the next call); NULL with the error set. */
 void *visc_cuda_scratch(visc_cuda *ctx, size_t bytes);
+/* Room in the scratch for n <= VISC_CUDA_BF16_COPIES bf16 copies of
+ * counts[i] elements, each starting 16-byte aligned (cuBLASLt's and cuDNN's
+ * fastest kernels want that): copies[i] gets the i-th. It is the scratch,
+ * so a later call (a column sum too) may reuse it: get it after those. */
+#define VISC_CUDA_BF16_COPIES 3
+int visc_cuda_bf16_scratch(visc_cuda *ctx, uint16_t **copies, const size_t *counts, int n);
 
 /* Blocks for n independent elements at `threads` per block, capped: the
  * kernels loop over the rest (grid-stride), so any n fits. */

@@ -150,6 +150,21 @@ void *visc_cuda_scratch(visc_cuda *ctx, size_t bytes) {
     return ctx->scratch;
 }
 
+int visc_cuda_bf16_scratch(visc_cuda *ctx, uint16_t **copies, const size_t *counts, int n) {
+    size_t offset[VISC_CUDA_BF16_COPIES], total = 0;
+    if (n > VISC_CUDA_BF16_COPIES) return visc_set_error("bf16 scratch: %d copies", n);
+    for (int i = 0; i < n; i++) {
+        offset[i] = total;
+        total += (counts[i] + 7) / 8 * 8;
+    }
+    uint16_t *base = (uint16_t *)visc_cuda_scratch(ctx, total * sizeof(uint16_t));
+    if (!base) return -1;
+    for (int i = 0; i < n; i++) copies[i] = base + offset[i];
+    return 0;
+}
+
+void visc_cuda_set_bf16(visc_cuda *ctx, int on) { ctx->bf16 = on != 0; }
+
 __global__ void add_partials_kernel(float *out, const float *part, int chunks, int stride, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;

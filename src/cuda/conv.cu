@@ -234,8 +234,50 @@ static conv_plan *prepare(visc_cuda *ctx, const visc_cuda_conv_shape *s, int dir
     return p;
 }
 
+/* ---- fp32 NCHW tensors, bf16 products (visc_cuda_set_bf16) ----
+ * Direction dir's two operands a, b (forward: x, w; backward-data: dy, w;
+ * backward-weights: x, dy) are copied to channels-last bf16 in the
+ * scratch, the bf16 form runs on the copies, and its result is converted
+ * back into the fp32 NCHW tensor out (y, dx or dw; out = beta out + it). */
+typedef struct {
+    int n, c, hw; /* [n, c, hw]: an activation, or a weight [K, C, R*S] */
+} dims3;
+
+static size_t dims_count(dims3 d) { return (size_t)d.n * d.c * d.hw; }
+
+static int mixed(const visc_cuda *ctx, const visc_cuda_conv_shape *s) {
+    return s->type == VISC_CUDA_CONV_F32_NCHW && ctx->bf16;
+}
+
+static int mixed_run(visc_cuda *ctx, const visc_cuda_conv_shape *s, int dir, float *out,
+                     const float *a, const float *b, float beta) {
+    if (shape_check(s)) return -1;
+    const int PQ =
+        out_size(s->H, s->R, s->stride, s->pad) * out_size(s->W, s->S, s->stride, s->pad);
+    const dims3 X = {s->N, s->C, s->H * s->W}, W = {s->K, s->C, s->R * s->S}, Y = {s->N, s->K, PQ};
+    const dims3 d[3] = {dir == BWD_DATA ? Y : X, dir == BWD_FILTER ? Y : W,
+                        dir == FWD        ? Y
+                        : dir == BWD_DATA ? X
+                                          : W};
+    const size_t counts[3] = {dims_count(d[0]), dims_count(d[1]), dims_count(d[2])};
+    uint16_t *c[3];
+    visc_cuda_conv_shape t = *s;
+    t.type = VISC_CUDA_CONV_BF16_NHWC;
+    if (visc_cuda_bf16_scratch(ctx, c, counts, 3) ||
+        visc_cuda_nchw_to_nhwc_bf16(ctx, c[0], a, d[0].n, d[0].c, d[0].hw) ||
+        visc_cuda_nchw_to_nhwc_bf16(ctx, c[1], b, d[1].n, d[1].c, d[1].hw))
+        return -1;
+    const int rc = dir == FWD ? visc_cuda_conv_forward(ctx, &t, c[2], c[0], c[1])
+                   : dir == BWD_DATA
+                       ? visc_cuda_conv_backward_data(ctx, &t, c[2], c[0], c[1])
+                       : visc_cuda_conv_backward_weights(ctx, &t, c[2], c[0], c[1], 0.0f);
+    return rc ? -1 : visc_cuda_nhwc_bf16_to_nchw(ctx, out, c[2], d[2].n, d[2].c, d[2].hw, beta);
+}
+
 int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *y, const void *x,
                            const void *w) {
+    if (mixed(ctx, s))
+        return mixed_run(ctx, s, FWD, (float *)y, (const float *)x, (const float *)w, 0.0f);
     visc_conv_state *st;
     conv_plan *p = prepare(ctx, s, FWD, &st);
     if (!p) return -1;
@@ -248,6 +290,8 @@ int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *
 
 int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dx,
                                  const void *dy, const void *w) {
+    if (mixed(ctx, s))
+        return mixed_run(ctx, s, BWD_DATA, (float *)dx, (const float *)dy, (const float *)w, 0.0f);
     visc_conv_state *st;
     conv_plan *p = prepare(ctx, s, BWD_DATA, &st);
     if (!p) return -1;
@@ -260,6 +304,9 @@ int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, 
 
 int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dw,
                                     const void *x, const void *dy, float beta) {
+    if (mixed(ctx, s))
+        return mixed_run(ctx, s, BWD_FILTER, (float *)dw, (const float *)x, (const float *)dy,
+                         beta);
     visc_conv_state *st;
     conv_plan *p = prepare(ctx, s, BWD_FILTER, &st);
     if (!p) return -1;

@@ -1,5 +1,6 @@
 /* device.c: --device names and opening a GPU. */
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "visc/gpu.h"
@@ -30,11 +31,10 @@ int visc_parse_device(const char *name, int *index) {
 int visc_gpu_run_device(const visc_train_config *c, int world, int *index) {
     if (visc_parse_device(c->device, index)) return -1;
     if (*index < 0) return 0;
-    const char *missing = world > 1                      ? "several processes"
-                          : c->hooks                     ? "a swarm"
-                          : c->clip_grad > 0             ? "--clip-grad"
-                          : strcmp(c->precision, "fp32") ? "--precision bf16"
-                                                         : NULL;
+    const char *missing = world > 1          ? "several processes"
+                          : c->hooks         ? "a swarm"
+                          : c->clip_grad > 0 ? "--clip-grad"
+                                             : NULL;
     if (missing) return visc_set_error("--device cuda: %s is not on the GPU yet", missing);
     return 0;
 }
@@ -62,6 +62,14 @@ visc_cuda *visc_gpu_open(int index) {
 #endif
 }
 
+void visc_gpu_print_memory(visc_cuda *ctx, size_t base) {
+    size_t used;
+    if (visc_gpu_memory_used(ctx, &used)) return;
+    printf("GPU memory: %.0f MiB held by this run (weights, optimizer state, activations, "
+           "workspaces)\n",
+           (double)(used > base ? used - base : 0) / (1 << 20));
+}
+
 #ifdef VISC_WITH_CUDA
 void visc_gpu_close(visc_cuda *ctx) {
     if (ctx) visc_cuda_close(ctx);
@@ -71,6 +79,9 @@ int visc_gpu_sync(visc_cuda *ctx) { return visc_cuda_sync(ctx); }
 int visc_gpu_memory_used(visc_cuda *ctx, size_t *used) { return visc_cuda_memory_used(ctx, used); }
 void visc_gpu_free(visc_cuda *ctx, void *p) {
     if (p) visc_cuda_free(ctx, p);
+}
+void visc_gpu_set_precision(visc_cuda *ctx, visc_precision p) {
+    visc_cuda_set_bf16(ctx, p == VISC_PRECISION_BF16);
 }
 #else
 /* Nothing is ever opened without the backend. */
@@ -91,6 +102,10 @@ int visc_gpu_memory_used(visc_cuda *ctx, size_t *used) {
     return visc_set_error("no GPU in a visc without the CUDA backend");
 }
 void visc_gpu_free(visc_cuda *ctx, void *p) {
+    (void)ctx;
+    (void)p;
+}
+void visc_gpu_set_precision(visc_cuda *ctx, visc_precision p) {
     (void)ctx;
     (void)p;
 }

@@ -140,6 +140,11 @@ typedef struct {
      * optimizer step are on the GPU; the projection heads, the losses and
      * the memory bank stay on the host (they are small) */
     visc_cuda *gpu;
+    /* --precision of the linear layers' products: the encoders' (on the
+     * GPU, which always has bf16; the heads stay in the host's, which falls
+     * back to fp32 on a CPU without bf16) */
+    visc_precision precision;
+    size_t gpu_mem_base; /* device memory in use when the GPU was opened */
     visc_gpu_optim *gpu_opt;
     float *dev_grad_acc; /* --symmetric on the GPU: the first pass's encoder gradients */
     int32_t *labels, *perm;
@@ -790,8 +795,9 @@ static int open_gpu(pretrainer *p) {
     if (visc_gpu_run_device(p->c, p->world, &index)) return -1;
     if (index < 0) return 0;
     p->gpu = visc_gpu_open(index);
-    if (!p->gpu || visc_model_to_gpu(p->query, p->gpu) ||
-        (p->key && visc_model_to_gpu(p->key, p->gpu)))
+    if (!p->gpu || visc_gpu_memory_used(p->gpu, &p->gpu_mem_base)) return -1;
+    visc_gpu_set_precision(p->gpu, p->precision);
+    if (visc_model_to_gpu(p->query, p->gpu) || (p->key && visc_model_to_gpu(p->key, p->gpu)))
         return -1;
     if (p->grad_acc) {
         p->dev_grad_acc = visc_gpu_alloc(p->gpu, p->query->params.total * sizeof(float));
@@ -843,7 +849,7 @@ static void pretrainer_free(pretrainer *p) {
     free(p->config_text);
 }
 
-static char *describe(const visc_train_config *c) {
+static char *describe(const visc_train_config *c, visc_precision precision) {
     char *s = visc_malloc(2048, "config text");
     snprintf(s, 2048,
              "{\"method\":\"%s\",\"model\":\"%s\",\"data\":\"%s\",\"epochs\":%d,\"batch_size\":%d,"
@@ -851,13 +857,16 @@ static char *describe(const visc_train_config *c) {
              "\"warmup_epochs\":%g,\"temperature\":%g,\"bank_size\":%lld,\"proj_dim\":%d,"
              "\"moco_momentum\":%g,\"momentum_cosine\":%d,\"fresh_key_head\":%d,\"symmetric\":%d,"
              "\"gather\":%d,"
-             "\"aug\":\"%s\",\"image_size\":%d,\"seed\":%llu,\"preset\":\"%s\",\"device\":\"%s\"}",
+             "\"aug\":\"%s\",\"image_size\":%d,\"seed\":%llu,\"preset\":\"%s\",\"precision\":\"%"
+             "s\","
+             "\"device\":\"%s\"}",
              c->ssl.method, c->model.arch, c->data_dir, c->epochs, c->batch_size, c->opt,
              (double)c->lr, (double)c->min_lr, (double)c->momentum, (double)c->weight_decay,
              (double)c->warmup_epochs, (double)c->ssl.temperature, (long long)c->ssl.bank_size,
              c->ssl.proj_dim, (double)c->ssl.momentum, c->ssl.momentum_cosine,
              c->ssl.fresh_key_head, c->ssl.symmetric, !c->ssl.no_gather, c->aug,
-             c->model.image_size, (unsigned long long)c->seed, c->ssl.preset, c->device);
+             c->model.image_size, (unsigned long long)c->seed, c->ssl.preset,
+             visc_precision_name(precision), c->device);
     return s;
 }
 
@@ -888,8 +897,14 @@ int visc_pretrain(const visc_train_config *c) {
         visc_set_error("SimCLR needs at least 2 samples per process");
         goto done;
     }
+    /* Process-wide and set on every run (a fp32 run after a bf16 one is fp32). */
+    if (visc_parse_precision(c->precision, &p.precision)) goto done;
+    const visc_precision host = visc_set_matmul_precision(p.precision);
+    int gpu_index;
+    if (visc_parse_device(c->device, &gpu_index)) goto done;
+    if (gpu_index < 0) p.precision = host;
     if (setup(&p)) goto done;
-    p.config_text = describe(c);
+    p.config_text = describe(c, p.precision);
     if (c->resume[0]) {
         visc_ssl_parts parts = parts_of(&p);
         if (visc_ssl_load_checkpoint(&parts, c->resume)) goto done;
@@ -932,11 +947,13 @@ int visc_pretrain(const visc_train_config *c) {
         if (p.moco)
             printf(", bank %lld, momentum %g%s", (long long)c->ssl.bank_size,
                    (double)c->ssl.momentum, c->ssl.momentum_cosine ? " (cosine to 1)" : "");
-        printf("%s%s\n", p.gpu ? ", on " : "", p.gpu ? c->device : "");
+        printf("%s%s%s\n", p.precision == VISC_PRECISION_BF16 ? ", bf16 matmuls" : "",
+               p.gpu ? ", on " : "", p.gpu ? c->device : "");
     }
     double t0 = visc_now();
     int r = run_epochs(&p);
     if (r < 0) goto done;
+    if (p.gpu) visc_gpu_print_memory(p.gpu, p.gpu_mem_base);
     if (r == 0 && p.rank == 0) {
         printf("done: online classifier best val top1 %.2f%% in %.0fs; the query encoder is "
                "%s/model_last.safetensors\n",

@@ -83,6 +83,8 @@ typedef struct {
     visc_grad_sync *gsync; /* world > 1: gradient averaging during backward */
     /* --device cuda: the GPU the model and the optimizer's step are on */
     visc_cuda *gpu;
+    visc_precision precision; /* of the linear layers' products, where they run */
+    size_t gpu_mem_base;      /* device memory in use when the GPU was opened */
     visc_gpu_optim *gpu_opt;
 } trainer;
 
@@ -469,7 +471,8 @@ static int run_epochs(trainer *t) {
     return 0;
 }
 
-static char *describe_config(const visc_train_config *c, const visc_model *m) {
+static char *describe_config(const visc_train_config *c, const visc_model *m,
+                             visc_precision precision) {
     char *s = visc_malloc(4096, "config text");
     snprintf(s, 4096,
              "{\"model\":\"%s\",\"dataset\":\"%s\",\"num_classes\":%d,\"in_channels\":%d,"
@@ -481,7 +484,7 @@ static char *describe_config(const visc_train_config *c, const visc_model *m) {
              m->cfg.small_stem, m->cfg.width, c->epochs, c->batch_size, c->opt, c->sched,
              (double)c->lr, (double)c->momentum, (double)c->weight_decay, c->nesterov,
              (double)c->label_smoothing, (double)m->cfg.drop_rate, (double)m->cfg.drop_path_rate,
-             (unsigned long long)c->seed, visc_precision_name(visc_matmul_precision()), c->device);
+             (unsigned long long)c->seed, visc_precision_name(precision), c->device);
     return s;
 }
 
@@ -516,7 +519,9 @@ static int open_gpu(trainer *t) {
     if (t->ema_params)
         return visc_set_error("--device cuda: --model-ema-decay is not on the GPU yet");
     t->gpu = visc_gpu_open(index);
-    if (!t->gpu || visc_model_to_gpu(t->model, t->gpu)) return -1;
+    if (!t->gpu || visc_gpu_memory_used(t->gpu, &t->gpu_mem_base)) return -1;
+    visc_gpu_set_precision(t->gpu, t->precision);
+    if (visc_model_to_gpu(t->model, t->gpu)) return -1;
     t->gpu_opt = visc_gpu_optim_create(t->gpu, &t->opt);
     return t->gpu_opt ? 0 : -1;
 }
@@ -585,12 +590,16 @@ int visc_train(const visc_train_config *c) {
     }
     /* this rank's share of every batch */
     const int B = c->batch_size / t.world;
-    /* Process-wide and set on every run, so a fp32 run after a bf16 one is fp32. */
+    /* Process-wide and set on every run, so a fp32 run after a bf16 one is
+     * fp32. On a GPU the products are the device's (open_gpu), which has
+     * bf16 whatever the host CPU has; the host then does none. */
     visc_precision precision;
     if (visc_parse_precision(c->precision, &precision)) goto done;
     int gpu_index; /* checked now; the GPU itself is opened once the model is ready */
     if (visc_parse_device(c->device, &gpu_index)) goto done;
-    precision = visc_set_matmul_precision(precision);
+    if (gpu_index < 0) precision = visc_set_matmul_precision(precision);
+    else visc_set_matmul_precision(VISC_PRECISION_FP32);
+    t.precision = precision;
     const char *data_name = c->dataset;
     if (visc_is_image_data(c->data_dir)) {
         /* image files: decoded and augmented per sample by the recipe */
@@ -699,7 +708,7 @@ int visc_train(const visc_train_config *c) {
         memcpy(t.ema_params, m->params.data, m->params.total * sizeof(float));
         memcpy(t.ema_buffers, m->buffers.data, m->buffers.total * sizeof(float));
     }
-    t.config_text = describe_config(c, m);
+    t.config_text = describe_config(c, m, t.precision);
 
     if (c->weights[0]) {
         /* --reset-head: the file is a backbone; a fresh classifier, as a
@@ -803,6 +812,7 @@ int visc_train(const visc_train_config *c) {
                "(%.1f%% of the run)\n",
                visc_dist_wait_seconds(t.dist),
                100.0 * visc_dist_wait_seconds(t.dist) / (visc_now() - t0));
+    if (t.gpu) visc_gpu_print_memory(t.gpu, t.gpu_mem_base);
     if (r == 0 && t.rank == 0) {
         printf("done: best val top1 %.2f%% in %.0fs; checkpoints and logs in %s/\n",
                t.state.best_top1, visc_now() - t0, c->output);

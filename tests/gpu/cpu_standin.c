@@ -24,6 +24,7 @@
 
 #include "../../src/models/swin_window.h"
 #include "../../src/models/talking_heads.h"
+#include "../../src/nn/linear_bf16.h"
 #include "visc/cuda.h"
 #include "visc/nn.h"
 #include "visc/tokens.h"
@@ -34,7 +35,8 @@
 typedef struct {
     visc_cuda_conv_shape key;
     visc_conv2d op;
-    float *scratch_in, *scratch_dw; /* backward-data's unused operands */
+    float *scratch_in, *scratch_dw; /* backward-data's unused operands; bf16: x's copy */
+    float *scratch_w, *scratch_dy;  /* bf16: the rounded copies of w and dy */
 } conv_entry;
 
 typedef struct {
@@ -59,6 +61,7 @@ struct visc_cuda {
     pool_entry pool[MAX_SHAPES];
     patch_entry patch[MAX_SHAPES];
     int num_conv, num_bn, num_pool, num_patch;
+    int bf16;
 };
 
 int visc_cuda_device_count(void) { return 1; }
@@ -82,6 +85,8 @@ void visc_cuda_close(visc_cuda *ctx) {
         visc_conv2d_destroy(&ctx->conv[i].op);
         visc_free_aligned(ctx->conv[i].scratch_in);
         visc_free_aligned(ctx->conv[i].scratch_dw);
+        visc_free_aligned(ctx->conv[i].scratch_w);
+        visc_free_aligned(ctx->conv[i].scratch_dy);
     }
     for (int i = 0; i < ctx->num_bn; i++) visc_batchnorm2d_destroy(&ctx->bn[i].op);
     for (int i = 0; i < ctx->num_pool; i++) visc_pool2d_destroy(&ctx->pool[i].op);
@@ -155,15 +160,43 @@ static conv_entry *conv_for(visc_cuda *ctx, const visc_cuda_conv_shape *s) {
     e->key = *s;
     visc_conv2d_init(&e->op, s->N, s->C, s->H, s->W, s->K, s->R, s->S, s->stride, s->pad, 1, 1, 0);
     e->scratch_in = visc_calloc((size_t)s->N * s->C * s->H * s->W, sizeof(float), "stand-in");
-    e->scratch_dw = visc_calloc((size_t)s->K * s->C * s->R * s->S, sizeof(float), "stand-in");
+    const size_t nw = (size_t)s->K * s->C * s->R * s->S;
+    e->scratch_dw = visc_calloc(nw, sizeof(float), "stand-in");
+    e->scratch_w = visc_calloc(nw, sizeof(float), "stand-in");
+    e->scratch_dy = visc_calloc((size_t)s->N * s->K * e->op.P * e->op.Q, sizeof(float), "stand-in");
     return e;
+}
+
+/* bf16 products (visc_cuda_set_bf16), as the GPU computes them: the
+ * operands rounded to bf16, fp32 accumulation, the result rounded to bf16
+ * (cuDNN's bf16 form writes bf16), all held in fp32. */
+static const float *rounded(float *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = visc_bf16_to_f32(visc_f32_to_bf16(src[i]));
+    return dst;
+}
+
+static void round_in_place(float *x, size_t n) { rounded(x, x, n); }
+
+static size_t conv_in(const conv_entry *e) {
+    return (size_t)e->key.N * e->key.C * e->key.H * e->key.W;
+}
+static size_t conv_out(const conv_entry *e) {
+    return (size_t)e->key.N * e->key.K * e->op.P * e->op.Q;
+}
+static size_t conv_weights(const conv_entry *e) {
+    return (size_t)e->key.K * e->key.C * e->key.R * e->key.S;
 }
 
 int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *y, const void *x,
                            const void *w) {
     conv_entry *e = conv_for(ctx, s);
     if (!e) return -1;
+    if (ctx->bf16) {
+        x = rounded(e->scratch_in, x, conv_in(e));
+        w = rounded(e->scratch_w, w, conv_weights(e));
+    }
     visc_conv2d_forward(&e->op, y, x, w, NULL);
+    if (ctx->bf16) round_in_place(y, conv_out(e));
     return 0;
 }
 
@@ -171,8 +204,16 @@ int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *
                                     const void *x, const void *dy, float beta) {
     conv_entry *e = conv_for(ctx, s);
     if (!e) return -1;
-    if (beta != 0.0f) return visc_set_error("the stand-in's weight gradients overwrite (beta 0)");
-    visc_conv2d_backward(&e->op, NULL, dw, NULL, dy, x, NULL);
+    if (ctx->bf16) {
+        x = rounded(e->scratch_in, x, conv_in(e));
+        dy = rounded(e->scratch_dy, dy, conv_out(e));
+    }
+    const size_t nw = conv_weights(e);
+    float *out = beta != 0.0f ? e->scratch_dw : dw; /* beta: dw = beta dw + the gradient */
+    visc_conv2d_backward(&e->op, NULL, out, NULL, dy, x, NULL);
+    if (ctx->bf16) round_in_place(out, nw);
+    if (beta != 0.0f)
+        for (size_t i = 0; i < nw; i++) ((float *)dw)[i] = beta * ((float *)dw)[i] + out[i];
     return 0;
 }
 
@@ -183,7 +224,12 @@ int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, 
                                  const void *dy, const void *w) {
     conv_entry *e = conv_for(ctx, s);
     if (!e) return -1;
+    if (ctx->bf16) {
+        dy = rounded(e->scratch_dy, dy, conv_out(e));
+        w = rounded(e->scratch_w, w, conv_weights(e));
+    }
     visc_conv2d_backward(&e->op, dx, e->scratch_dw, NULL, dy, e->scratch_in, w);
+    if (ctx->bf16) round_in_place(dx, conv_in(e));
     return 0;
 }
 
@@ -302,18 +348,26 @@ int visc_cuda_add_relu(visc_cuda *ctx, float *out, const float *identity, size_t
     return 0;
 }
 
+/* bf16: the CPU's bf16 products, falling back to fp32 for a shape without
+ * bf16 kernels exactly as the CPU's visc_linear_* do in bf16 mode (the
+ * trainer keeps the host in fp32 on a GPU run, so the context's setting
+ * alone decides here, as on a GPU). */
+void visc_cuda_set_bf16(visc_cuda *ctx, int on) { ctx->bf16 = on != 0; }
+
 int visc_cuda_linear_forward(visc_cuda *ctx, float *out, const float *in, const float *weight,
                              const float *bias, int N, int in_features, int out_features) {
-    (void)ctx;
-    visc_linear_forward(out, in, weight, bias, N, in_features, out_features);
+    if (!ctx->bf16 ||
+        visc_linear_bf16_forward(out, in, weight, bias, N, in_features, out_features) != 0)
+        visc_linear_forward(out, in, weight, bias, N, in_features, out_features);
     return 0;
 }
 
 int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
                               const float *dout, const float *in, const float *weight, int N,
                               int in_features, int out_features) {
-    (void)ctx;
-    visc_linear_backward(din, dweight, dbias, dout, in, weight, N, in_features, out_features);
+    if (!ctx->bf16 || visc_linear_bf16_backward(din, dweight, dbias, dout, in, weight, N,
+                                                in_features, out_features) != 0)
+        visc_linear_backward(din, dweight, dbias, dout, in, weight, N, in_features, out_features);
     return 0;
 }
 

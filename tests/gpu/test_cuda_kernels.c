@@ -16,7 +16,8 @@
  *   matmul             atol 1e-4 x sum_k |a_k b_k|, against a double-precision
  *                      product of the same bf16 operands (fp32 accumulation
  *                      error only; oneDNN's fp32 path is not linked here)
- *   optimizer steps, the weights' EMA, bf16 conversion, Swin windows,
+ *   optimizer steps, the weights' EMA, bf16 conversion (also to and from
+ *   channels-last), Swin windows,
  *   Swin's bias gather, patch merging, the token mean: bit-identical.
  *   Swin's bias scatter and V2 head normalization: fp32 as above; V2's
  *                      16 sigmoid bias and temperature within a few ulp (expf)
@@ -29,8 +30,9 @@
  *                      channels-last, transposed in and out)
  *   max pooling (values, argmax, gradient), global average pooling, ReLU,
  *   sums (add, the residual add + ReLU): bit-identical.
- *   fp32 linear layer  against double-precision products of the same
- *                      operands: 3e-5 x the sum of |terms| (no TF32)
+ *   linear layer       against double-precision products of the same
+ *                      operands: fp32 3e-5 x the sum of |terms| (no TF32);
+ *                      bf16 (X, W, dY rounded for the products) 1e-4 x that
  *   token glue         broadcast add, drop-path, row copies bit-identical;
  *                      row sums as column sums; the patch embedding against a
  *                      double-precision reference (3e-5 x the sum of |terms|)
@@ -747,20 +749,63 @@ static float *down_conv(const void *d, int N, int C, int HW, visc_cuda_conv_type
     return out;
 }
 
+/* NCHW fp32 <-> channels-last bf16 (the bf16 products' copies): the CPU's
+ * transpose and rounding, bit for bit; back with beta 0 (out not read: it
+ * holds NaNs) and beta 0.5 (0.5 out + value, rounded as the CPU does). */
+static void check_layout(int N, int C, int HW) {
+    char name[160];
+    const size_t n = (size_t)N * C * HW;
+    float *x = random_floats(n, -100, 100), *old = random_floats(n, -1, 1);
+    float *t = malloc(sizeof(float) * n), *back = malloc(sizeof(float) * n);
+    uint16_t *want = malloc(sizeof(uint16_t) * n), *got = malloc(sizeof(uint16_t) * n);
+    to_nhwc(t, x, N, C, HW);
+    for (size_t i = 0; i < n; i++) want[i] = visc_f32_to_bf16(t[i]);
+    float *d_x = up(x, sizeof(float) * n);
+    uint16_t *d_h = dev(sizeof(uint16_t) * n);
+    launched(visc_cuda_nchw_to_nhwc_bf16(ctx, d_h, d_x, N, C, HW), "NCHW to NHWC bf16");
+    if (visc_cuda_download(ctx, got, d_h, sizeof(uint16_t) * n)) die_cuda("download");
+    snprintf(name, sizeof name, "NCHW fp32 -> NHWC bf16, %d x %d x %d: bit-identical", N, C, HW);
+    expect_bits(name, got, want, n, sizeof(uint16_t));
+    /* back: the bf16 values in NCHW */
+    for (size_t i = 0; i < n; i++) t[i] = visc_bf16_to_f32(want[i]);
+    to_nchw(back, t, N, C, HW);
+    float *nans = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) nans[i] = NAN;
+    float *d_out = up(nans, sizeof(float) * n);
+    launched(visc_cuda_nhwc_bf16_to_nchw(ctx, d_out, d_h, N, C, HW, 0.0f), "NHWC bf16 to NCHW");
+    float *h = down(d_out, n);
+    snprintf(name, sizeof name, "NHWC bf16 -> NCHW fp32, %d x %d x %d: bit-identical", N, C, HW);
+    expect_bits(name, h, back, n, sizeof(float));
+    free(h);
+    if (visc_cuda_upload(ctx, d_out, old, sizeof(float) * n)) die_cuda("upload");
+    launched(visc_cuda_nhwc_bf16_to_nchw(ctx, d_out, d_h, N, C, HW, 0.5f), "NHWC bf16 to NCHW");
+    h = down(d_out, n);
+    for (size_t i = 0; i < n; i++) back[i] = 0.5f * old[i] + back[i];
+    snprintf(name, sizeof name, "NHWC bf16 -> NCHW fp32, beta 0.5, %d x %d x %d: bit-identical", N,
+             C, HW);
+    expect_bits(name, h, back, n, sizeof(float));
+    visc_cuda_free(ctx, d_x);
+    visc_cuda_free(ctx, d_h);
+    visc_cuda_free(ctx, d_out);
+    void *hfree[] = {x, old, t, back, want, got, nans, h};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 /* Tolerances: fp32 (FMA math, no TF32) 3e-5 of the sum of |terms| (a
  * single missing tap of 1000s moves a value by more); bf16 outputs 8e-3
  * of the value (rounding to bf16 moves it by 2^-8 of itself at most) + 2e-4 of the sum of
  * |terms| (fp32 accumulation), against the product of the same bf16
  * operands. */
 static void check_conv(const char *what, int N, int C, int H, int W, int K, int R, int stride,
-                       int pad, visc_cuda_conv_type type) {
+                       int pad, visc_cuda_conv_type type, int bf16_products) {
     char name[200];
     conv_dims d = {N, C, H, W, K, R, R, stride, pad, 0, 0};
     d.P = (H + 2 * pad - R) / stride + 1;
     d.Q = (W + 2 * pad - R) / stride + 1;
     const size_t nx = (size_t)N * C * H * W, nw = (size_t)K * C * R * R;
     const size_t ny = (size_t)N * K * d.P * d.Q;
-    const int bf16 = type == VISC_CUDA_CONV_BF16_NHWC;
+    /* bf16_products: fp32 NCHW tensors, bf16 products (visc_cuda_set_bf16) */
+    const int bf16 = type == VISC_CUDA_CONV_BF16_NHWC || bf16_products;
     float *x = random_floats(nx, -1, 1), *w = random_floats(nw, -1, 1);
     float *dy = random_floats(ny, -1, 1);
     if (bf16) { /* the reference multiplies the operands the GPU sees */
@@ -776,12 +821,13 @@ static void check_conv(const char *what, int N, int C, int H, int W, int K, int 
     const visc_cuda_conv_shape s = {N, C, H, W, K, R, R, stride, pad, type};
     void *d_x = up_conv(x, N, C, H * W, type), *d_w = up_conv(w, K, C, R * R, type);
     void *d_dy = up_conv(dy, N, K, d.P * d.Q, type);
-    const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+    const size_t elem = type == VISC_CUDA_CONV_BF16_NHWC ? sizeof(uint16_t) : sizeof(float);
     void *d_y = dev(elem * ny), *d_dx = dev(elem * nx), *d_dw = dev(elem * nw);
     /* beta 0: dw's old contents (NaN bits) must not be read */
     void *nan_bits = memset(malloc(elem * nw), 0xff, elem * nw);
     if (visc_cuda_upload(ctx, d_dw, nan_bits, elem * nw)) die_cuda("upload");
     free(nan_bits);
+    visc_cuda_set_bf16(ctx, bf16_products);
     launched(visc_cuda_conv_forward(ctx, &s, d_y, d_x, d_w), "convolution forward");
     launched(visc_cuda_conv_backward_data(ctx, &s, d_dx, d_dy, d_w), "convolution backward-data");
     launched(visc_cuda_conv_backward_weights(ctx, &s, d_dw, d_x, d_dy, 0.0f),
@@ -789,7 +835,9 @@ static void check_conv(const char *what, int N, int C, int H, int W, int K, int 
     float *h_y = down_conv(d_y, N, K, d.P * d.Q, type), *h_dx = down_conv(d_dx, N, C, H * W, type);
     float *h_dw = down_conv(d_dw, K, C, R * R, type);
     const double amag = bf16 ? 2e-4 : 3e-5, rtol = bf16 ? 8e-3 : 0.0;
-    const char *form = bf16 ? "bf16 NHWC" : "fp32 NCHW";
+    const char *form = type == VISC_CUDA_CONV_BF16_NHWC ? "bf16 NHWC"
+                       : bf16_products                  ? "fp32 NCHW, bf16 products"
+                                                        : "fp32 NCHW";
     snprintf(name, sizeof name, "conv %s %s: N %d C %d %dx%d K %d %dx%d/%d pad %d: forward", what,
              form, N, C, H, W, K, R, R, stride, pad);
     expect_conv(name, h_y, y, y_mag, ny, amag, rtol);
@@ -800,6 +848,7 @@ static void check_conv(const char *what, int N, int C, int H, int W, int K, int 
     /* beta 1 adds the gradient to what dw holds: twice the gradient now */
     launched(visc_cuda_conv_backward_weights(ctx, &s, d_dw, d_x, d_dy, 1.0f),
              "convolution backward-weights, beta 1");
+    visc_cuda_set_bf16(ctx, 0);
     float *h_dw2 = down_conv(d_dw, K, C, R * R, type);
     for (size_t i = 0; i < nw; i++) dw[i] *= 2, dw_mag[i] *= 2;
     snprintf(name, sizeof name, "conv %s %s: backward-weights accumulated (beta 1)", what, form);
@@ -1006,17 +1055,19 @@ static void check_relu(size_t n) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
-/* ---- fp32 linear layer ----
+/* ---- the linear layer, fp32 and bf16 ----
  * Against double-precision products of the same operands: |gpu - exact| <=
  * 3e-5 x sum_k |a_k b_k| (fp32 accumulation only: cuBLASLt is held to
- * CUBLAS_COMPUTE_32F, no TF32, which would miss this by 100x). */
+ * CUBLAS_COMPUTE_32F, no TF32, which would miss this by 100x). In bf16 the
+ * operands of the products are X, W and dY rounded to bf16 (the bias
+ * gradient sums dY itself), and the bound is the matmul's 1e-4. */
 typedef struct {
     size_t bad, worst, n;
-    double worst_ratio, got, want;
+    double worst_ratio, got, want, tol;
 } tally;
 
 static void tally_add(tally *t, double got, double exact, double mag) {
-    const double ratio = fabs(got - exact) / (3e-5 * mag + 1e-30);
+    const double ratio = fabs(got - exact) / (t->tol * mag + 1e-30);
     if (!(ratio <= 1.0)) t->bad++;
     if (!(ratio <= t->worst_ratio)) {
         t->worst_ratio = ratio;
@@ -1027,10 +1078,16 @@ static void tally_add(tally *t, double got, double exact, double mag) {
     t->n++;
 }
 
-static void check_linear(int N, int in, int out, int shift) {
+static void check_linear(int N, int in, int out, int shift, int bf16) {
     char name[160];
     float *x = random_floats((size_t)N * in, -1, 1), *w = random_floats((size_t)out * in, -1, 1);
     float *b = random_floats((size_t)out, -1, 1), *dy = random_floats((size_t)N * out, -1, 1);
+    /* the products' operands */
+    float *xr = malloc(sizeof(float) * N * in), *wr = malloc(sizeof(float) * out * in);
+    float *dyr = malloc(sizeof(float) * N * out);
+    for (size_t i = 0; i < (size_t)N * in; i++) xr[i] = bf16 ? bf16_round(x[i]) : x[i];
+    for (size_t i = 0; i < (size_t)out * in; i++) wr[i] = bf16 ? bf16_round(w[i]) : w[i];
+    for (size_t i = 0; i < (size_t)N * out; i++) dyr[i] = bf16 ? bf16_round(dy[i]) : dy[i];
     void *base[8];
     float *d_x = up_shifted(x, sizeof(float) * N * in, sizeof(float), shift, &base[0]);
     float *d_w = up_shifted(w, sizeof(float) * out * in, sizeof(float), shift, &base[1]);
@@ -1045,18 +1102,21 @@ static void check_linear(int N, int in, int out, int shift) {
     float *d_dx = up_shifted(nan_y, sizeof(float) * N * in, sizeof(float), shift, &base[5]);
     float *d_dw = up_shifted(nan_y, sizeof(float) * out * in, sizeof(float), shift, &base[6]);
     float *d_db = up_shifted(nan_y, sizeof(float) * out, sizeof(float), shift, &base[7]);
+    visc_cuda_set_bf16(ctx, bf16);
     launched(visc_cuda_linear_forward(ctx, d_y, d_x, d_w, d_b, N, in, out), "linear forward");
     launched(visc_cuda_linear_backward(ctx, d_dx, d_dw, d_db, d_dy, d_x, d_w, N, in, out),
              "linear backward");
+    visc_cuda_set_bf16(ctx, 0);
     float *y = down(d_y, (size_t)N * out), *dx = down(d_dx, (size_t)N * in);
     float *dw = down(d_dw, (size_t)out * in), *db = down(d_db, (size_t)out);
-    tally ty = {0}, tdx = {0}, tdw = {0}, tdb = {0};
+    const double tol = bf16 ? 1e-4 : 3e-5;
+    tally ty = {.tol = tol}, tdx = {.tol = tol}, tdw = {.tol = tol}, tdb = {.tol = 3e-5};
     for (int i = 0; i < N; i++)
         for (int o = 0; o < out; o++) {
             double sum = b[o], mag = fabs(b[o]);
             for (int k = 0; k < in; k++) {
-                sum += (double)x[(size_t)i * in + k] * w[(size_t)o * in + k];
-                mag += fabs((double)x[(size_t)i * in + k] * w[(size_t)o * in + k]);
+                sum += (double)xr[(size_t)i * in + k] * wr[(size_t)o * in + k];
+                mag += fabs((double)xr[(size_t)i * in + k] * wr[(size_t)o * in + k]);
             }
             tally_add(&ty, y[(size_t)i * out + o], sum, mag);
         }
@@ -1064,8 +1124,8 @@ static void check_linear(int N, int in, int out, int shift) {
         for (int k = 0; k < in; k++) {
             double sum = 0, mag = 0;
             for (int o = 0; o < out; o++) {
-                sum += (double)dy[(size_t)i * out + o] * w[(size_t)o * in + k];
-                mag += fabs((double)dy[(size_t)i * out + o] * w[(size_t)o * in + k]);
+                sum += (double)dyr[(size_t)i * out + o] * wr[(size_t)o * in + k];
+                mag += fabs((double)dyr[(size_t)i * out + o] * wr[(size_t)o * in + k]);
             }
             tally_add(&tdx, dx[(size_t)i * in + k], sum, mag);
         }
@@ -1079,8 +1139,8 @@ static void check_linear(int N, int in, int out, int shift) {
         for (int k = 0; k < in; k++) {
             double sum = 0, mag = 0;
             for (int i = 0; i < N; i++) {
-                sum += (double)dy[(size_t)i * out + o] * x[(size_t)i * in + k];
-                mag += fabs((double)dy[(size_t)i * out + o] * x[(size_t)i * in + k]);
+                sum += (double)dyr[(size_t)i * out + o] * xr[(size_t)i * in + k];
+                mag += fabs((double)dyr[(size_t)i * out + o] * xr[(size_t)i * in + k]);
             }
             tally_add(&tdw, dw[(size_t)o * in + k], sum, mag);
         }
@@ -1088,13 +1148,13 @@ static void check_linear(int N, int in, int out, int shift) {
     const tally *ts[4] = {&ty, &tdx, &tdw, &tdb};
     const char *what[4] = {"forward", "dX", "dW", "db"};
     for (int i = 0; i < 4; i++) {
-        snprintf(name, sizeof name, "linear fp32 %s: N %d, %d -> %d, shift %d", what[i], N, in, out,
-                 shift);
+        snprintf(name, sizeof name, "linear %s %s: N %d, %d -> %d, shift %d",
+                 bf16 ? "bf16" : "fp32", what[i], N, in, out, shift);
         report(name, ts[i]->bad, ts[i]->n, ts[i]->worst, ts[i]->got, ts[i]->want,
                ts[i]->worst_ratio);
     }
     for (int i = 0; i < 8; i++) visc_cuda_free(ctx, base[i]);
-    void *hfree[] = {x, w, b, dy, nan_y, y, dx, dw, db};
+    void *hfree[] = {x, w, b, dy, xr, wr, dyr, nan_y, y, dx, dw, db};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
@@ -1690,7 +1750,12 @@ static void group_optim(void) {
     check_ema(((size_t)1 << 20) + 7, 0.999f);
     check_ema(1000, 0.99f);
 }
-static void group_convert(void) { check_convert(); }
+static void group_convert(void) {
+    check_convert();
+    check_layout(2, 64, 56 * 56); /* a ResNet activation */
+    check_layout(3, 37, 45);      /* partial tiles both ways */
+    check_layout(64, 3, 49);      /* a 7x7 stem's weights [K, C, R*S] */
+}
 static void group_matmul(void) {
     check_matmul("linear forward Y = X W^T + b", 394, 192, 384, 0, 1, 1, 0.0f, 0);
     check_matmul("linear dX = dY W", 394, 384, 192, 0, 0, 0, 0.0f, 0);
@@ -1703,9 +1768,12 @@ static void group_matmul(void) {
     check_matmul("linear dW += dY^T X, element-aligned", 192, 384, 394, 1, 0, 0, 1.0f, 1);
 }
 static void group_linear(void) {
-    check_linear(128, 512, 10, 0);     /* a ResNet-18's classifier */
-    check_linear(37, 64, 100, 1);      /* odd shapes, element-aligned tensors */
-    check_linear(256, 2048, 1000, 16); /* ResNet-50 on ImageNet, table-aligned */
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        check_linear(128, 512, 10, 0, bf16);     /* a ResNet-18's classifier */
+        check_linear(37, 64, 100, 1, bf16);      /* odd shapes, element-aligned tensors */
+        check_linear(256, 2048, 1000, 16, bf16); /* ResNet-50 on ImageNet, table-aligned */
+        check_linear(394, 384, 1536, 0, bf16);   /* a ViT-S MLP's first layer, 2 images */
+    }
 }
 static void group_attention(void) {
     check_attention((attn_case){.B = 2, .H = 6, .Nq = 197, .Nk = 197, .D = 64}); /* ViT-S */
@@ -1763,14 +1831,17 @@ static void group_swin(void) {
 }
 
 static void group_conv(void) {
-    for (int t = 0; t < 2; t++) {
-        const visc_cuda_conv_type type = t ? VISC_CUDA_CONV_BF16_NHWC : VISC_CUDA_CONV_F32_NCHW;
-        check_conv("ResNet stage 1, 3x3", 2, 64, 56, 56, 64, 3, 1, 1, type);
-        check_conv("ResNet downsample, 1x1/2", 2, 64, 56, 56, 128, 1, 2, 0, type);
-        check_conv("ResNet stage 2 entry, 3x3/2", 2, 64, 56, 56, 128, 3, 2, 1, type);
-        check_conv("ResNet stem, 7x7/2", 2, 3, 224, 224, 64, 7, 2, 3, type);
-        check_conv("CIFAR stem, 3x3", 4, 3, 32, 32, 64, 3, 1, 1, type);
-        check_conv("odd sizes", 3, 5, 13, 11, 7, 3, 2, 1, type);
+    /* fp32; bf16 channels-last; fp32 NCHW tensors with bf16 products */
+    for (int t = 0; t < 3; t++) {
+        const visc_cuda_conv_type type =
+            t == 1 ? VISC_CUDA_CONV_BF16_NHWC : VISC_CUDA_CONV_F32_NCHW;
+        const int mixed = t == 2;
+        check_conv("ResNet stage 1, 3x3", 2, 64, 56, 56, 64, 3, 1, 1, type, mixed);
+        check_conv("ResNet downsample, 1x1/2", 2, 64, 56, 56, 128, 1, 2, 0, type, mixed);
+        check_conv("ResNet stage 2 entry, 3x3/2", 2, 64, 56, 56, 128, 3, 2, 1, type, mixed);
+        check_conv("ResNet stem, 7x7/2", 2, 3, 224, 224, 64, 7, 2, 3, type, mixed);
+        check_conv("CIFAR stem, 3x3", 4, 3, 32, 32, 64, 3, 1, 1, type, mixed);
+        check_conv("odd sizes", 3, 5, 13, 11, 7, 3, 2, 1, type, mixed);
     }
     /* A bad shape is refused before cuDNN is asked (no pointer is read). */
     const visc_cuda_conv_shape bad = {1, 3, 8, 8, 4, 3, 3, 0, 1, VISC_CUDA_CONV_F32_NCHW};

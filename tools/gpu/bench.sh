@@ -9,8 +9,10 @@
 # machine) and prints it. Every run is bounded by the time left (BENCH_BUDGET
 # seconds, default 420); a run that does not finish is marked as such.
 #
-# visc runs fp32 today (its bf16 path is still to come); the table says so
-# rather than compare unlike precisions silently. Memory: visc's is what
+# visc runs with --precision bf16: its linear layers' products take bf16
+# operands (the transformers' matmuls); its convolutions, attention and
+# the rest are still fp32, and the table says so rather than compare unlike
+# precisions silently. Memory: visc's is what
 # the device held after the run minus before the model (cudaMemGetInfo:
 # arena, weights, workspaces), PyTorch's torch.cuda.max_memory_allocated.
 set -u
@@ -53,14 +55,15 @@ settings=(
     echo
     echo "\`bash tools/gpu/bench.sh\`, $(date -u +%F). Training images/s (higher is better), device memory in MiB."
     echo
-    echo "| model | batch | visc fp32 | torch eager bf16 | torch.compile bf16 | visc / eager | visc / compile | memory visc / eager |"
+    echo "| model | batch | visc (bf16 linear, fp32 rest) | torch eager bf16 | torch.compile bf16 | visc / eager | visc / compile | memory visc / eager |"
     echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 } >"$OUT/bench.md"
 for s in "${settings[@]}"; do
     read -r model batch res classes small <<<"$s"
     flags=(--model "$model" --batch "$batch" --image-size "$res" --classes "$classes")
     [ -n "${small:-}" ] && flags+=(--small-stem)
-    v=$(run "$BUILD/bench/bench_train" "${flags[@]}" --device cuda --warmup 3 --steps 10 --quiet)
+    v=$(run "$BUILD/bench/bench_train" "${flags[@]}" --device cuda --precision bf16 --warmup 3 \
+        --steps 10 --quiet)
     e=failed c=failed
     if [ $have_torch -eq 1 ]; then
         e=$(run "$PY" bench/torch_train_gpu.py "${flags[@]}")
