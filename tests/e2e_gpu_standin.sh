@@ -7,7 +7,10 @@
 # checkpoints downloaded before each save, evaluation, resume. Since the
 # stand-in's kernels are the CPU's layers, every result must be the CPU
 # run's, bit for bit:
-#   - 20 steps with SGD and with AdamW: the same model file as on the CPU;
+#   - 20 steps with SGD and with AdamW (with --clip-grad and an EMA of the
+#     weights, evaluated on the device): the same model file, checkpoint and
+#     EMA as on the CPU; 8 steps of LAMB and of LARS: the same checkpoint;
+#   - the head dropout, not on the GPU yet, refused in one line;
 #   - a ViT (attention, LayerNorm, GELU, drop-path, class token), also with
 #     --precision bf16 (the CPU's bf16 run), a Swin V2
 #     (windows, masks, merging, cosine attention, the bias MLP) and CaiT
@@ -19,7 +22,8 @@
 #     checkpoint with its optimizer state, the config's device aside);
 #   - the GPU evaluates the saved model to the accuracy the CPU gets;
 #   - `visc pretrain --device cuda`: MoCo v2 (the momentum encoder updated
-#     on the device; also --symmetric, two backward passes) and SimCLR, and
+#     on the device; also --symmetric, two backward passes) and SimCLR (with
+#     SGD, and with its default LARS and --clip-grad), and
 #     a MoCo run resumed on the other device: the CPU's checkpoint;
 #   - the stand-in program's own model checks (test_gpu_standin).
 set -euo pipefail
@@ -49,7 +53,8 @@ PY
 }
 for opt in sgd adamw; do
     extra=(--opt "$opt")
-    [ "$opt" = adamw ] && extra+=(--lr 0.002 --wd 0.05)
+    # AdamW with the timm recipe's gradient clipping and EMA of the weights
+    [ "$opt" = adamw ] && extra+=(--lr 0.002 --wd 0.05 --clip-grad 0.5 --model-ema-decay 0.9)
     "$V" train "${common[@]}" "${extra[@]}" --max-steps 20 --output "$tmp/cpu-$opt" >/dev/null
     "$G" train "${common[@]}" "${extra[@]}" --max-steps 20 --output "$tmp/gpu-$opt" --device cuda \
         >"$tmp/gpu-$opt.log"
@@ -62,8 +67,23 @@ for opt in sgd adamw; do
     cmp <(tensors "$tmp/cpu-$opt/checkpoint_last.safetensors") \
         <(tensors "$tmp/gpu-$opt/checkpoint_last.safetensors")
     grep -qF '\"device\":\"cuda\"' "$tmp/gpu-$opt/checkpoint_last.safetensors"
-    echo "20 steps with $opt on the stand-in GPU: the CPU's model and optimizer state, bit for bit"
+    echo "20 steps with $opt ${extra[*]:2} on the stand-in GPU: the CPU's model, optimizer state and EMA, bit for bit"
 done
+# LAMB and LARS (per-tensor trust ratios)
+for opt in lamb lars; do
+    "$V" train "${common[@]}" --opt $opt --lr 0.01 --max-steps 8 --output "$tmp/cpu-$opt" >/dev/null
+    "$G" train "${common[@]}" --opt $opt --lr 0.01 --max-steps 8 --output "$tmp/gpu-$opt" \
+        --device cuda >/dev/null
+    cmp <(tensors "$tmp/cpu-$opt/checkpoint_last.safetensors") \
+        <(tensors "$tmp/gpu-$opt/checkpoint_last.safetensors")
+    echo "8 steps with $opt on the stand-in GPU: the CPU's checkpoint, bit for bit"
+done
+# what is not on the GPU yet is refused in one line: the head dropout
+rc=0
+"$G" train --model vit_femto_patch4_28 --drop 0.1 --max-steps 1 --no-progress --device cuda \
+    --output "$tmp/refused" >/dev/null 2>"$tmp/refused.err" || rc=$?
+[ $rc -ne 0 ] && [ "$(wc -l <"$tmp/refused.err")" -eq 1 ]
+grep -q -- "--device cuda: --drop (the head dropout) is not on the GPU yet" "$tmp/refused.err"
 
 # a ViT (fused attention, LayerNorm, GELU, drop-path drawn on the host, class token)
 vit=(--model vit_femto_patch4_28 --opt adamw --lr 0.002 --wd 0.05 --drop-path 0.1 --epochs 1
@@ -139,9 +159,22 @@ echo "$gpu"
 # --- pretraining: 20 train / 10 test images of each CIFAR-10 class ---
 cifar_subset "$tmp/data" 20 10
 export VISC_CACHE_DIR="$tmp/cache"
+# a whole epoch (4 steps) with an EMA of the weights: the epoch's end
+# evaluates the EMA on the device (its weights swapped in), as on the CPU
+ema=(--data "imagenet:$tmp/data" --model resnet14 --width 16 --input-size 32 --crop-pct 1
+     --batch-size 50 --epochs 1 --opt adamw --lr 0.002 --model-ema-decay 0.9 --no-progress
+     --print-freq 0 --workers 2)
+"$V" train "${ema[@]}" --output "$tmp/ema-cpu" >/dev/null
+"$G" train "${ema[@]}" --device cuda --output "$tmp/ema-gpu" >/dev/null
+grep -q '"val_ema"' "$tmp/ema-gpu/log.jsonl"
+evals() { grep -E '"val_ema"|"val"' "$1" | sed -E 's/,"(time|epoch_time_s)":[0-9.]*//g'; }
+diff <(evals "$tmp/ema-cpu/log.jsonl") <(evals "$tmp/ema-gpu/log.jsonl")
+cmp <(tensors "$tmp/ema-cpu/checkpoint_last.safetensors") \
+    <(tensors "$tmp/ema-gpu/checkpoint_last.safetensors")
+echo "an epoch with an EMA of the weights on the stand-in GPU: the CPU's evaluations and checkpoint"
 ssl=(--data "imagenet:$tmp/data" --model resnet14 --width 16 --input-size 32 --crop-pct 1
      --batch-size 20 --bank-size 100 --seed 3 --no-progress --print-freq 0 --workers 2 --epochs 2)
-for run in "moco" "moco --symmetric" "simclr --opt sgd --lr 0.1"; do
+for run in "moco" "moco --symmetric" "simclr --opt sgd --lr 0.1" "simclr --clip-grad 1"; do
     read -r method extra <<<"$run"
     [ "$method" = moco ] && method=mocov2
     name=${run// /_}

@@ -12,8 +12,8 @@
  * layernorm.cu    visc_layernorm_* (src/nn/layernorm.c)
  * softmax_xent.cu visc_softmax_xent_* (src/nn/loss.c)
  * gelu.cu         visc_gelu_* (src/nn/gelu.c) and the fused bias + GELU epilogue
- * optim.cu        AdamW and SGD-momentum steps, the weights' EMA (src/optim/adamw.c,
- *                 sgd.c, ema.c)
+ * optim.cu        SGD, AdamW, LARS and LAMB steps, gradient clipping, the weights'
+ *                 EMA (src/optim/sgd.c, adamw.c, lars.c, lamb.c, clip.c, ema.c)
  * convert.cu      fp32 <-> bf16 (src/nn/linear_bf16.h), also NCHW <-> channels-last
  * matmul.cu       cuBLASLt: bf16 or fp32 operands, fp32 accumulation and output, bias epilogue
  * linear.cu       the linear layer in fp32 or bf16, as visc_linear_forward/backward
@@ -139,7 +139,9 @@ int visc_cuda_bias_gelu_backward(visc_cuda *ctx, float *din, float *dbias, const
  * completed before this one (visc_optimizer.step). The arithmetic is the
  * CPU's, operation for operation in the same order and rounding. */
 typedef struct visc_cuda_optim visc_cuda_optim;
-/* NULL with the error set for kinds not on the GPU yet (LAMB, LARS). */
+/* Every kind: SGD and AdamW give the CPU's bits; LARS and LAMB, whose
+ * per-tensor norms add in another order, the CPU's step to a rounding of
+ * those norms. NULL with the error set (out of device memory). */
 visc_cuda_optim *visc_cuda_optim_create(visc_cuda *ctx, const visc_optimizer *cpu);
 int visc_cuda_optim_step(visc_cuda_optim *opt, float *params, const float *grads, float *state,
                          float lr, int64_t step);
@@ -147,6 +149,11 @@ void visc_cuda_optim_destroy(visc_cuda_optim *opt);
 /* ema = decay * ema + (1 - decay) * params, as visc_ema_update (MoCo's
  * momentum encoder, the EMA of the weights), bit for bit. */
 int visc_cuda_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t n, float decay);
+/* As visc_clip_grad_norm: grads *= max_norm / (||grads|| + 1e-6) where that
+ * is below 1, the norm over n floats in clip.c's 256 fixed chunks (double
+ * sums); the coefficient is made and applied on the device (nothing waits
+ * for it), through the context's scratch. */
+int visc_cuda_clip_grad_norm(visc_cuda *ctx, float *grads, size_t n, float max_norm);
 
 /* ---- convert.cu: round to nearest even, as visc_f32_to_bf16 ---- */
 int visc_cuda_f32_to_bf16(visc_cuda *ctx, uint16_t *out, const float *in, size_t n);

@@ -40,8 +40,8 @@
  * untouched) for anything else. */
 int visc_parse_device(const char *name, int *index);
 /* The device a run asks for (c->device): *index -1 for the CPU, else the
- * GPU's. What is not on the GPU yet (several processes, a swarm,
- * --clip-grad) is refused here, in one line. */
+ * GPU's. What is not on the GPU yet (several processes, a swarm) is
+ * refused here, in one line. */
 int visc_gpu_run_device(const visc_train_config *c, int world, int *index);
 /* Opens CUDA device `index`; NULL with the reason (not built in, no driver,
  * no such device). */
@@ -91,6 +91,8 @@ void visc_gpu_zero(visc_cuda *ctx, float *p, size_t count);
 void visc_gpu_copy(visc_cuda *ctx, float *dst, const float *src, size_t count);
 /* ema = decay * ema + (1 - decay) * params, as visc_ema_update */
 void visc_gpu_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t n, float decay);
+/* As visc_clip_grad_norm (--clip-grad), on the device. */
+void visc_gpu_clip_grad_norm(visc_cuda *ctx, float *grads, size_t n, float max_norm);
 void visc_gpu_conv2d_forward(visc_cuda *ctx, const visc_conv2d *c, float *out, const float *in,
                              const float *weight);
 /* din may be NULL (the first layer) */

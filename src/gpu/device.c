@@ -31,10 +31,7 @@ int visc_parse_device(const char *name, int *index) {
 int visc_gpu_run_device(const visc_train_config *c, int world, int *index) {
     if (visc_parse_device(c->device, index)) return -1;
     if (*index < 0) return 0;
-    const char *missing = world > 1          ? "several processes"
-                          : c->hooks         ? "a swarm"
-                          : c->clip_grad > 0 ? "--clip-grad"
-                                             : NULL;
+    const char *missing = world > 1 ? "several processes" : c->hooks ? "a swarm" : NULL;
     if (missing) return visc_set_error("--device cuda: %s is not on the GPU yet", missing);
     return 0;
 }

@@ -36,6 +36,10 @@ void visc_gpu_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t
     RUN(visc_cuda_ema_update(ctx, ema, params, n, decay));
 }
 
+void visc_gpu_clip_grad_norm(visc_cuda *ctx, float *grads, size_t n, float max_norm) {
+    RUN(visc_cuda_clip_grad_norm(ctx, grads, n, max_norm));
+}
+
 static visc_cuda_conv_shape conv_shape(const visc_conv2d *c) {
     if (c->dilation != 1 || c->groups != 1 || c->has_bias || c->H != c->W || c->R != c->S)
         visc_die("cuda: convolution %dx%d (dilation %d, groups %d, bias %d) on %dx%d: only square, "

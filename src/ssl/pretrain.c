@@ -194,8 +194,11 @@ static int update(pretrainer *p, float loss) {
     }
     float lr = visc_schedule_lr(&p->sched, step);
     p->stepped = 1, p->taken_step = step, p->lr = lr;
-    if (p->c->clip_grad > 0)
-        visc_clip_grad_norm(p->query->grads, p->query->params.total, p->c->clip_grad);
+    if (p->c->clip_grad > 0) {
+        visc_model *q = p->query;
+        if (p->gpu) visc_gpu_clip_grad_norm(p->gpu, q->dev_grads, q->params.total, p->c->clip_grad);
+        else visc_clip_grad_norm(q->grads, q->params.total, p->c->clip_grad);
+    }
     if (p->gpu_opt) {
         if (visc_gpu_optim_step(p->gpu_opt, &p->opt, p->query, lr)) return -1;
     } else {

@@ -86,6 +86,7 @@ typedef struct {
     visc_precision precision; /* of the linear layers' products, where they run */
     size_t gpu_mem_base;      /* device memory in use when the GPU was opened */
     visc_gpu_optim *gpu_opt;
+    float *dev_ema_params, *dev_ema_buffers; /* --model-ema-decay: the EMA, on the device */
 } trainer;
 
 /* One optimizer step on one batch: mixing, forward, loss, backward, clip,
@@ -145,14 +146,22 @@ static int train_step(trainer *t, const visc_batch *batch, float *loss_out, int 
             return 0;
         }
     }
-    if (c->clip_grad > 0) visc_clip_grad_norm(m->grads, m->params.total, c->clip_grad);
+    if (c->clip_grad > 0) {
+        if (t->gpu) visc_gpu_clip_grad_norm(t->gpu, m->dev_grads, m->params.total, c->clip_grad);
+        else visc_clip_grad_norm(m->grads, m->params.total, c->clip_grad);
+    }
     float lr = visc_schedule_lr(&t->sched, step);
     if (t->gpu_opt) {
         if (visc_gpu_optim_step(t->gpu_opt, &t->opt, m, lr)) return -1;
     } else {
         visc_optimizer_step(&t->opt, m->params.data, m->grads, lr);
     }
-    if (t->ema_params) {
+    if (t->ema_params && t->gpu) {
+        visc_gpu_ema_update(t->gpu, t->dev_ema_params, m->dev_params, m->params.total,
+                            c->ema_decay);
+        visc_gpu_ema_update(t->gpu, t->dev_ema_buffers, m->dev_buffers, m->buffers.total,
+                            c->ema_decay);
+    } else if (t->ema_params) {
         visc_ema_update(t->ema_params, m->params.data, m->params.total, c->ema_decay);
         visc_ema_update(t->ema_buffers, m->buffers.data, m->buffers.total, c->ema_decay);
     }
@@ -227,9 +236,16 @@ static void log_json(trainer *t, const char *fmt, ...) {
 
 static int save_files(trainer *t, int is_best) {
     char path[1024];
-    /* a model on the GPU: its weights and the optimizer's state come back first */
+    /* a model on the GPU: its weights, the optimizer's state and the EMA come back first */
     if (t->gpu && (visc_model_download(t->model) || visc_gpu_optim_download(t->gpu_opt, &t->opt)))
         return -1;
+    if (t->gpu && t->ema_params) {
+        const visc_model *m = t->model;
+        visc_gpu_download(t->gpu, t->ema_params, t->dev_ema_params,
+                          m->params.total * sizeof(float));
+        visc_gpu_download(t->gpu, t->ema_buffers, t->dev_ema_buffers,
+                          m->buffers.total * sizeof(float));
+    }
     snprintf(path, sizeof path, "%s/checkpoint_last.safetensors", t->c->output);
     if (visc_save_checkpoint(t->model, &t->opt, t->ema_params, t->ema_buffers, &t->state,
                              t->config_text, path))
@@ -268,16 +284,20 @@ static int share_buffers(trainer *t, float *buffers) {
     return visc_dist_broadcast(t->dist, buffers, t->model->buffers.total * sizeof(float), 0);
 }
 
-/* Evaluates with the EMA weights swapped in, then swaps back. */
+/* Evaluates with the EMA weights swapped in (on the GPU, its device
+ * copies: the layers read the model's tensors through visc_model_param),
+ * then swaps back. */
 static int evaluate_ema(trainer *t, visc_eval_result *r) {
     visc_model *m = t->model;
-    float *p = m->params.data, *b = m->buffers.data;
     if (share_buffers(t, t->ema_buffers)) return -1;
-    m->params.data = t->ema_params;
-    m->buffers.data = t->ema_buffers;
+    float **params = t->gpu ? &m->dev_params : &m->params.data;
+    float **buffers = t->gpu ? &m->dev_buffers : &m->buffers.data;
+    float *p = *params, *b = *buffers;
+    *params = t->gpu ? t->dev_ema_params : t->ema_params;
+    *buffers = t->gpu ? t->dev_ema_buffers : t->ema_buffers;
     int rc = visc_evaluate_shard(m, t->val, &t->aug, t->c->label_smoothing, t->dist, r);
-    m->params.data = p;
-    m->buffers.data = b;
+    *params = p;
+    *buffers = b;
     return rc;
 }
 
@@ -516,14 +536,22 @@ static int open_gpu(trainer *t) {
     int index;
     if (visc_gpu_run_device(t->c, t->world, &index)) return -1;
     if (index < 0) return 0;
-    if (t->ema_params)
-        return visc_set_error("--device cuda: --model-ema-decay is not on the GPU yet");
     t->gpu = visc_gpu_open(index);
     if (!t->gpu || visc_gpu_memory_used(t->gpu, &t->gpu_mem_base)) return -1;
     visc_gpu_set_precision(t->gpu, t->precision);
     if (visc_model_to_gpu(t->model, t->gpu)) return -1;
     t->gpu_opt = visc_gpu_optim_create(t->gpu, &t->opt);
-    return t->gpu_opt ? 0 : -1;
+    if (!t->gpu_opt) return -1;
+    if (t->ema_params) { /* the EMA as loaded or started on the host */
+        const size_t pb = t->model->params.total * sizeof(float);
+        const size_t bb = t->model->buffers.total * sizeof(float);
+        t->dev_ema_params = visc_gpu_alloc(t->gpu, pb);
+        t->dev_ema_buffers = t->dev_ema_params ? visc_gpu_alloc(t->gpu, bb) : NULL;
+        if (!t->dev_ema_buffers) return -1;
+        visc_gpu_upload(t->gpu, t->dev_ema_params, t->ema_params, pb);
+        visc_gpu_upload(t->gpu, t->dev_ema_buffers, t->ema_buffers, bb);
+    }
+    return 0;
 }
 
 static void trainer_free(trainer *t) {
@@ -532,6 +560,8 @@ static void trainer_free(trainer *t) {
     if (t->log) fclose(t->log);
     visc_optimizer_free(&t->opt);
     visc_gpu_optim_free(t->gpu_opt);
+    visc_gpu_free(t->gpu, t->dev_ema_params);
+    visc_gpu_free(t->gpu, t->dev_ema_buffers);
     if (t->model) visc_model_destroy(t->model); /* its GPU memory too */
     visc_gpu_close(t->gpu);
     visc_loader_free(t->loader);

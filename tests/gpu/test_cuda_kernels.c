@@ -16,7 +16,7 @@
  *   matmul             atol 1e-4 x sum_k |a_k b_k|, against a double-precision
  *                      product of the same bf16 operands (fp32 accumulation
  *                      error only; oneDNN's fp32 path is not linked here)
- *   optimizer steps, the weights' EMA, bf16 conversion (also to and from
+ *   SGD and AdamW steps, the weights' EMA, bf16 conversion (also to and from
  *   channels-last), Swin windows,
  *   Swin's bias gather, patch merging, the token mean: bit-identical.
  *   Swin's bias scatter and V2 head normalization: fp32 as above; V2's
@@ -39,6 +39,8 @@
  *   talking heads      each step against models/talking_heads.c on the CPU's
  *                      inputs: rtol 1e-4, atol 2e-5 x the largest |value|;
  *                      LayerScale bit-identical
+ *   LARS and LAMB steps, gradient clipping: 1e-5 (1e-6) relative, their norms
+ *                      summed in another order than the CPU's
  *   attention          against a double-precision reference: rtol 1e-4,
  *                      atol 2e-5 x the tensor's largest |value|
  * This program links the CPU twins' objects, not libvisc.a (no oneDNN). */
@@ -377,7 +379,10 @@ static void check_bias_gelu(int64_t rows, int C) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
-/* ---- optimizers: three steps on a table of decayed and excluded tensors ---- */
+/* ---- optimizers: three steps on a table of decayed and excluded tensors ----
+ * SGD and AdamW: the CPU's bits. LARS and LAMB: their per-tensor norms add
+ * in another order than the CPU's, so a trust ratio may differ in its last
+ * bit: within 1e-5 relative (+1e-7) of the CPU's. */
 static void check_optimizer(visc_opt_kind kind, float momentum, int nesterov, int decay_all,
                             int64_t big_numel) {
     char name[160];
@@ -391,9 +396,11 @@ static void check_optimizer(visc_opt_kind kind, float momentum, int nesterov, in
     visc_table_add(&t, "odd.weight", 1, odd, 0);
     visc_table_alloc(&t);
     visc_opt_config cfg = visc_opt_defaults(kind);
-    cfg.momentum = momentum;
-    cfg.nesterov = nesterov;
-    cfg.weight_decay = kind == VISC_OPT_ADAMW ? 0.05f : 1e-4f;
+    if (kind == VISC_OPT_SGD || kind == VISC_OPT_LARS) {
+        cfg.momentum = momentum;
+        cfg.nesterov = nesterov;
+    }
+    cfg.weight_decay = kind == VISC_OPT_ADAMW ? 0.05f : kind == VISC_OPT_LAMB ? 0.01f : 1e-4f;
     cfg.decay_norm_and_bias = decay_all;
     visc_optimizer o;
     visc_optimizer_init(&o, &cfg, &t);
@@ -409,6 +416,7 @@ static void check_optimizer(visc_opt_kind kind, float momentum, int nesterov, in
     if (!go) die_cuda("optimizer create");
     const float lrs[3] = {0.1f, 0.05f, 0.0123f};
     for (int s = 0; s < 3; s++) {
+        /* LAMB: gradients large enough for its clip to its max_grad_norm */
         float *g = random_floats(total, -0.5f, 0.5f);
         if (visc_cuda_upload(ctx, d_g, g, sizeof(float) * total)) die_cuda("upload");
         launched(visc_cuda_optim_step(go, d_p, d_g, d_state, lrs[s], o.step), "optimizer step");
@@ -416,15 +424,20 @@ static void check_optimizer(visc_opt_kind kind, float momentum, int nesterov, in
         free(g);
     }
     float *h_p = down(d_p, total), *h_state = down(d_state, state_n);
-    snprintf(name, sizeof name, "%s%s%s%s step x3 over %zu floats: params bit-identical",
-             visc_opt_kind_name(kind), momentum != 0.0f && kind == VISC_OPT_SGD ? " momentum" : "",
-             nesterov ? " nesterov" : "", decay_all ? " decay-norm-bias" : "", total);
-    expect_bits(name, h_p, t.data, total, sizeof(float));
-    snprintf(name, sizeof name, "%s%s%s step x3: state bit-identical", visc_opt_kind_name(kind),
-             momentum != 0.0f && kind == VISC_OPT_SGD ? " momentum" : "",
-             nesterov ? " nesterov" : "");
-    if (kind == VISC_OPT_ADAMW || momentum != 0.0f)
-        expect_bits(name, h_state, o.state, state_n, sizeof(float));
+    const int exact = kind == VISC_OPT_SGD || kind == VISC_OPT_ADAMW;
+    const int has_momentum = (kind == VISC_OPT_SGD || kind == VISC_OPT_LARS) && momentum != 0.0f;
+    snprintf(name, sizeof name, "%s%s%s%s step x3 over %zu floats: params %s",
+             visc_opt_kind_name(kind), has_momentum ? " momentum" : "", nesterov ? " nesterov" : "",
+             decay_all ? " decay-norm-bias" : "", total, exact ? "bit-identical" : "within 1e-5");
+    if (exact) expect_bits(name, h_p, t.data, total, sizeof(float));
+    else expect_close(name, h_p, t.data, total, 1e-7, 1e-5);
+    snprintf(name, sizeof name, "%s%s%s step x3: state %s", visc_opt_kind_name(kind),
+             has_momentum ? " momentum" : "", nesterov ? " nesterov" : "",
+             exact ? "bit-identical" : "within 1e-5");
+    if (o.slots == 2 || has_momentum) {
+        if (exact) expect_bits(name, h_state, o.state, state_n, sizeof(float));
+        else expect_close(name, h_state, o.state, state_n, 1e-7, 1e-5);
+    }
     visc_cuda_optim_destroy(go);
     visc_cuda_free(ctx, d_p);
     visc_cuda_free(ctx, d_g);
@@ -454,21 +467,20 @@ static void check_ema(size_t n, float decay) {
     free(got);
 }
 
-static void check_optimizer_refuses_lamb(void) {
-    visc_table t;
-    visc_table_init(&t);
-    const int64_t w[1] = {8};
-    visc_table_add(&t, "w", 1, w, 0);
-    visc_table_alloc(&t);
-    visc_opt_config cfg = visc_opt_defaults(VISC_OPT_LAMB);
-    visc_optimizer o;
-    visc_optimizer_init(&o, &cfg, &t);
-    visc_cuda_optim *go = visc_cuda_optim_create(ctx, &o);
-    report("lamb has no CUDA step yet: refused with a message", go ? 1 : 0, 1, 0, 0, 0, 0.0);
-    if (!go) printf("     (%s)\n", visc_last_error());
-    visc_cuda_optim_destroy(go);
-    visc_optimizer_free(&o);
-    visc_table_free(&t);
+/* --clip-grad: the norm over the whole buffer in clip.c's chunks; scaled
+ * (max_norm below the norm) or left alone (above it). */
+static void check_clip(size_t n, float max_norm) {
+    char name[128];
+    float *g = random_floats(n, -1, 1);
+    float *d_g = up(g, sizeof(float) * n);
+    const float norm = visc_clip_grad_norm(g, n, max_norm);
+    launched(visc_cuda_clip_grad_norm(ctx, d_g, n, max_norm), "gradient clipping");
+    float *got = down(d_g, n);
+    snprintf(name, sizeof name, "clip [%zu] to %g (norm %.4g): within 1e-6", n, max_norm, norm);
+    expect_close(name, got, g, n, 0.0, 1e-6);
+    visc_cuda_free(ctx, d_g);
+    free(g);
+    free(got);
 }
 
 /* ---- fp32 <-> bf16 ---- */
@@ -1746,7 +1758,12 @@ static void group_optim(void) {
     check_optimizer(VISC_OPT_SGD, 0.0f, 0, 0, 40000);
     /* A ViT-S sized buffer (22M parameters in one tensor here): 1343 pieces. */
     check_optimizer(VISC_OPT_ADAMW, 0.0f, 0, 0, 22000000);
-    check_optimizer_refuses_lamb();
+    check_optimizer(VISC_OPT_LARS, 0.9f, 0, 0, 40000);
+    check_optimizer(VISC_OPT_LARS, 0.9f, 1, 1, 40000);
+    check_optimizer(VISC_OPT_LAMB, 0.0f, 0, 0, 40000);
+    check_optimizer(VISC_OPT_LAMB, 0.0f, 0, 1, 40000);
+    check_clip(((size_t)1 << 20) + 3, 1.0f); /* norm ~590: scaled */
+    check_clip(1000, 1e6f);                  /* left alone */
     check_ema(((size_t)1 << 20) + 7, 0.999f);
     check_ema(1000, 0.99f);
 }
