@@ -86,11 +86,12 @@ visc_cuda *visc_cuda_open(int dev);
 void visc_cuda_close(visc_cuda *ctx);
 /* Waits for the queued work; -1 if any of it failed. */
 int visc_cuda_sync(visc_cuda *ctx);
-/* The precision of the context's products (fp32 until set): with on = 1
- * the linear layers (linear.cu) and the fp32 NCHW convolutions (conv.cu)
- * multiply bf16 copies of their operands with fp32 accumulation, their
- * inputs and outputs staying fp32 tensors in the model's layout. */
+/* The precision of the context's linear layers (linear.cu; fp32 until
+ * set): with on = 1 they multiply bf16 copies of their operands with fp32
+ * accumulation, their tensors staying fp32. The engine's GPU layers also
+ * pick their convolutions' form from it (VISC_CUDA_CONV_F32_NCHW_BF16). */
 void visc_cuda_set_bf16(visc_cuda *ctx, int on);
+int visc_cuda_bf16(const visc_cuda *ctx);
 
 void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes); /* NULL with the error set */
 /* Device memory in use on the context's device (all processes), in bytes. */
@@ -221,15 +222,20 @@ int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
  * as visc_conv2d), computed with FMA math only, never TF32, so it agrees
  * with the CPU to fp32 rounding; and bf16 channels-last (x [N, H, W, C],
  * w [K, R, S, C], y [N, P, Q, K]) with fp32 accumulation on tensor cores.
- * With visc_cuda_set_bf16 on, the fp32 NCHW form runs as the bf16 one on
- * channels-last bf16 copies of its operands (in the scratch), its results
- * converted back: fp32 tensors holding bf16-rounded values.
+ * A third form has the first one's fp32 NCHW tensors and the second one's
+ * products: it runs as the bf16 form on channels-last bf16 copies of its
+ * operands (in the scratch), its results converted back (fp32 tensors
+ * holding bf16-rounded values).
  * P = (H + 2 pad - R) / stride + 1, likewise Q. The algorithm of each
  * direction is cuDNN's first deterministic heuristic choice that fits the
  * workspace, cached per shape with its descriptors (the context keeps the
  * 64 most recent shapes); the workspace is the context's, grown on the
  * first use of a shape. cuDNN is opened (dlopen) by the first call. */
-typedef enum { VISC_CUDA_CONV_F32_NCHW = 0, VISC_CUDA_CONV_BF16_NHWC = 1 } visc_cuda_conv_type;
+typedef enum {
+    VISC_CUDA_CONV_F32_NCHW = 0,
+    VISC_CUDA_CONV_BF16_NHWC = 1,
+    VISC_CUDA_CONV_F32_NCHW_BF16 = 2 /* fp32 NCHW tensors, bf16 products */
+} visc_cuda_conv_type;
 typedef struct {
     int N, C, H, W; /* input */
     int K, R, S;    /* output channels, kernel height, width */

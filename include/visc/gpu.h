@@ -47,9 +47,10 @@ int visc_gpu_run_device(const visc_train_config *c, int world, int *index);
  * no such device). */
 visc_cuda *visc_gpu_open(int index);
 void visc_gpu_close(visc_cuda *ctx);
-/* The precision of the linear layers' products on this GPU, with nn.h's
- * meaning (bf16: operands rounded to bf16, fp32 accumulation and outputs);
- * fp32 until set. Unlike the CPU's, bf16 is always there. */
+/* The precision of the products on this GPU (fp32 until set). bf16: the
+ * linear layers' operands rounded to bf16, fp32 accumulation and outputs,
+ * as nn.h's bf16 mode; the models' convolutions too (their results then
+ * bf16-rounded, cuDNN's bf16 form). Unlike the CPU's, bf16 is always there. */
 void visc_gpu_set_precision(visc_cuda *ctx, visc_precision p);
 /* Waits for the queued work; -1 with the error if any of it failed. */
 int visc_gpu_sync(visc_cuda *ctx);

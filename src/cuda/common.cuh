@@ -23,7 +23,7 @@ struct visc_cuda {
     void *workspace;     /* cuBLASLt's, VISC_CUDA_WORKSPACE bytes */
     void *scratch;       /* partial sums, grown by visc_cuda_scratch */
     size_t scratch_bytes;
-    int bf16; /* visc_cuda_set_bf16 */
+    int bf16; /* the linear layers' precision: visc_cuda_set_bf16 */
     struct visc_conv_state *conv; /* cuDNN handle, plans, workspace (conv.cu), or NULL */
     struct visc_attn_state *attn; /* attention backward's workspace (attention.cu), or NULL */
 };

@@ -164,6 +164,7 @@ int visc_cuda_bf16_scratch(visc_cuda *ctx, uint16_t **copies, const size_t *coun
 }
 
 void visc_cuda_set_bf16(visc_cuda *ctx, int on) { ctx->bf16 = on != 0; }
+int visc_cuda_bf16(const visc_cuda *ctx) { return ctx->bf16; }
 
 __global__ void add_partials_kernel(float *out, const float *part, int chunks, int stride, int C) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;

@@ -84,7 +84,8 @@ static int out_size(int in, int k, int stride, int pad) { return (in + 2 * pad -
 static int shape_check(const visc_cuda_conv_shape *s) {
     if (!s || s->N <= 0 || s->C <= 0 || s->H <= 0 || s->W <= 0 || s->K <= 0 || s->R <= 0 ||
         s->S <= 0 || s->stride <= 0 || s->pad < 0 ||
-        (s->type != VISC_CUDA_CONV_F32_NCHW && s->type != VISC_CUDA_CONV_BF16_NHWC))
+        (s->type != VISC_CUDA_CONV_F32_NCHW && s->type != VISC_CUDA_CONV_BF16_NHWC &&
+         s->type != VISC_CUDA_CONV_F32_NCHW_BF16))
         return visc_set_error("convolution: bad shape");
     if (s->H + 2 * s->pad < s->R || s->W + 2 * s->pad < s->S)
         return visc_set_error("convolution: kernel %dx%d larger than the padded %dx%d input", s->R,
@@ -234,7 +235,7 @@ static conv_plan *prepare(visc_cuda *ctx, const visc_cuda_conv_shape *s, int dir
     return p;
 }
 
-/* ---- fp32 NCHW tensors, bf16 products (visc_cuda_set_bf16) ----
+/* ---- fp32 NCHW tensors, bf16 products (VISC_CUDA_CONV_F32_NCHW_BF16) ----
  * Direction dir's two operands a, b (forward: x, w; backward-data: dy, w;
  * backward-weights: x, dy) are copied to channels-last bf16 in the
  * scratch, the bf16 form runs on the copies, and its result is converted
@@ -244,10 +245,6 @@ typedef struct {
 } dims3;
 
 static size_t dims_count(dims3 d) { return (size_t)d.n * d.c * d.hw; }
-
-static int mixed(const visc_cuda *ctx, const visc_cuda_conv_shape *s) {
-    return s->type == VISC_CUDA_CONV_F32_NCHW && ctx->bf16;
-}
 
 static int mixed_run(visc_cuda *ctx, const visc_cuda_conv_shape *s, int dir, float *out,
                      const float *a, const float *b, float beta) {
@@ -276,7 +273,7 @@ static int mixed_run(visc_cuda *ctx, const visc_cuda_conv_shape *s, int dir, flo
 
 int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *y, const void *x,
                            const void *w) {
-    if (mixed(ctx, s))
+    if (s && s->type == VISC_CUDA_CONV_F32_NCHW_BF16)
         return mixed_run(ctx, s, FWD, (float *)y, (const float *)x, (const float *)w, 0.0f);
     visc_conv_state *st;
     conv_plan *p = prepare(ctx, s, FWD, &st);
@@ -290,7 +287,7 @@ int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *
 
 int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dx,
                                  const void *dy, const void *w) {
-    if (mixed(ctx, s))
+    if (s && s->type == VISC_CUDA_CONV_F32_NCHW_BF16)
         return mixed_run(ctx, s, BWD_DATA, (float *)dx, (const float *)dy, (const float *)w, 0.0f);
     visc_conv_state *st;
     conv_plan *p = prepare(ctx, s, BWD_DATA, &st);
@@ -304,7 +301,7 @@ int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, 
 
 int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dw,
                                     const void *x, const void *dy, float beta) {
-    if (mixed(ctx, s))
+    if (s && s->type == VISC_CUDA_CONV_F32_NCHW_BF16)
         return mixed_run(ctx, s, BWD_FILTER, (float *)dw, (const float *)x, (const float *)dy,
                          beta);
     visc_conv_state *st;

@@ -371,21 +371,17 @@ int visc_cuda_optim_step(visc_cuda_optim *o, float *params, const float *grads, 
     s.take_d = cfg->nesterov ? 1.0f : 0.0f;
     s.take_b = cfg->nesterov ? cfg->momentum : 1.0f;
     const float *ratio = NULL;
+    cudaStream_t st = o->ctx->stream;
     if (cfg->kind == VISC_OPT_LARS) {
-        lars_sums_kernel<<<o->num_pieces, OPT_THREADS, 0, o->ctx->stream>>>(o->sums, params, grads,
-                                                                            o->pieces, o->tensors);
-        lars_ratio_kernel<<<(o->num_tensors + 127) / 128, 128, 0, o->ctx->stream>>>(o->ratio,
-                                                                                    o->sums,
-                                                                                    o->tensors,
-                                                                                    o->num_tensors,
-                                                                                    cfg->trust_coef,
-                                                                                    cfg->eps,
-                                                                                    cfg->trust_clip,
-                                                                                    lr);
+        const int tensor_blocks = (o->num_tensors + 127) / 128;
+        lars_sums_kernel<<<o->num_pieces, OPT_THREADS, 0, st>>>(o->sums, params, grads, o->pieces,
+                                                                o->tensors);
+        lars_ratio_kernel<<<tensor_blocks, 128, 0, st>>>(o->ratio, o->sums, o->tensors,
+                                                         o->num_tensors, cfg->trust_coef, cfg->eps,
+                                                         cfg->trust_clip, lr);
         ratio = o->ratio;
     }
-    sgd_kernel<<<o->num_pieces, 256, 0, o->ctx->stream>>>(params, grads, state, o->pieces, ratio,
-                                                          s);
+    sgd_kernel<<<o->num_pieces, 256, 0, st>>>(params, grads, state, o->pieces, ratio, s);
     return visc_cuda_launched(cfg->kind == VISC_OPT_LARS ? "lars step" : "sgd step");
 }
 

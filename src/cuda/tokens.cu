@@ -45,33 +45,9 @@ __global__ void channel_sum_kernel(float *dbias, const float *dconv, int B, int 
     if (threadIdx.x == 0) dbias[c] = part[0];
 }
 
-/* The patch embedding's convolution stays fp32 in bf16 mode, as on the CPU
- * (whose bf16 mode is the linear layers'): the image's pixels keep their
- * precision. These run it with the context's bf16 products off. */
-static int patch_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, float *out,
-                              const float *image, const float *weight) {
-    const int bf16 = ctx->bf16;
-    ctx->bf16 = 0;
-    const int rc = visc_cuda_conv_forward(ctx, s, out, image, weight);
-    ctx->bf16 = bf16;
-    return rc;
-}
-
-static int patch_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *s,
-                                       float *dweight, const float *image, const float *dconv) {
-    const int bf16 = ctx->bf16;
-    ctx->bf16 = 0;
-    const int rc = visc_cuda_conv_backward_weights(ctx, s, dweight, image, dconv, 0.0f);
-    ctx->bf16 = bf16;
-    return rc;
-}
-
 static visc_cuda_conv_shape patch_conv(const visc_cuda_patch_shape *p) {
-    visc_cuda_conv_shape s = {p->B,     p->in_channels,
-                              p->image, p->image,
-                              p->C,     p->patch,
-                              p->patch, p->patch,
-                              0,        VISC_CUDA_CONV_F32_NCHW};
+    visc_cuda_conv_shape s = {p->B, p->in_channels, p->image, p->image, p->C, p->patch, p->patch,
+                              p->patch, 0, VISC_CUDA_CONV_F32_NCHW};
     return s;
 }
 
@@ -79,12 +55,11 @@ int visc_cuda_patch_embed_forward(visc_cuda *ctx, const visc_cuda_patch_shape *p
                                   float *conv_out, const float *image, const float *weight,
                                   const float *bias) {
     const visc_cuda_conv_shape s = patch_conv(p);
-    if (patch_conv_forward(ctx, &s, conv_out, image, weight)) return -1;
+    if (visc_cuda_conv_forward(ctx, &s, conv_out, image, weight)) return -1;
     const int L = (p->image / p->patch) * (p->image / p->patch);
     const size_t n = (size_t)p->B * L * p->C;
-    patch_tokens_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(tokens, conv_out, bias,
-                                                                           p->B, p->C, L, p->tokens,
-                                                                           p->first);
+    patch_tokens_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(
+        tokens, conv_out, bias, p->B, p->C, L, p->tokens, p->first);
     return visc_cuda_launched("patch embedding");
 }
 
@@ -93,13 +68,14 @@ int visc_cuda_patch_embed_backward(visc_cuda *ctx, const visc_cuda_patch_shape *
                                    const float *image) {
     const int L = (p->image / p->patch) * (p->image / p->patch);
     const size_t n = (size_t)p->B * L * p->C;
-    patch_grad_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(dconv, dtokens, p->B, p->C,
-                                                                         L, p->tokens, p->first);
+    patch_grad_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(dconv, dtokens, p->B,
+                                                                          p->C, L, p->tokens,
+                                                                          p->first);
     if (visc_cuda_launched("patch embedding backward")) return -1;
     channel_sum_kernel<<<p->C, 256, 0, ctx->stream>>>(dbias, dconv, p->B, p->C, L);
     if (visc_cuda_launched("patch embedding bias gradient")) return -1;
     const visc_cuda_conv_shape s = patch_conv(p);
-    return patch_conv_backward_weights(ctx, &s, dweight, image, dconv);
+    return visc_cuda_conv_backward_weights(ctx, &s, dweight, image, dconv, 0.0f);
 }
 
 __global__ void add_broadcast_kernel(float *x, const float *table, int B, int64_t NC) {
@@ -140,8 +116,8 @@ __global__ void scale_rows_kernel(float *out, const float *in, const float *keep
         out[e] = keep[e / per_sample] * in[e];
 }
 
-int visc_cuda_droppath_add_forward(visc_cuda *ctx, float *x, const float *branch, const float *keep,
-                                   int B, size_t per_sample) {
+int visc_cuda_droppath_add_forward(visc_cuda *ctx, float *x, const float *branch,
+                                   const float *keep, int B, size_t per_sample) {
     const size_t n = (size_t)B * per_sample;
     if (n == 0) return 0;
     droppath_add_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(x, branch, keep, B,

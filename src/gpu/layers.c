@@ -10,10 +10,12 @@ static void ok(int rc) {
     if (rc) visc_die("cuda: %s", visc_last_error());
 }
 #define RUN(call) ok(call)
+static int bf16_products(const visc_cuda *ctx) { return visc_cuda_bf16(ctx); }
 #else
 /* Unreachable (no model gets to a GPU without the backend); sizeof keeps
  * the call's arguments checked without referring to the backend. */
 #define RUN(call) ((void)sizeof(call), visc_die("a GPU layer in a visc without the CUDA backend"))
+static int bf16_products(const visc_cuda *ctx) { return (void)ctx, 0; }
 #endif
 
 void visc_gpu_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
@@ -40,7 +42,9 @@ void visc_gpu_clip_grad_norm(visc_cuda *ctx, float *grads, size_t n, float max_n
     RUN(visc_cuda_clip_grad_norm(ctx, grads, n, max_norm));
 }
 
-static visc_cuda_conv_shape conv_shape(const visc_conv2d *c) {
+/* The CUDA shape of a model's convolution: fp32 NCHW tensors, with bf16
+ * products under --precision bf16 (visc_gpu_set_precision). */
+static visc_cuda_conv_shape conv_shape(const visc_cuda *ctx, const visc_conv2d *c) {
     if (c->dilation != 1 || c->groups != 1 || c->has_bias || c->H != c->W || c->R != c->S)
         visc_die("cuda: convolution %dx%d (dilation %d, groups %d, bias %d) on %dx%d: only square, "
                  "undilated, ungrouped and bias-free ones are on the GPU",
@@ -54,19 +58,20 @@ static visc_cuda_conv_shape conv_shape(const visc_conv2d *c) {
                               .S = c->S,
                               .stride = c->stride,
                               .pad = c->pad,
-                              .type = VISC_CUDA_CONV_F32_NCHW};
+                              .type = bf16_products(ctx) ? VISC_CUDA_CONV_F32_NCHW_BF16
+                                                         : VISC_CUDA_CONV_F32_NCHW};
     return s;
 }
 
 void visc_gpu_conv2d_forward(visc_cuda *ctx, const visc_conv2d *c, float *out, const float *in,
                              const float *weight) {
-    const visc_cuda_conv_shape s = conv_shape(c);
+    const visc_cuda_conv_shape s = conv_shape(ctx, c);
     RUN(visc_cuda_conv_forward(ctx, &s, out, in, weight));
 }
 
 void visc_gpu_conv2d_backward(visc_cuda *ctx, const visc_conv2d *c, float *din, float *dweight,
                               const float *dout, const float *in, const float *weight) {
-    const visc_cuda_conv_shape s = conv_shape(c);
+    const visc_cuda_conv_shape s = conv_shape(ctx, c);
     RUN(visc_cuda_conv_backward_weights(ctx, &s, dweight, in, dout, 0.0f));
     if (din) RUN(visc_cuda_conv_backward_data(ctx, &s, din, dout, weight));
 }

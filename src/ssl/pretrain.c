@@ -860,9 +860,8 @@ static char *describe(const visc_train_config *c, visc_precision precision) {
              "\"warmup_epochs\":%g,\"temperature\":%g,\"bank_size\":%lld,\"proj_dim\":%d,"
              "\"moco_momentum\":%g,\"momentum_cosine\":%d,\"fresh_key_head\":%d,\"symmetric\":%d,"
              "\"gather\":%d,"
-             "\"aug\":\"%s\",\"image_size\":%d,\"seed\":%llu,\"preset\":\"%s\",\"precision\":\"%"
-             "s\","
-             "\"device\":\"%s\"}",
+             "\"aug\":\"%s\",\"image_size\":%d,\"seed\":%llu,\"preset\":\"%s\","
+             "\"precision\":\"%s\",\"device\":\"%s\"}",
              c->ssl.method, c->model.arch, c->data_dir, c->epochs, c->batch_size, c->opt,
              (double)c->lr, (double)c->min_lr, (double)c->momentum, (double)c->weight_decay,
              (double)c->warmup_epochs, (double)c->ssl.temperature, (long long)c->ssl.bank_size,

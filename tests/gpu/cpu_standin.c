@@ -146,7 +146,7 @@ int visc_cuda_copy(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
 
 /* ---- convolutions: visc_conv2d per shape ---- */
 static conv_entry *conv_for(visc_cuda *ctx, const visc_cuda_conv_shape *s) {
-    if (s->type != VISC_CUDA_CONV_F32_NCHW) {
+    if (s->type == VISC_CUDA_CONV_BF16_NHWC) {
         visc_set_error("the stand-in has fp32 NCHW convolutions only");
         return NULL;
     }
@@ -167,7 +167,7 @@ static conv_entry *conv_for(visc_cuda *ctx, const visc_cuda_conv_shape *s) {
     return e;
 }
 
-/* bf16 products (visc_cuda_set_bf16), as the GPU computes them: the
+/* bf16 products (VISC_CUDA_CONV_F32_NCHW_BF16), as the GPU computes them: the
  * operands rounded to bf16, fp32 accumulation, the result rounded to bf16
  * (cuDNN's bf16 form writes bf16), all held in fp32. */
 static const float *rounded(float *dst, const float *src, size_t n) {
@@ -176,6 +176,10 @@ static const float *rounded(float *dst, const float *src, size_t n) {
 }
 
 static void round_in_place(float *x, size_t n) { rounded(x, x, n); }
+
+static int bf16_products(const conv_entry *e) {
+    return e->key.type == VISC_CUDA_CONV_F32_NCHW_BF16;
+}
 
 static size_t conv_in(const conv_entry *e) {
     return (size_t)e->key.N * e->key.C * e->key.H * e->key.W;
@@ -191,12 +195,12 @@ int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *
                            const void *w) {
     conv_entry *e = conv_for(ctx, s);
     if (!e) return -1;
-    if (ctx->bf16) {
+    if (bf16_products(e)) {
         x = rounded(e->scratch_in, x, conv_in(e));
         w = rounded(e->scratch_w, w, conv_weights(e));
     }
     visc_conv2d_forward(&e->op, y, x, w, NULL);
-    if (ctx->bf16) round_in_place(y, conv_out(e));
+    if (bf16_products(e)) round_in_place(y, conv_out(e));
     return 0;
 }
 
@@ -204,14 +208,14 @@ int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *
                                     const void *x, const void *dy, float beta) {
     conv_entry *e = conv_for(ctx, s);
     if (!e) return -1;
-    if (ctx->bf16) {
+    if (bf16_products(e)) {
         x = rounded(e->scratch_in, x, conv_in(e));
         dy = rounded(e->scratch_dy, dy, conv_out(e));
     }
     const size_t nw = conv_weights(e);
     float *out = beta != 0.0f ? e->scratch_dw : dw; /* beta: dw = beta dw + the gradient */
     visc_conv2d_backward(&e->op, NULL, out, NULL, dy, x, NULL);
-    if (ctx->bf16) round_in_place(out, nw);
+    if (bf16_products(e)) round_in_place(out, nw);
     if (beta != 0.0f)
         for (size_t i = 0; i < nw; i++) ((float *)dw)[i] = beta * ((float *)dw)[i] + out[i];
     return 0;
@@ -224,12 +228,12 @@ int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, 
                                  const void *dy, const void *w) {
     conv_entry *e = conv_for(ctx, s);
     if (!e) return -1;
-    if (ctx->bf16) {
+    if (bf16_products(e)) {
         dy = rounded(e->scratch_dy, dy, conv_out(e));
         w = rounded(e->scratch_w, w, conv_weights(e));
     }
     visc_conv2d_backward(&e->op, dx, e->scratch_dw, NULL, dy, e->scratch_in, w);
-    if (ctx->bf16) round_in_place(dx, conv_in(e));
+    if (bf16_products(e)) round_in_place(dx, conv_in(e));
     return 0;
 }
 
@@ -349,10 +353,11 @@ int visc_cuda_add_relu(visc_cuda *ctx, float *out, const float *identity, size_t
 }
 
 /* bf16: the CPU's bf16 products, falling back to fp32 for a shape without
- * bf16 kernels exactly as the CPU's visc_linear_* do in bf16 mode (the
- * trainer keeps the host in fp32 on a GPU run, so the context's setting
- * alone decides here, as on a GPU). */
+ * bf16 kernels exactly as the CPU's visc_linear_* do in bf16 mode. The
+ * context's setting alone decides, as on a GPU: the fallback's result is
+ * fp32 whatever the host's precision is. */
 void visc_cuda_set_bf16(visc_cuda *ctx, int on) { ctx->bf16 = on != 0; }
+int visc_cuda_bf16(const visc_cuda *ctx) { return ctx->bf16; }
 
 int visc_cuda_linear_forward(visc_cuda *ctx, float *out, const float *in, const float *weight,
                              const float *bias, int N, int in_features, int out_features) {

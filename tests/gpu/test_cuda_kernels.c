@@ -734,10 +734,11 @@ static void expect_conv(const char *name, const float *g, const double *want, co
     report(name, bad, n, worst, n ? g[worst] : 0, n ? want[worst] : 0, worst_ratio);
 }
 
-/* Device copy of an NCHW host tensor in the layout and type of `type`. */
+/* Device copy of an NCHW host tensor in the layout and type of `type`
+ * (fp32 NCHW but for the bf16 channels-last form). */
 static void *up_conv(const float *host, int N, int C, int HW, visc_cuda_conv_type type) {
     const size_t n = (size_t)N * C * HW;
-    if (type == VISC_CUDA_CONV_F32_NCHW) return up(host, sizeof(float) * n);
+    if (type != VISC_CUDA_CONV_BF16_NHWC) return up(host, sizeof(float) * n);
     float *t = malloc(sizeof(float) * n);
     uint16_t *b = malloc(sizeof(uint16_t) * n);
     to_nhwc(t, host, N, C, HW);
@@ -750,7 +751,7 @@ static void *up_conv(const float *host, int N, int C, int HW, visc_cuda_conv_typ
 /* The device tensor back in NCHW fp32. */
 static float *down_conv(const void *d, int N, int C, int HW, visc_cuda_conv_type type) {
     const size_t n = (size_t)N * C * HW;
-    if (type == VISC_CUDA_CONV_F32_NCHW) return down(d, n);
+    if (type != VISC_CUDA_CONV_BF16_NHWC) return down(d, n);
     uint16_t *b = malloc(sizeof(uint16_t) * n);
     if (visc_cuda_download(ctx, b, d, sizeof(uint16_t) * n)) die_cuda("download");
     float *t = malloc(sizeof(float) * n), *out = malloc(sizeof(float) * n);
@@ -809,15 +810,15 @@ static void check_layout(int N, int C, int HW) {
  * |terms| (fp32 accumulation), against the product of the same bf16
  * operands. */
 static void check_conv(const char *what, int N, int C, int H, int W, int K, int R, int stride,
-                       int pad, visc_cuda_conv_type type, int bf16_products) {
+                       int pad, visc_cuda_conv_type type) {
     char name[200];
     conv_dims d = {N, C, H, W, K, R, R, stride, pad, 0, 0};
     d.P = (H + 2 * pad - R) / stride + 1;
     d.Q = (W + 2 * pad - R) / stride + 1;
     const size_t nx = (size_t)N * C * H * W, nw = (size_t)K * C * R * R;
     const size_t ny = (size_t)N * K * d.P * d.Q;
-    /* bf16_products: fp32 NCHW tensors, bf16 products (visc_cuda_set_bf16) */
-    const int bf16 = type == VISC_CUDA_CONV_BF16_NHWC || bf16_products;
+    /* bf16 products: the bf16 form, or fp32 NCHW tensors with bf16 products */
+    const int bf16 = type != VISC_CUDA_CONV_F32_NCHW;
     float *x = random_floats(nx, -1, 1), *w = random_floats(nw, -1, 1);
     float *dy = random_floats(ny, -1, 1);
     if (bf16) { /* the reference multiplies the operands the GPU sees */
@@ -839,7 +840,6 @@ static void check_conv(const char *what, int N, int C, int H, int W, int K, int 
     void *nan_bits = memset(malloc(elem * nw), 0xff, elem * nw);
     if (visc_cuda_upload(ctx, d_dw, nan_bits, elem * nw)) die_cuda("upload");
     free(nan_bits);
-    visc_cuda_set_bf16(ctx, bf16_products);
     launched(visc_cuda_conv_forward(ctx, &s, d_y, d_x, d_w), "convolution forward");
     launched(visc_cuda_conv_backward_data(ctx, &s, d_dx, d_dy, d_w), "convolution backward-data");
     launched(visc_cuda_conv_backward_weights(ctx, &s, d_dw, d_x, d_dy, 0.0f),
@@ -848,7 +848,7 @@ static void check_conv(const char *what, int N, int C, int H, int W, int K, int 
     float *h_dw = down_conv(d_dw, K, C, R * R, type);
     const double amag = bf16 ? 2e-4 : 3e-5, rtol = bf16 ? 8e-3 : 0.0;
     const char *form = type == VISC_CUDA_CONV_BF16_NHWC ? "bf16 NHWC"
-                       : bf16_products                  ? "fp32 NCHW, bf16 products"
+                       : bf16                           ? "fp32 NCHW, bf16 products"
                                                         : "fp32 NCHW";
     snprintf(name, sizeof name, "conv %s %s: N %d C %d %dx%d K %d %dx%d/%d pad %d: forward", what,
              form, N, C, H, W, K, R, R, stride, pad);
@@ -860,7 +860,6 @@ static void check_conv(const char *what, int N, int C, int H, int W, int K, int 
     /* beta 1 adds the gradient to what dw holds: twice the gradient now */
     launched(visc_cuda_conv_backward_weights(ctx, &s, d_dw, d_x, d_dy, 1.0f),
              "convolution backward-weights, beta 1");
-    visc_cuda_set_bf16(ctx, 0);
     float *h_dw2 = down_conv(d_dw, K, C, R * R, type);
     for (size_t i = 0; i < nw; i++) dw[i] *= 2, dw_mag[i] *= 2;
     snprintf(name, sizeof name, "conv %s %s: backward-weights accumulated (beta 1)", what, form);
@@ -1849,16 +1848,16 @@ static void group_swin(void) {
 
 static void group_conv(void) {
     /* fp32; bf16 channels-last; fp32 NCHW tensors with bf16 products */
+    const visc_cuda_conv_type types[3] = {VISC_CUDA_CONV_F32_NCHW, VISC_CUDA_CONV_BF16_NHWC,
+                                          VISC_CUDA_CONV_F32_NCHW_BF16};
     for (int t = 0; t < 3; t++) {
-        const visc_cuda_conv_type type =
-            t == 1 ? VISC_CUDA_CONV_BF16_NHWC : VISC_CUDA_CONV_F32_NCHW;
-        const int mixed = t == 2;
-        check_conv("ResNet stage 1, 3x3", 2, 64, 56, 56, 64, 3, 1, 1, type, mixed);
-        check_conv("ResNet downsample, 1x1/2", 2, 64, 56, 56, 128, 1, 2, 0, type, mixed);
-        check_conv("ResNet stage 2 entry, 3x3/2", 2, 64, 56, 56, 128, 3, 2, 1, type, mixed);
-        check_conv("ResNet stem, 7x7/2", 2, 3, 224, 224, 64, 7, 2, 3, type, mixed);
-        check_conv("CIFAR stem, 3x3", 4, 3, 32, 32, 64, 3, 1, 1, type, mixed);
-        check_conv("odd sizes", 3, 5, 13, 11, 7, 3, 2, 1, type, mixed);
+        const visc_cuda_conv_type type = types[t];
+        check_conv("ResNet stage 1, 3x3", 2, 64, 56, 56, 64, 3, 1, 1, type);
+        check_conv("ResNet downsample, 1x1/2", 2, 64, 56, 56, 128, 1, 2, 0, type);
+        check_conv("ResNet stage 2 entry, 3x3/2", 2, 64, 56, 56, 128, 3, 2, 1, type);
+        check_conv("ResNet stem, 7x7/2", 2, 3, 224, 224, 64, 7, 2, 3, type);
+        check_conv("CIFAR stem, 3x3", 4, 3, 32, 32, 64, 3, 1, 1, type);
+        check_conv("odd sizes", 3, 5, 13, 11, 7, 3, 2, 1, type);
     }
     /* A bad shape is refused before cuDNN is asked (no pointer is read). */
     const visc_cuda_conv_shape bad = {1, 3, 8, 8, 4, 3, 3, 0, 1, VISC_CUDA_CONV_F32_NCHW};
