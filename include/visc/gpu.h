@@ -13,7 +13,9 @@
  * each layer call goes to its twin here when m->cuda is set (models/resnet.c).
  * The host side of a step stays as it is: the batch is uploaded by forward,
  * the logits come back to the host (the loss and accuracy are computed
- * there, a few kilobytes a step), and backward uploads their gradient.
+ * there, a few kilobytes a step), and backward uploads their gradient. A
+ * caller that keeps batch and loss on the device sets m->io_on_device
+ * (model.h) and computes the loss with visc_gpu_softmax_xent.
  *
  * tests/gpu/cpu_standin.c implements the backend's calls with the CPU
  * layers, so that CI runs all of this (and must get the CPU's bits).
@@ -92,6 +94,12 @@ void visc_gpu_zero(visc_cuda *ctx, float *p, size_t count);
 void visc_gpu_copy(visc_cuda *ctx, float *dst, const float *src, size_t count);
 /* ema = decay * ema + (1 - decay) * params, as visc_ema_update */
 void visc_gpu_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t n, float decay);
+/* visc_softmax_xent_forward then _backward on the device: the mean loss
+ * into *loss (one device float: nothing waits for it), probs [N, K] and
+ * dlogits [N, K] from logits and labels [N] (device int32). */
+void visc_gpu_softmax_xent(visc_cuda *ctx, float *loss, float *probs, float *dlogits,
+                           const float *logits, const int32_t *labels, int N, int K,
+                           float smoothing);
 /* As visc_clip_grad_norm (--clip-grad), on the device. */
 void visc_gpu_clip_grad_norm(visc_cuda *ctx, float *grads, size_t n, float max_norm);
 void visc_gpu_conv2d_forward(visc_cuda *ctx, const visc_conv2d *c, float *out, const float *in,

@@ -88,6 +88,13 @@ struct visc_model {
      * dlogits (dfeatures) from the host. */
     visc_cuda *cuda;
     float *dev_params, *dev_grads, *dev_buffers;
+    /* Set by a caller that keeps its batch and its loss on the GPU
+     * (bench_train, as PyTorch's benchmark does): forward's x and
+     * backward's dlogits (dfeatures) are then device pointers, and forward
+     * leaves logits and features on the device only (nothing crosses the
+     * bus). Either way forward points these at the device's copies. */
+    int io_on_device;
+    const float *dev_logits, *dev_features;
     /* The architecture's GPU path: moves its activations to m->cuda (the
      * device copies are made already); NULL where there is none yet. */
     int (*to_cuda)(visc_model *m);

@@ -38,6 +38,13 @@ void visc_gpu_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t
     RUN(visc_cuda_ema_update(ctx, ema, params, n, decay));
 }
 
+void visc_gpu_softmax_xent(visc_cuda *ctx, float *loss, float *probs, float *dlogits,
+                           const float *logits, const int32_t *labels, int N, int K,
+                           float smoothing) {
+    RUN(visc_cuda_softmax_xent_forward(ctx, loss, probs, logits, labels, N, K, smoothing));
+    RUN(visc_cuda_softmax_xent_backward(ctx, dlogits, probs, labels, N, K, smoothing));
+}
+
 void visc_gpu_clip_grad_norm(visc_cuda *ctx, float *grads, size_t n, float max_norm) {
     RUN(visc_cuda_clip_grad_norm(ctx, grads, n, max_norm));
 }

@@ -12,9 +12,11 @@
 #include "visc/nn.h"
 #include "visc/tokens.h"
 
-/* Host memory into the arena (a batch, an incoming gradient). */
+/* The caller's memory into the arena (a batch, an incoming gradient): the
+ * host's, or the device's where the caller keeps it there (io_on_device). */
 static inline void md_take_in(visc_model *m, float *dst, const float *src, size_t n) {
-    if (m->cuda) visc_gpu_upload(m->cuda, dst, src, n * sizeof(float));
+    if (m->cuda && m->io_on_device) visc_gpu_copy(m->cuda, dst, src, n);
+    else if (m->cuda) visc_gpu_upload(m->cuda, dst, src, n * sizeof(float));
     else memcpy(dst, src, n * sizeof(float));
 }
 
@@ -33,7 +35,7 @@ static inline void md_zero(visc_model *m, float *p, size_t n) {
  * itself is. NULL stays NULL. */
 static inline const float *md_from_host(visc_model *m, float *device_buf, const float *host,
                                         size_t n) {
-    if (!m->cuda || !host) return host;
+    if (!m->cuda || !host || m->io_on_device) return host; /* already the device's */
     visc_gpu_upload(m->cuda, device_buf, host, n * sizeof(float));
     return device_buf;
 }
@@ -149,9 +151,13 @@ static inline void md_relu_backward(visc_model *m, float *din, const float *dout
     else visc_relu_backward(din, dout, out, n);
 }
 
-/* The host's copies of what forward leaves for the host (logits, features). */
+/* The host's copies of what forward leaves for the host (m->logits,
+ * m->features), unless the caller reads them on the device. */
 static inline void md_give_out(visc_model *m, float *host, const float *arena, size_t n) {
-    if (m->cuda) visc_gpu_download(m->cuda, host, arena, n * sizeof(float));
+    if (!m->cuda) return;
+    if (host == m->logits) m->dev_logits = arena;
+    else if (host == m->features) m->dev_features = arena;
+    if (!m->io_on_device) visc_gpu_download(m->cuda, host, arena, n * sizeof(float));
 }
 
 #endif

@@ -376,6 +376,20 @@ int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float 
     return 0;
 }
 
+int visc_cuda_softmax_xent_forward(visc_cuda *ctx, float *loss, float *probs, const float *logits,
+                                   const int32_t *labels, int N, int K, float smoothing) {
+    (void)ctx;
+    *loss = visc_softmax_xent_forward(probs, logits, labels, N, K, smoothing);
+    return 0;
+}
+
+int visc_cuda_softmax_xent_backward(visc_cuda *ctx, float *dlogits, const float *probs,
+                                    const int32_t *labels, int N, int K, float smoothing) {
+    (void)ctx;
+    visc_softmax_xent_backward(dlogits, probs, labels, N, K, smoothing);
+    return 0;
+}
+
 /* ---- the token layers ---- */
 int visc_cuda_layernorm_forward(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
                                 const float *in, const float *gamma, const float *beta,

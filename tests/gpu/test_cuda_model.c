@@ -223,6 +223,85 @@ done:
     free(labels);
 }
 
+/* m->io_on_device, bench_train's setting: the batch, the labels, the loss
+ * (visc_gpu_softmax_xent) and dlogits on the device, nothing over the bus.
+ * One training step must be the host-fed step, and forward must leave the
+ * host's logits alone. */
+static void check_device_io(visc_cuda *ctx, const char *name, int image, int channels, int classes,
+                            int batch) {
+    visc_set_matmul_precision(VISC_PRECISION_FP32);
+    visc_gpu_set_precision(ctx, VISC_PRECISION_FP32);
+    tol_scale = 1.0;
+    same_products = 1;
+    char arch[96];
+    snprintf(arch, sizeof arch, "%s, batch and loss on the device,", name);
+    visc_model_config cfg = {0};
+    snprintf(cfg.arch, sizeof cfg.arch, "%s", name);
+    cfg.num_classes = classes;
+    cfg.in_channels = channels;
+    cfg.image_size = image;
+    cfg.batch = batch;
+    visc_model *fed = visc_model_create(&cfg, 7), *kept = visc_model_create(&cfg, 7);
+    if (!fed || !kept || visc_model_to_gpu(fed, ctx) || visc_model_to_gpu(kept, ctx)) {
+        printf("FAIL %s cannot build or move the model: %s\n", arch, visc_last_error());
+        failed++;
+        if (fed) visc_model_destroy(fed);
+        if (kept) visc_model_destroy(kept);
+        return;
+    }
+    const size_t xn = (size_t)batch * channels * image * image, ln = (size_t)batch * classes;
+    const size_t P = fed->params.total;
+    float *x = malloc(xn * sizeof(float)), *probs = malloc(ln * sizeof(float));
+    float *dlogits = malloc(ln * sizeof(float)), *logits = malloc(ln * sizeof(float));
+    float *g_fed = malloc(P * sizeof(float)), *g_kept = malloc(P * sizeof(float));
+    int32_t *labels = malloc((size_t)batch * sizeof(int32_t));
+    fill(x, xn, 300);
+    for (int b = 0; b < batch; b++) labels[b] = (b * 3 + 1) % classes;
+    fed->noise_seed = kept->noise_seed = 5;
+    fed->forward(fed, x, 1);
+    const float loss = visc_softmax_xent_forward(probs, fed->logits, labels, batch, classes, 0.1f);
+    visc_softmax_xent_backward(dlogits, probs, labels, batch, classes, 0.1f);
+    fed->backward(fed, dlogits);
+
+    float *d_x = visc_gpu_alloc(ctx, xn * sizeof(float));
+    float *d_probs = visc_gpu_alloc(ctx, ln * sizeof(float));
+    float *d_dlogits = visc_gpu_alloc(ctx, ln * sizeof(float));
+    float *d_loss = visc_gpu_alloc(ctx, sizeof(float));
+    int32_t *d_labels = visc_gpu_alloc(ctx, (size_t)batch * sizeof(int32_t));
+    visc_gpu_upload(ctx, d_x, x, xn * sizeof(float));
+    visc_gpu_upload(ctx, d_labels, labels, (size_t)batch * sizeof(int32_t));
+    for (size_t i = 0; i < ln; i++) kept->logits[i] = -1.0f; /* must stay so */
+    kept->io_on_device = 1;
+    kept->forward(kept, d_x, 1);
+    visc_gpu_softmax_xent(ctx, d_loss, d_probs, d_dlogits, kept->dev_logits, d_labels, batch,
+                          classes, 0.1f);
+    kept->backward(kept, d_dlogits);
+    float loss_kept;
+    visc_gpu_download(ctx, &loss_kept, d_loss, sizeof loss_kept);
+    visc_gpu_download(ctx, logits, kept->dev_logits, ln * sizeof(float));
+    visc_gpu_download(ctx, g_fed, fed->dev_grads, P * sizeof(float));
+    visc_gpu_download(ctx, g_kept, kept->dev_grads, P * sizeof(float));
+    if (visc_gpu_sync(ctx)) {
+        printf("FAIL %s %s\n", arch, visc_last_error());
+        failed++;
+    } else {
+        expect_logits(arch, "training logits", logits, fed->logits, ln);
+        const double dl = fabs((double)loss_kept - loss);
+        result(dl <= LIMIT(1e-6) * fabs(loss), "difference %.3g (limit %.3g)", arch, "loss", dl,
+               LIMIT(1e-6) * fabs(loss));
+        expect_tables(arch, "gradients", &fed->params, g_kept, g_fed, LIMIT(1e-5));
+        size_t written = 0;
+        for (size_t i = 0; i < ln; i++) written += kept->logits[i] != -1.0f;
+        result(written == 0, "%.0f written (limit %.0f)", arch, "host logits", (double)written,
+               0.0);
+    }
+    visc_gpu_free(ctx, d_x), visc_gpu_free(ctx, d_probs), visc_gpu_free(ctx, d_dlogits);
+    visc_gpu_free(ctx, d_loss), visc_gpu_free(ctx, d_labels);
+    visc_model_destroy(fed);
+    visc_model_destroy(kept);
+    free(x), free(probs), free(dlogits), free(logits), free(g_fed), free(g_kept), free(labels);
+}
+
 int main(void) {
     int index = 0;
     /* The CPU's bf16 products also where it has no avx512_bf16 (it would
@@ -254,6 +333,9 @@ int main(void) {
     check_model(ctx, "swinv2_micro_patch2_window4_32", 32, 3, 10, 4, 0, 0.2f, bf16);
     /* talking heads, class attention, LayerScale */
     check_model(ctx, "cait_xxs24_224", 32, 3, 10, 2, 0, 0.1f, fp32);
+    check_device_io(ctx, "resnet20", 32, 3, 10, 16);
+    check_device_io(ctx, "vit_pico_patch4_28", 28, 1, 10, 8);
+    check_device_io(ctx, "swinv2_micro_patch2_window4_32", 32, 3, 10, 4);
     visc_gpu_close(ctx);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -5,7 +5,9 @@
 # and torch.compile (bench/torch_train_gpu.py: bf16 autocast, channels_last
 # for the CNNs) for ResNet-50 (batch 256, 224 px), ViT-S/16 (256), Swin-T
 # (256) and ResNet-18 with the CIFAR stem (512, 32 px), with each engine's
-# device memory. Writes $OUT/bench.md (the table, with the command and the
+# device memory. Both engines keep their fixed batch, labels and loss on the
+# device (bench_train: m->io_on_device), so the step is measured, not the
+# bus. Writes $OUT/bench.md (the table, with the command and the
 # machine) and prints it. Every run is bounded by the time left (BENCH_BUDGET
 # seconds, default 420); a run that does not finish is marked as such.
 #
