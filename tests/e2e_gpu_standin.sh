@@ -15,8 +15,6 @@
 #     --precision bf16 (the CPU's bf16 run), a Swin V2
 #     (windows, masks, merging, cosine attention, the bias MLP) and CaiT
 #     (talking heads, class attention, LayerScale): the same;
-#   - a ResNet in bf16 (its convolutions too, on the GPU only): 80 steps
-#     learn as the CPU's fp32 run does;
 #   - resume across devices: 10 steps on the GPU + 10 on the CPU, and
 #     10 on the CPU + 10 on the GPU, equal the 20 straight (model and
 #     checkpoint with its optimizer state, the config's device aside);
@@ -26,6 +24,10 @@
 #     SGD, and with its default LARS and --clip-grad), and
 #     a MoCo run resumed on the other device: the CPU's checkpoint;
 #   - the stand-in program's own model checks (test_gpu_standin).
+# The ResNets train on 200 CIFAR-10 JPEGs and evaluate on 100 (the GPU path
+# does not depend on the data; a small set keeps the sanitizer and
+# coverage passes short). That a ResNet in bf16 on the stand-in GPU learns
+# as the CPU's fp32 run does is e2e_gpu_standin_learns.sh.
 set -euo pipefail
 V=${VISC:-build/visc}
 source tests/lib.sh
@@ -39,7 +41,12 @@ export VISC_BF16_EMULATE=1
 "$build/tests/gpu/test_gpu_standin" | tail -1 | grep -q '^[0-9]* passed, 0 failed$' ||
     { "$build/tests/gpu/test_gpu_standin" | grep FAIL; exit 1; }
 
-common=(--model resnet14 --epochs 2 --batch-size 32 --print-freq 0 --no-progress --threads 2
+# 20 train / 10 test images of each CIFAR-10 class
+cifar_subset "$tmp/data" 20 10
+export VISC_CACHE_DIR="$tmp/cache"
+small=(--data "imagenet:$tmp/data" --model resnet14 --width 16 --input-size 32 --crop-pct 1
+       --workers 2)
+common=("${small[@]}" --epochs 2 --batch-size 20 --print-freq 0 --no-progress --threads 2
         --eval-interval 10)
 # A checkpoint's header (tensor names, shapes, offsets; the trainer state)
 # without the config text, which names the device, and a hash of its data.
@@ -125,19 +132,6 @@ cait=(--model cait_xxs24_224 --input-size 32 --opt adamw --lr 0.001 --epochs 1 -
 cmp "$tmp/cait-cpu/model_last.safetensors" "$tmp/cait-gpu/model_last.safetensors"
 echo "2 steps of cait_xxs24_224 on the stand-in GPU: the CPU's, bit for bit"
 
-# A ResNet in bf16 on the GPU also takes bf16 operands in its convolutions,
-# which the CPU's bf16 mode keeps fp32: no longer the CPU's bits, but it
-# must learn as the CPU does: 80 steps of each, the same test accuracy
-# within 5 points (61.7% and 62.1% on 2026-11-30), both past 55%.
-short=(--model resnet14 --epochs 2 --batch-size 32 --lr 0.05 --print-freq 0 --no-progress
-       --threads 2 --eval-interval 80 --max-steps 80)
-"$V" train "${short[@]}" --output "$tmp/r-fp32" >/dev/null
-"$G" train "${short[@]}" --precision bf16 --device cuda --output "$tmp/r-bf16" >/dev/null
-top1() { grep '"val_step"' "$1/log.jsonl" | tail -1 | sed 's/.*"top1":\([0-9.]*\).*/\1/'; }
-a=$(top1 "$tmp/r-fp32") b=$(top1 "$tmp/r-bf16")
-echo "80 steps of resnet14: test top-1 $a% in fp32 on the CPU, $b% in bf16 on the stand-in GPU"
-awk -v a="$a" -v b="$b" 'BEGIN { exit !(a >= 55 && b >= 55 && a - b <= 5 && b - a <= 5) }'
-
 # resume across devices
 for first in cpu gpu; do
     [ $first = cpu ] && { A=$V; B=$G; dev_a=cpu; dev_b=cuda; } || { A=$G; B=$V; dev_a=cuda; dev_b=cpu; }
@@ -151,18 +145,17 @@ for first in cpu gpu; do
 done
 
 # evaluation on the GPU
-cpu=$("$V" train --model resnet14 --weights "$tmp/cpu-sgd/model_last.safetensors" --evaluate --batch-size 500)
-gpu=$("$G" train --model resnet14 --weights "$tmp/cpu-sgd/model_last.safetensors" --evaluate \
-    --batch-size 500 --device cuda)
+cpu=$("$V" train "${small[@]}" --weights "$tmp/cpu-sgd/model_last.safetensors" --evaluate \
+    --batch-size 50)
+gpu=$("$G" train "${small[@]}" --weights "$tmp/cpu-sgd/model_last.safetensors" --evaluate \
+    --batch-size 50 --device cuda)
 echo "$gpu"
 [ "$cpu" = "$gpu" ]
 # a stand-in run can also fail: another seed gives another model
 "$G" train "${common[@]}" --max-steps 10 --seed 1 --device cuda --output "$tmp/seed1" >/dev/null
 ! cmp -s "$tmp/seed1/model_last.safetensors" "$tmp/x-gpu/model_last.safetensors"
 
-# --- pretraining: 20 train / 10 test images of each CIFAR-10 class ---
-cifar_subset "$tmp/data" 20 10
-export VISC_CACHE_DIR="$tmp/cache"
+# --- pretraining ---
 # a whole epoch (4 steps) with an EMA of the weights: the epoch's end
 # evaluates the EMA on the device (its weights swapped in), as on the CPU
 ema=(--data "imagenet:$tmp/data" --model resnet14 --width 16 --input-size 32 --crop-pct 1
@@ -194,13 +187,13 @@ for run in "moco" "moco --symmetric" "simclr --opt sgd --lr 0.1" "simclr --clip-
 done
 # --precision bf16 with a transformer encoder (its linear layers on the
 # GPU, the heads' on the host; a ResNet's convolutions would differ)
-vssl=(--model deit_tiny_patch4_32 --opt adamw --lr 0.001 --max-steps 12 --precision bf16)
+vssl=(--model vit_pico_patch4_28 --opt adamw --lr 0.001 --max-steps 12 --precision bf16)
 "$V" pretrain "${ssl[@]}" "${vssl[@]}" --output "$tmp/p-cpu-bf16" >/dev/null 2>&1
 "$G" pretrain "${ssl[@]}" "${vssl[@]}" --device cuda --output "$tmp/p-gpu-bf16" >/dev/null 2>&1
 cmp <(tensors "$tmp/p-cpu-bf16/checkpoint_last.safetensors") \
     <(tensors "$tmp/p-gpu-bf16/checkpoint_last.safetensors")
 grep -q '"precision":"bf16","device":"cuda"' "$tmp/p-gpu-bf16/log.jsonl"
-echo "pretrain moco deit_tiny_patch4_32 --precision bf16, 12 steps on the stand-in GPU: the CPU's checkpoint, bit for bit"
+echo "pretrain moco vit_pico_patch4_28 --precision bf16, 12 steps on the stand-in GPU: the CPU's checkpoint, bit for bit"
 "$G" pretrain "${ssl[@]}" --max-steps 7 --device cuda --output "$tmp/p-x" >/dev/null
 "$V" pretrain "${ssl[@]}" --max-steps 12 --output "$tmp/p-x" \
     --resume "$tmp/p-x/checkpoint_last.safetensors" >/dev/null
