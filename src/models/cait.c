@@ -400,8 +400,8 @@ static void cait_forward(visc_model *m, const float *x, int train) {
     }
     visc_tf_linear_forward(m, &c->head, c->logits, feat, B);
     /* the host's copies: the loss, the accuracy and SSL heads read them */
-    md_give_out(m, m->logits, c->logits, (size_t)B * m->cfg.num_classes);
-    md_give_out(m, m->features, c->feat, (size_t)B * C);
+    md_give_out(m, m->logits, &m->dev_logits, c->logits, (size_t)B * m->cfg.num_classes);
+    md_give_out(m, m->features, &m->dev_features, c->feat, (size_t)B * C);
 }
 
 /* ---- backward ---- */

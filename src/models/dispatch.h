@@ -151,12 +151,13 @@ static inline void md_relu_backward(visc_model *m, float *din, const float *dout
     else visc_relu_backward(din, dout, out, n);
 }
 
-/* The host's copies of what forward leaves for the host (m->logits,
- * m->features), unless the caller reads them on the device. */
-static inline void md_give_out(visc_model *m, float *host, const float *arena, size_t n) {
+/* What forward leaves for the caller (logits, features): on a GPU *dev
+ * points at the arena's copy, and the host's copy is downloaded unless the
+ * caller reads them on the device (io_on_device). */
+static inline void md_give_out(visc_model *m, float *host, const float **dev, const float *arena,
+                               size_t n) {
     if (!m->cuda) return;
-    if (host == m->logits) m->dev_logits = arena;
-    else if (host == m->features) m->dev_features = arena;
+    *dev = arena;
     if (!m->io_on_device) visc_gpu_download(m->cuda, host, arena, n * sizeof(float));
 }
 

@@ -314,8 +314,8 @@ static void head_fwd(visc_model *m, resnet *r, const float *trunk_out) {
     else visc_global_avgpool_forward(r->features, trunk_out, N, C, r->final_hw);
     md_linear_forward(m, r->logits, r->features, P(r->fc_weight), P(r->fc_bias), N, C, K);
     /* the host's copies: the loss, the accuracy and SSL heads read them */
-    md_give_out(m, m->logits, r->logits, (size_t)N * K);
-    md_give_out(m, m->features, r->features, (size_t)N * C);
+    md_give_out(m, m->logits, &m->dev_logits, r->logits, (size_t)N * K);
+    md_give_out(m, m->features, &m->dev_features, r->features, (size_t)N * C);
 }
 
 static void resnet_forward(visc_model *m, const float *x, int train) {

@@ -530,8 +530,8 @@ static void swin_forward(visc_model *m, const float *x, int train) {
     }
     md_linear_forward(m, s->logits, feat, P(s->fc_w), P(s->fc_b), B, s->features,
                       m->cfg.num_classes);
-    md_give_out(m, m->logits, s->logits, (size_t)B * m->cfg.num_classes);
-    md_give_out(m, m->features, s->pooled, (size_t)B * s->features);
+    md_give_out(m, m->logits, &m->dev_logits, s->logits, (size_t)B * m->cfg.num_classes);
+    md_give_out(m, m->features, &m->dev_features, s->pooled, (size_t)B * s->features);
     s->last_train = train;
 }
 

@@ -237,8 +237,8 @@ static void vit_forward(visc_model *m, const float *x, int train) {
     }
     visc_tf_linear_forward(m, &v->head, v->logits, feat, B);
     /* the host's copies: the loss, the accuracy and SSL heads read them */
-    md_give_out(m, m->logits, v->logits, (size_t)B * m->cfg.num_classes);
-    md_give_out(m, m->features, v->feat, (size_t)B * C);
+    md_give_out(m, m->logits, &m->dev_logits, v->logits, (size_t)B * m->cfg.num_classes);
+    md_give_out(m, m->features, &m->dev_features, v->feat, (size_t)B * C);
 }
 
 /* ---- backward ---- */

@@ -35,7 +35,9 @@ int visc_bf16_supported(void) {
  * Xeon), so a bf16 request stays fp32 there: slower and less precise would
  * be the worst of both. VISC_BF16_EMULATE=1 takes those kernels anyway, for
  * the bf16 numbers on such a machine (the stand-in GPU's tests compare
- * against them: a GPU multiplies in bf16 whatever the host has). */
+ * against them: a GPU multiplies in bf16 whatever the host has). Below
+ * AVX-512 oneDNN has no bf16 matmul at all: there the layers stay fp32
+ * even so (each product's own fallback). */
 static int emulate_requested(void) {
     const char *env = getenv("VISC_BF16_EMULATE");
     return env && strcmp(env, "1") == 0;
@@ -43,14 +45,11 @@ static int emulate_requested(void) {
 
 visc_precision visc_set_matmul_precision(visc_precision p) {
     if (p == VISC_PRECISION_BF16 && !visc_bf16_supported()) {
-        if (emulate_requested()) {
-            fprintf(stderr, "visc: note: this CPU has no native bf16 (avx512_bf16); "
-                            "VISC_BF16_EMULATE=1: bf16 products emulated (slower than fp32)\n");
-        } else {
-            fprintf(stderr, "visc: note: this CPU has no native bf16 (avx512_bf16); "
-                            "linear layers stay fp32\n");
-            p = VISC_PRECISION_FP32;
-        }
+        const int emulate = emulate_requested();
+        fprintf(stderr, "visc: note: this CPU has no native bf16 (avx512_bf16); %s\n",
+                emulate ? "VISC_BF16_EMULATE=1: bf16 products emulated (slower than fp32)"
+                        : "linear layers stay fp32");
+        if (!emulate) p = VISC_PRECISION_FP32;
     }
     precision = p;
     return p;

@@ -129,6 +129,21 @@ static void fill(float *x, size_t n, uint64_t seed) {
     }
 }
 
+/* Two models with the same weights; the second on the GPU, the first too
+ * when both_on_gpu. -1 (counted as a failure) when either cannot be built. */
+static int model_pair(visc_cuda *ctx, const visc_model_config *cfg, const char *arch,
+                      int both_on_gpu, visc_model **a, visc_model **b) {
+    *a = visc_model_create(cfg, 7);
+    *b = visc_model_create(cfg, 7);
+    if (*a && *b && !(both_on_gpu && visc_model_to_gpu(*a, ctx)) && !visc_model_to_gpu(*b, ctx))
+        return 0;
+    printf("FAIL %s: cannot build or move the model: %s\n", arch, visc_last_error());
+    failed++;
+    if (*a) visc_model_destroy(*a);
+    if (*b) visc_model_destroy(*b);
+    return -1;
+}
+
 static void check_model(visc_cuda *ctx, const char *name, int image, int channels, int classes,
                         int batch, int small_stem, float drop_path, visc_precision precision) {
     visc_model_config cfg = {0};
@@ -148,14 +163,8 @@ static void check_model(visc_cuda *ctx, const char *name, int image, int channel
     cfg.batch = batch;
     cfg.small_stem = small_stem;
     cfg.drop_path_rate = drop_path;
-    visc_model *cpu = visc_model_create(&cfg, 7), *gpu = visc_model_create(&cfg, 7);
-    if (!cpu || !gpu || visc_model_to_gpu(gpu, ctx)) {
-        printf("FAIL %s: cannot build or move the model: %s\n", arch, visc_last_error());
-        failed++;
-        if (cpu) visc_model_destroy(cpu);
-        if (gpu) visc_model_destroy(gpu);
-        return;
-    }
+    visc_model *cpu, *gpu;
+    if (model_pair(ctx, &cfg, arch, 0, &cpu, &gpu)) return;
     const size_t xn = (size_t)batch * channels * image * image, ln = (size_t)batch * classes;
     const size_t P = cpu->params.total;
     float *x = malloc(xn * sizeof(float)), *probs = malloc(ln * sizeof(float));
@@ -241,14 +250,8 @@ static void check_device_io(visc_cuda *ctx, const char *name, int image, int cha
     cfg.in_channels = channels;
     cfg.image_size = image;
     cfg.batch = batch;
-    visc_model *fed = visc_model_create(&cfg, 7), *kept = visc_model_create(&cfg, 7);
-    if (!fed || !kept || visc_model_to_gpu(fed, ctx) || visc_model_to_gpu(kept, ctx)) {
-        printf("FAIL %s cannot build or move the model: %s\n", arch, visc_last_error());
-        failed++;
-        if (fed) visc_model_destroy(fed);
-        if (kept) visc_model_destroy(kept);
-        return;
-    }
+    visc_model *fed, *kept;
+    if (model_pair(ctx, &cfg, arch, 1, &fed, &kept)) return;
     const size_t xn = (size_t)batch * channels * image * image, ln = (size_t)batch * classes;
     const size_t P = fed->params.total;
     float *x = malloc(xn * sizeof(float)), *probs = malloc(ln * sizeof(float));
