@@ -46,9 +46,10 @@ struct visc_collab {
     visc_progress_record *recs;
     int n_recs;
     double next_download; /* monotonic time before which no download is tried */
-    double alone_after;   /* before it, seeing nobody is not proof of being alone:
+    double alone_after;   /* before it, the view is not proof of who is there:
                              peers that started together may not have seen each
-                             other's records yet */
+                             other's records yet (so no stepping alone, and no
+                             group closed at the size of the view) */
     uint64_t downloads_tried;
     /* The served states: the blobs of this peer's last SNAPSHOTS epochs, a
      * ring (cur: the newest), built on the training thread, copied by the
@@ -457,10 +458,17 @@ static void ban_members(visc_collab *c, const visc_group *g, const visc_allreduc
     }
 }
 
+/* Whether the view can be trusted to show every peer (alone_after). */
+static int view_settled(const visc_collab *c) { return visc_now() >= c->alone_after; }
+
 /* The group to wait for: every live peer at this step (progress records,
  * self included), up to the configured size, so that free-running peers
  * average as one group instead of whoever came first (a peer left out
- * would step with another gradient). Lockstep waits for the whole group. */
+ * would step with another gradient). Lockstep waits for the whole group.
+ * So does a peer that started moments ago (view_settled): a group closed
+ * at the size of a view that lacks a peer still starting leaves that peer
+ * out, and with steps shorter than the matchmaking time it stays out,
+ * downloading the state after every step (e2e_swarm_auxiliary.sh). */
 static int group_target(visc_collab *c) {
     /* the members this peer excludes will not be in it */
     uint8_t bans[MAX_BANS][VISC_KEY_BYTES];
@@ -474,7 +482,8 @@ static int group_target(visc_collab *c) {
                         memcmp(c->recs[i].peer, bans[b], VISC_KEY_BYTES) == 0;
     int expect = trainers + c->view.auxiliaries;
     if (c->cfg.lockstep) target -= n_bans;
-    else if (c->view.epoch == c->epoch && trainers >= c->cfg.min_group_size && expect < target)
+    else if (view_settled(c) && c->view.epoch == c->epoch && trainers >= c->cfg.min_group_size &&
+             expect < target)
         target = expect;
     return target < 2 ? 2 : target;
 }
@@ -610,8 +619,7 @@ static round_outcome run_round(visc_collab *c, char *why, size_t cap) {
         /* A swarm of one steps by itself, but only once it has had time to
          * see its peers (and never in lockstep: there every step waits for
          * the whole group). */
-        if (c->view.peers <= 1 && c->view.distrusted == 0 && !c->cfg.lockstep &&
-            visc_now() >= c->alone_after) {
+        if (c->view.peers <= 1 && c->view.distrusted == 0 && !c->cfg.lockstep && view_settled(c)) {
             out = ROUND_ALONE;
             break;
         }
@@ -710,8 +718,8 @@ static int auxiliary_round(visc_collab *c, uint64_t epoch, const uint8_t state[3
      * they, the other auxiliaries and this one */
     int target = c->cfg.target_group_size, trainers = c->view.peers_at_epoch;
     int expect = trainers + c->view.auxiliaries + 1;
-    if (!c->cfg.lockstep && c->view.epoch == epoch && trainers >= c->cfg.min_group_size &&
-        expect < target)
+    if (!c->cfg.lockstep && view_settled(c) && c->view.epoch == epoch &&
+        trainers >= c->cfg.min_group_size && expect < target)
         target = expect;
     visc_matchmaking_config mc = {.round = epoch,
                                   .target_group_size = target,
@@ -774,6 +782,7 @@ static int run_auxiliary(visc_collab *c) {
     int seen = 0;
     fprintf(stderr, "visc: swarm: auxiliary peer: reducing for the swarm (%zu values a round)\n",
             c->n_vec);
+    c->alone_after = visc_now() + 2 * c->cfg.matchmaking_time_s;
     while (epoch < last) {
         refresh(c, 1);
         seen |= c->n_recs > 0;
@@ -1014,7 +1023,7 @@ static int free_delayed_round(visc_collab *c, int64_t *global_step) {
         delay_take_back(c);
     }
     if (!free_running_ready(c)) return 0;
-    if (c->view.peers <= 1 && c->view.distrusted == 0 && visc_now() >= c->alone_after) {
+    if (c->view.peers <= 1 && c->view.distrusted == 0 && view_settled(c)) {
         refresh(c, 1); /* a fresh look before stepping alone, as run_round takes */
         if (c->view.peers <= 1 && c->view.distrusted == 0) {
             memcpy(c->a->model->grads, c->acc, c->layout.n_params * sizeof(float));
