@@ -163,7 +163,7 @@ GPU_REF_OBJ := $(patsubst %,$(BUILD)/src/%.o,core/error core/memory core/table n
                nn/gelu nn/loss nn/batchnorm2d nn/pool2d nn/global_pool nn/eltwise \
                optim/optimizer optim/sgd optim/adamw optim/lamb optim/lars optim/clip optim/ema \
                nn/token_ops nn/droppath nn/layerscale core/rng models/talking_heads \
-               models/swin_window)
+               models/swin_window transforms/to_tensor)
 $(GPU_TEST): $(BUILD)/tests/gpu/test_cuda_kernels.o $(CUDA_LIB) $(GPU_REF_OBJ)
 	$(CC) $(LDFLAGS) $^ -o $@ -lm $(CUDA_LDLIBS)
 # Whole models on the GPU against the CPU (tests/gpu/test_cuda_model.c):

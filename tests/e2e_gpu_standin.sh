@@ -3,7 +3,10 @@
 # (tests/gpu/visc_standin: visc with cuda.h's calls done by the CPU layers on
 # host memory, tests/gpu/cpu_standin.c). CI has no GPU; this runs the GPU
 # code path of the whole program: the model moved to the device, the batch
-# uploaded, logits downloaded, the optimizer's step and state on the device,
+# uploaded (image data as bytes from page-locked memory, normalized on the
+# device; the stand-in stops at any host pointer used as device memory and
+# at page-locked memory left locked), logits downloaded, the optimizer's
+# step and state on the device,
 # checkpoints downloaded before each save, evaluation, resume. Since the
 # stand-in's kernels are the CPU's layers, every result must be the CPU
 # run's, bit for bit:
@@ -68,7 +71,8 @@ for opt in sgd adamw; do
     "$V" train "${common[@]}" "${extra[@]}" --max-steps 20 --output "$tmp/cpu-$opt" >/dev/null
     "$G" train "${common[@]}" "${extra[@]}" --max-steps 20 --output "$tmp/gpu-$opt" --device cuda \
         >"$tmp/gpu-$opt.log"
-    grep -q ', on cuda$' <(grep '^training' "$tmp/gpu-$opt.log")
+    # image data without mixing: the batches cross as bytes, normalized on the GPU
+    grep -q ', on cuda (batches as bytes)$' <(grep '^training' "$tmp/gpu-$opt.log")
     grep -q '^GPU memory: [0-9]* MiB held by this run' "$tmp/gpu-$opt.log"
     cmp "$tmp/cpu-$opt/model_last.safetensors" "$tmp/gpu-$opt/model_last.safetensors"
     # the same validation accuracy logged at step 10 and at the stop

@@ -13,6 +13,7 @@
 #include "visc/io.h"
 #include "visc/loader.h"
 #include "visc/transforms.h"
+#include "visc/transforms.h"
 
 /* ---- temp folders ---- */
 
@@ -335,17 +336,25 @@ TEST(loader_batch_stays_valid_until_the_next_call) {
         }
 }
 
+/* A loader over 45 synthetic samples, every ninth of them bad (so batches
+ * get refilled), `views` per sample, batch 5, 2 workers. */
+static visc_loader *refilling_loader(visc_dataset *ds, synth_cfg *sc, int views, int shuffle) {
+    *sc = (synth_cfg){.fail_at = -1, .bad_mod = 9, .bad_rem = 1, .slow = 1};
+    *ds = synth(45, sc);
+    ds->views = views;
+    visc_loader_config c = cfg_of(5, 2, 1, 0, 0);
+    c.shuffle = shuffle;
+    return visc_loader_new(ds, &c);
+}
+
 TEST(loader_unaligned_start_and_refills_keep_the_layout) {
     /* A resume in the middle of a batch and bad samples move batches off
      * the ring's batch boundaries; every sample must still land at
      * (v * B + b) * CHW, for one and for two views. */
     for (int views = 1; views <= 2; views++) {
-        synth_cfg sc = {.fail_at = -1, .bad_mod = 9, .bad_rem = 1, .slow = 1};
-        visc_dataset ds = synth(45, &sc);
-        ds.views = views;
-        visc_loader_config c = cfg_of(5, 2, 1, 0, 0);
-        c.shuffle = 0;
-        visc_loader *l = visc_loader_new(&ds, &c);
+        synth_cfg sc;
+        visc_dataset ds;
+        visc_loader *l = refilling_loader(&ds, &sc, views, 0);
         for (int64_t pos = 0; pos < 12; pos += 3) {
             visc_loader_start(l, 0, 0, pos);
             visc_batch b;
@@ -360,6 +369,64 @@ TEST(loader_unaligned_start_and_refills_keep_the_layout) {
             }
             CHECK(next == 45 || next == 46);
         }
+        visc_loader_free(l);
+    }
+}
+
+/* visc_loader_each_buffer's regions, as a GPU caller pins them. */
+typedef struct {
+    const char *p[4];
+    size_t bytes[4];
+    int n;
+} regions;
+
+static int note_region(void *ctx, void *p, size_t bytes) {
+    regions *r = ctx;
+    if (r->n == 4) return -1;
+    r->p[r->n] = p;
+    r->bytes[r->n++] = bytes;
+    return 0;
+}
+
+static int inside(const regions *r, const void *p, size_t bytes) {
+    const char *c = p;
+    for (int i = 0; i < r->n; i++)
+        if (c >= r->p[i] && c + bytes <= r->p[i] + r->bytes[i]) return 1;
+    return 0;
+}
+
+static int refuse_second(void *ctx, void *p, size_t bytes) {
+    (void)p;
+    (void)bytes;
+    return ++*(int *)ctx == 2 ? 7 : 0;
+}
+
+TEST(loader_batches_lie_in_the_reported_buffers) {
+    /* Aligned batches come straight from the ring, refilled ones (bad
+     * samples, a resume mid-batch) from the gather buffer: both must be in
+     * the memory a GPU caller page-locked, every view of every sample. */
+    for (int views = 1; views <= 2; views++) {
+        synth_cfg sc;
+        visc_dataset ds;
+        visc_loader *l = refilling_loader(&ds, &sc, views, 1);
+        regions r = {.n = 0};
+        CHECK(visc_loader_each_buffer(l, note_region, &r) == 0);
+        CHECK(r.n == 2);
+        int aligned = 0, gathered = 0;
+        for (int64_t pos = 0; pos < 4; pos += 3) {
+            visc_loader_start(l, 0, 0, pos);
+            visc_batch b;
+            while (visc_loader_next(l, &b) == 1) {
+                size_t block = (size_t)views * 5 * 6 * sizeof(float);
+                CHECK(inside(&r, b.x, block));
+                if ((const char *)b.x == r.p[1]) gathered++;
+                else aligned++;
+            }
+        }
+        CHECK(aligned > 0 && gathered > 0);
+        /* the first non-zero answer stops the walk and is returned */
+        int calls = 0;
+        CHECK(visc_loader_each_buffer(l, refuse_second, &calls) == 7 && calls == 2);
         visc_loader_free(l);
     }
 }
@@ -610,11 +677,12 @@ static const char *cifar_file(int cls, int i) {
     return path;
 }
 
-TEST(image_dataset_bad_files_skip_and_error) {
-    char *d = make_temp_dir();
-    if (!d) return;
-    for (int c = 0; c < 2; c++)
-        for (int i = 0; i < 4; i++) {
+/* An ImageFolder in d: classes c0, c1, ... of per_class CIFAR-10 JPEGs
+ * each (c0/0.jpg, ...); with `truncated`, also the first third of the
+ * first one as c0/truncated.jpg. */
+static void copy_cifar(const char *d, int classes, int per_class, int truncated) {
+    for (int c = 0; c < classes; c++)
+        for (int i = 0; i < per_class; i++) {
             size_t n;
             uint8_t *b = visc_test_read_file(cifar_file(c, i), &n);
             CHECK(b != NULL);
@@ -622,9 +690,15 @@ TEST(image_dataset_bad_files_skip_and_error) {
             char name[64];
             snprintf(name, sizeof name, "c%d/%d.jpg", c, i);
             write_file(d, name, b, n);
-            if (c == 0 && i == 0) write_file(d, "c0/truncated.jpg", b, n / 3);
+            if (truncated && c == 0 && i == 0) write_file(d, "c0/truncated.jpg", b, n / 3);
             free(b);
         }
+}
+
+TEST(image_dataset_bad_files_skip_and_error) {
+    char *d = make_temp_dir();
+    if (!d) return;
+    copy_cifar(d, 2, 4, 1);
     write_file(d, "c1/zero.jpg", "", 0);
     write_file(d, "c1/text.jpg", "hello, I am not a JPEG\n", 23);
     char spec[600];
@@ -681,6 +755,72 @@ TEST(image_dataset_bad_files_skip_and_error) {
     CHECK(strstr(visc_last_error(), ".jpg") != NULL);
     visc_loader_free(l);
     visc_dataset_free(ds);
+    rm_tree(d);
+    free(d);
+}
+
+/* A loader of bytes (for a GPU that normalizes): the same samples, labels
+ * and order as the loader of floats, and its batches normalize to theirs
+ * bit for bit, two views (SSL) and one, through a bad image's refill (the
+ * gather buffer) too. Datasets without a byte form are refused in one line. */
+TEST(loader_of_bytes_normalizes_to_the_loader_of_floats) {
+    char *d = make_temp_dir();
+    if (!d) return;
+    copy_cifar(d, 3, 5, 0);
+    write_file(d, "c1/zero.jpg", "", 0);
+    char spec[600];
+    snprintf(spec, sizeof spec, "imagefolder:%s", d);
+    for (int views = 1; views <= 2; views++) {
+        visc_transform_config tc;
+        CHECK(visc_transform_preset(views == 2 ? "mocov2" : "torchvision", 24, &tc) == 0);
+        tc.views = views;
+        visc_sample_pipeline pl;
+        CHECK(visc_transform_pipeline(&tc, &pl) == 0 && pl.fn_bytes != NULL);
+        setenv("VISC_CACHE_DIR", d, 1);
+        visc_dataset *ds = visc_image_dataset_open(spec, 1, &pl);
+        unsetenv("VISC_CACHE_DIR");
+        CHECK(ds != NULL && ds->get_bytes != NULL);
+        if (!ds) continue;
+        visc_loader_config c = cfg_of(4, 2, 1, 0, 0);
+        visc_loader *lf = visc_loader_new(ds, &c);
+        c.bytes = 1;
+        visc_loader *lb = visc_loader_new(ds, &c);
+        const size_t plane = 24 * 24, per = 3 * plane;
+        float *norm = malloc(sizeof(float) * 4 * per * (size_t)views);
+        int batches = 0;
+        for (int64_t epoch = 0; epoch < 2; epoch++) {
+            visc_loader_start(lf, epoch, 0, -1);
+            visc_loader_start(lb, epoch, 0, -1);
+            visc_batch bf, bb;
+            int rf, rb;
+            while ((rf = visc_loader_next(lf, &bf)) == 1 && (rb = visc_loader_next(lb, &bb)) == 1) {
+                CHECK(bb.x == NULL && bb.x8 != NULL && bf.x8 == NULL);
+                CHECK(bb.count == bf.count && bb.views == views);
+                CHECK(memcmp(bb.indices, bf.indices, sizeof(int64_t) * (size_t)bf.count) == 0);
+                CHECK(memcmp(bb.y, bf.y, sizeof(int32_t) * (size_t)bf.count) == 0);
+                /* every view block holds batch_size samples; compare the filled ones */
+                for (int v = 0; v < views; v++) {
+                    visc_normalize_bytes(bb.x8 + (size_t)v * 4 * per, (size_t)bb.count, plane,
+                                         tc.mean, tc.std, norm);
+                    CHECK(memcmp(norm, bf.x + (size_t)v * 4 * per,
+                                 sizeof(float) * per * (size_t)bb.count) == 0);
+                }
+                batches++;
+            }
+            CHECK(rf == 0);
+            CHECK(visc_loader_bad_count(lb) == 1);
+        }
+        CHECK(batches == 8);
+        free(norm);
+        visc_loader_free(lf);
+        visc_loader_free(lb);
+        visc_dataset_free(ds);
+    }
+    synth_cfg sc = {.fail_at = -1};
+    visc_dataset mem = synth(8, &sc);
+    visc_loader_config c = cfg_of(4, 1, 1, 0, 0);
+    c.bytes = 1;
+    CHECK(visc_loader_new(&mem, &c) == NULL && strstr(visc_last_error(), "byte form"));
     rm_tree(d);
     free(d);
 }

@@ -514,6 +514,62 @@ TEST(pipeline_on_jpeg_exact_and_fast) {
     free(bytes);
 }
 
+/* The byte form of every recipe (a GPU normalizes the batch itself):
+ * normalized on the host, the bytes are the float pipeline's output bit
+ * for bit, train and eval, exact and fast decode, two views, from encoded
+ * bytes and from a decoded image; with the same draws (seed, epoch, idx).
+ * A recipe that erases has none, and says so. */
+TEST(pipeline_bytes_normalize_to_the_float_output) {
+    const char *files[] = {"../shared/data/imagenet-samples/n01440764_tench.JPEG",
+                           "../shared/data/imagenet-samples/n01443537_goldfish.JPEG"};
+    const char *recipes[] = {"torchvision", "timm", "mocov2", "simclr", "eval"};
+    const int S = 48, per = 3 * S * S;
+    float *want = malloc(sizeof(float) * 2 * per), *got = malloc(sizeof(float) * 2 * per);
+    uint8_t *raw = malloc((size_t)2 * per);
+    int cases = 0;
+    for (int f = 0; f < 2; f++) {
+        size_t size = 0;
+        uint8_t *bytes = visc_test_read_file(files[f], &size);
+        CHECK_MSG(bytes != NULL, "sample JPEG missing: %s", files[f]);
+        if (!bytes) continue;
+        visc_image img;
+        CHECK(visc_image_decode(bytes, size, &img) == 0);
+        for (int r = 0; r < 5; r++)
+            for (int mode = 0; mode < 4; mode++) {
+                visc_transform_config c;
+                CHECK(visc_transform_preset(recipes[r], S, &c) == 0);
+                c.reprob = 0;
+                c.fast_decode = mode & 1;
+                c.views = mode & 2 ? 2 : 1;
+                for (int idx = 0; idx < 3; idx++) {
+                    int from_image = idx == 2;
+                    int a = from_image ? visc_transform_image(&c, &img, 7, f, idx, want)
+                                       : visc_transform_sample(&c, bytes, size, 7, f, idx, want);
+                    int b = from_image
+                                ? visc_transform_image_bytes(&c, &img, 7, f, idx, raw)
+                                : visc_transform_sample_bytes(&c, bytes, size, 7, f, idx, raw);
+                    CHECK_MSG(a == 0 && b == 0, "%s: %s", recipes[r], visc_last_error());
+                    visc_normalize_bytes(raw, (size_t)c.views, (size_t)S * S, c.mean, c.std, got);
+                    CHECK_MSG(memcmp(want, got, sizeof(float) * (size_t)c.views * per) == 0,
+                              "%s, mode %d, sample %d: the bytes do not normalize to the floats",
+                              recipes[r], mode, idx);
+                    cases++;
+                }
+            }
+        visc_image_free(&img);
+        free(bytes);
+    }
+    CHECK(cases == 2 * 5 * 4 * 3);
+    visc_transform_config c;
+    CHECK(visc_transform_preset("timm", S, &c) == 0);
+    c.reprob = 0.25f;
+    CHECK(visc_transform_bytes_ok(&c) != 0 && strstr(visc_last_error(), "erasing"));
+    CHECK(visc_transform_image_bytes(&c, NULL, 7, 0, 0, raw) != 0);
+    free(want);
+    free(got);
+    free(raw);
+}
+
 /* ---- the fast resize against a plain transcription of Pillow ---- */
 
 /* Pillow's ImagingResampleHorizontal/Vertical_8bpc as written there: one

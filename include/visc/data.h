@@ -38,6 +38,12 @@ struct visc_dataset {
      * visc_last_error() set. Safe to call from several threads at once. */
     int (*get)(const visc_dataset *ds, int64_t idx, const visc_augment *aug, int train,
                uint64_t seed, int64_t epoch, float *out, int32_t *label);
+    /* As get, up to ToTensor + Normalize: the sample's bytes (CHW), whose
+     * visc_normalize_bytes (with the recipe's mean and std) is get's
+     * output, for a device that normalizes the batch itself. NULL where
+     * there is no byte form (in-memory data; a recipe that erases). */
+    int (*get_bytes)(const visc_dataset *ds, int64_t idx, int train, uint64_t seed, int64_t epoch,
+                     uint8_t *out, int32_t *label);
     void (*destroy)(visc_dataset *ds);
     void *impl;
 };

@@ -8,6 +8,8 @@
  * layers.c  the GPU twins of nn.h's layers: the same layer structs and
  *           arguments, device pointers
  * optim.c   the optimizer's step on the GPU, its state kept there
+ * pinned.c  the loader's batch memory page-locked, so batches cross the
+ *           bus at its speed
  *
  * A model on the GPU runs the same forward and backward code as on the CPU:
  * each layer call goes to its twin here when m->cuda is set (models/resnet.c).
@@ -94,6 +96,10 @@ void visc_gpu_zero(visc_cuda *ctx, float *p, size_t count);
 void visc_gpu_copy(visc_cuda *ctx, float *dst, const float *src, size_t count);
 /* ema = decay * ema + (1 - decay) * params, as visc_ema_update */
 void visc_gpu_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t n, float decay);
+/* A batch of bytes (3-plane CHW images: a loader's byte form) to the
+ * model's input floats, as visc_normalize_bytes (transforms.h), bit for bit. */
+void visc_gpu_normalize_bytes(visc_cuda *ctx, float *out, const uint8_t *in, size_t images,
+                              size_t plane, const float mean[3], const float std[3]);
 /* visc_softmax_xent_forward then _backward on the device: the mean loss
  * into *loss (one device float: nothing waits for it), probs [N, K] and
  * dlogits [N, K] from logits and labels [N] (device int32). */
@@ -235,5 +241,22 @@ int visc_gpu_optim_step(visc_gpu_optim *o, visc_optimizer *cpu, visc_model *m, f
 /* The state to cpu->state (before a checkpoint). */
 int visc_gpu_optim_download(visc_gpu_optim *o, visc_optimizer *cpu);
 void visc_gpu_optim_free(visc_gpu_optim *o);
+
+/* ---- pinned.c ---- */
+/* Host memory page-locked for a GPU's copies, to be unlocked before it is
+ * freed (and before the GPU is closed). */
+typedef struct {
+    visc_cuda *ctx;
+    void *regions[2];
+    int count;
+} visc_gpu_pins;
+/* Page-locks the memory l delivers its batches in (visc_loader_each_buffer)
+ * and lists it in *pins: forward's upload of each batch then runs at the
+ * bus's speed (pageable memory goes through the driver's staging copies at
+ * a fraction of it). Where the system refuses (a locked-memory limit), the
+ * batches stay pageable: slower, not wrong, and one note says so. */
+void visc_gpu_pin_loader(visc_cuda *ctx, visc_loader *l, visc_gpu_pins *pins);
+/* Unlocks what visc_gpu_pin_loader locked; a zeroed pins is nothing. */
+void visc_gpu_unpin(visc_gpu_pins *pins);
 
 #endif

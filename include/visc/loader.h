@@ -148,16 +148,23 @@ void visc_pack_close(visc_pack *p);
 typedef int (*visc_sample_fn)(void *ctx, const uint8_t *bytes, size_t size, int raw_width,
                               int raw_height, int train, uint64_t seed, int64_t epoch, int64_t idx,
                               float *out);
+/* The same up to ToTensor: views x C x H x W bytes, for a device that
+ * normalizes the batch itself. */
+typedef int (*visc_sample_bytes_fn)(void *ctx, const uint8_t *bytes, size_t size, int raw_width,
+                                    int raw_height, int train, uint64_t seed, int64_t epoch,
+                                    int64_t idx, uint8_t *out);
 
 typedef struct {
     visc_sample_fn fn;
+    visc_sample_bytes_fn fn_bytes; /* NULL: no byte form (the recipe erases) */
     void *ctx;
     int channels, height, width, views; /* what fn writes */
 } visc_sample_pipeline;
 
 /* The transforms.h recipe cfg (validated here; it must outlive the
  * dataset) as a pipeline: bytes -> visc_transform_sample, raw pack samples
- * -> visc_transform_image. Any failure of a sample counts as a bad image. */
+ * -> visc_transform_image (fn_bytes: their _bytes forms, where the recipe
+ * has them). Any failure of a sample counts as a bad image. */
 int visc_transform_pipeline(const visc_transform_config *cfg, visc_sample_pipeline *pl);
 
 /* A dataset over the files of fl (taken over: freed with the dataset) or
@@ -185,6 +192,10 @@ typedef struct {
     uint64_t seed;
     visc_augment aug; /* passed to get() (in-memory datasets use it) */
     visc_on_bad on_bad;
+    /* 1: batches of the samples' bytes before ToTensor + Normalize
+     * (get_bytes; x8 instead of x), for a GPU that normalizes them itself:
+     * a quarter of the floats' bytes on the bus */
+    int bytes;
 } visc_loader_config;
 
 /* One delivered batch, valid until the next visc_loader_next / _start.
@@ -193,6 +204,7 @@ typedef struct {
  * a short batch leaves the tail of each block unused). */
 typedef struct {
     float *x;
+    uint8_t *x8;      /* instead of x for a loader of bytes (visc_loader_config.bytes) */
     int32_t *y;       /* [count] */
     int64_t *indices; /* [count] dataset indices */
     int count;        /* samples in this batch (<= batch_size) */
@@ -235,6 +247,12 @@ int visc_loader_next(visc_loader *l, visc_batch *b);
 int64_t visc_loader_bad_count(const visc_loader *l);
 const char *visc_loader_bad_message(const visc_loader *l, int64_t i);
 int64_t visc_loader_bad_index(const visc_loader *l, int64_t i);
+/* The memory every batch's x is delivered in (the prefetch ring, and the
+ * gather buffer, made now if it was not), one call fn(ctx, p, bytes) per
+ * region: for a caller that page-locks it so that batches go to a GPU at
+ * the bus's speed. The regions live until visc_loader_free. Returns the
+ * first non-zero fn result (the rest are not called), else 0. */
+int visc_loader_each_buffer(visc_loader *l, int (*fn)(void *ctx, void *p, size_t bytes), void *ctx);
 /* Stops and joins the workers (safe at any point, also mid-epoch). */
 void visc_loader_free(visc_loader *l);
 

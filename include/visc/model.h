@@ -94,6 +94,11 @@ struct visc_model {
      * leaves logits and features on the device only (nothing crosses the
      * bus). Either way forward points these at the device's copies. */
     int io_on_device;
+    /* Set by a caller that puts the batch on the device itself (the
+     * trainer normalizes a loader's bytes there): forward's x is a device
+     * pointer; logits still come back to the host (io_on_device implies
+     * it). */
+    int input_on_device;
     const float *dev_logits, *dev_features;
     /* The architecture's GPU path: moves its activations to m->cuda (the
      * device copies are made already); NULL where there is none yet. */

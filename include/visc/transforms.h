@@ -133,6 +133,14 @@ void visc_color_jitter_apply(const visc_jitter_draw *d, visc_image *img);
 /* ToTensor + Normalize: out[c][y][x] = (v / 255 - mean[c]) / std[c]. */
 void visc_to_tensor_normalize(const visc_image *img, const float mean[3], const float std[3],
                               float *chw);
+/* The image's bytes in CHW order (the layout ToTensor gives, before it
+ * divides): what a device that normalizes the batch itself takes. */
+void visc_to_chw_bytes(const visc_image *img, uint8_t *chw);
+/* ToTensor + Normalize of `images` CHW byte images of 3 planes of `plane`
+ * pixels: visc_to_tensor_normalize's floats, bit for bit, from
+ * visc_to_chw_bytes's bytes (the GPU's twin: visc_cuda_normalize_bytes). */
+void visc_normalize_bytes(const uint8_t *chw, size_t images, size_t plane, const float mean[3],
+                          const float std[3], float *out);
 
 /* ---- blur.c ---- */
 /* F.gaussian_blur(img, [k, k], [sigma, sigma]) on a PIL image, in place:
@@ -184,5 +192,15 @@ int visc_transform_sample(const visc_transform_config *cfg, const uint8_t *bytes
 /* The same on an already decoded full image (tests, in-memory datasets). */
 int visc_transform_image(const visc_transform_config *cfg, const visc_image *img, uint64_t seed,
                          int64_t epoch, int64_t idx, float *out);
+/* The recipe up to ToTensor, for a device that normalizes the batch
+ * itself: views x 3 x size x size bytes (CHW) whose visc_normalize_bytes
+ * are the functions above' floats, bit for bit, with the same draws. Only
+ * for a recipe without RandomErasing (it draws on the normalized tensor):
+ * visc_transform_bytes_ok says so, in one line. */
+int visc_transform_bytes_ok(const visc_transform_config *cfg);
+int visc_transform_sample_bytes(const visc_transform_config *cfg, const uint8_t *bytes, size_t size,
+                                uint64_t seed, int64_t epoch, int64_t idx, uint8_t *out);
+int visc_transform_image_bytes(const visc_transform_config *cfg, const visc_image *img,
+                               uint64_t seed, int64_t epoch, int64_t idx, uint8_t *out);
 
 #endif

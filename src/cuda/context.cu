@@ -133,6 +133,17 @@ int visc_cuda_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
     return visc_cuda_sync(ctx);
 }
 
+int visc_cuda_host_register(visc_cuda *ctx, void *p, size_t bytes) {
+    (void)ctx;
+    return visc_cuda_check(cudaHostRegister(p, bytes, cudaHostRegisterDefault),
+                           "page-locking host memory");
+}
+
+int visc_cuda_host_unregister(visc_cuda *ctx, void *p) {
+    (void)ctx;
+    return visc_cuda_check(cudaHostUnregister(p), "unlocking host memory");
+}
+
 int visc_cuda_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
     if (visc_cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ctx->stream),
                         "copy from the device"))

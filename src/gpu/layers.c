@@ -34,6 +34,11 @@ void visc_gpu_copy(visc_cuda *ctx, float *dst, const float *src, size_t count) {
     RUN(visc_cuda_copy(ctx, dst, src, count * sizeof(float)));
 }
 
+void visc_gpu_normalize_bytes(visc_cuda *ctx, float *out, const uint8_t *in, size_t images,
+                              size_t plane, const float mean[3], const float std[3]) {
+    RUN(visc_cuda_normalize_bytes(ctx, out, in, images, plane, mean, std));
+}
+
 void visc_gpu_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t n, float decay) {
     RUN(visc_cuda_ema_update(ctx, ema, params, n, decay));
 }

@@ -37,16 +37,23 @@ static int with_name(int rc, const char *name) {
     return rc;
 }
 
+/* Where get() and get_bytes() write: one of the two is set. */
+typedef struct {
+    float *f;
+    uint8_t *b;
+} sample_out;
+
 static int run_pipeline(const image_impl *m, const char *name, const uint8_t *bytes, size_t size,
                         int rw, int rh, int64_t idx, int train, uint64_t seed, int64_t epoch,
-                        float *out) {
-    int rc = m->pl.fn(m->pl.ctx, bytes, size, rw, rh, train, seed, epoch, idx, out);
+                        sample_out out) {
+    int rc = out.b ? m->pl.fn_bytes(m->pl.ctx, bytes, size, rw, rh, train, seed, epoch, idx, out.b)
+                   : m->pl.fn(m->pl.ctx, bytes, size, rw, rh, train, seed, epoch, idx, out.f);
     if (rc != 0) return with_name(rc == VISC_SAMPLE_BAD ? VISC_SAMPLE_BAD : -1, name);
     return 0;
 }
 
 static int files_get(const image_impl *m, int64_t idx, int train, uint64_t seed, int64_t epoch,
-                     float *out) {
+                     sample_out out) {
     char path[4096];
     if (visc_file_list_path(&m->files, idx, path, sizeof path)) return -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -77,7 +84,7 @@ static int files_get(const image_impl *m, int64_t idx, int train, uint64_t seed,
 }
 
 static int pack_get(const visc_dataset *ds, const image_impl *m, int64_t idx, int train,
-                    uint64_t seed, int64_t epoch, float *out) {
+                    uint64_t seed, int64_t epoch, sample_out out) {
     const uint8_t *bytes;
     size_t size;
     if (visc_pack_bytes(&m->pack, idx, &bytes, &size))
@@ -88,8 +95,8 @@ static int pack_get(const visc_dataset *ds, const image_impl *m, int64_t idx, in
                         epoch, out);
 }
 
-static int image_get(const visc_dataset *ds, int64_t idx, const visc_augment *aug, int train,
-                     uint64_t seed, int64_t epoch, float *out, int32_t *label) {
+static int get_into(const visc_dataset *ds, int64_t idx, int train, uint64_t seed, int64_t epoch,
+                    sample_out out, int32_t *label) {
     const image_impl *m = ds->impl;
     if (idx < 0 || idx >= ds->size)
         return visc_set_error("sample index %lld out of range 0..%lld", (long long)idx,
@@ -98,6 +105,17 @@ static int image_get(const visc_dataset *ds, int64_t idx, const visc_augment *au
                        : files_get(m, idx, train, seed, epoch, out);
     if (rc == 0) *label = m->packed ? m->pack.records[idx].label : m->files.labels[idx];
     return rc;
+}
+
+static int image_get(const visc_dataset *ds, int64_t idx, const visc_augment *aug, int train,
+                     uint64_t seed, int64_t epoch, float *out, int32_t *label) {
+    (void)aug; /* the pipeline owns augmentation */
+    return get_into(ds, idx, train, seed, epoch, (sample_out){out, NULL}, label);
+}
+
+static int image_get_bytes(const visc_dataset *ds, int64_t idx, int train, uint64_t seed,
+                           int64_t epoch, uint8_t *out, int32_t *label) {
+    return get_into(ds, idx, train, seed, epoch, (sample_out){NULL, out}, label);
 }
 
 static void image_destroy(visc_dataset *ds) {
@@ -116,6 +134,7 @@ static visc_dataset *make(image_impl *m, int64_t n, int num_classes) {
     ds->views = m->pl.views;
     ds->num_classes = num_classes;
     ds->get = image_get;
+    ds->get_bytes = m->pl.fn_bytes ? image_get_bytes : NULL;
     ds->destroy = image_destroy;
     ds->impl = m;
     return ds;
@@ -168,25 +187,41 @@ const char *visc_image_dataset_name(const visc_dataset *ds, int64_t idx) {
 /* visc_transform_sample cannot tell a bad image from a bad recipe; the
  * recipe was validated when the pipeline was made, so a failure here is
  * the image's. A raw pack sample is wrapped as an image without a copy. */
-static int transform_fn(void *ctx, const uint8_t *bytes, size_t size, int raw_width, int raw_height,
-                        int train, uint64_t seed, int64_t epoch, int64_t idx, float *out) {
-    const visc_transform_config *cfg = ctx;
+static int transform_into(const visc_transform_config *cfg, const uint8_t *bytes, size_t size,
+                          int raw_width, int raw_height, uint64_t seed, int64_t epoch, int64_t idx,
+                          float *f, uint8_t *b) {
     int rc;
     if (raw_width > 0) {
         visc_image img = {.data = (uint8_t *)bytes,
                           .width = raw_width,
                           .height = raw_height,
                           .stride = 3 * raw_width};
-        rc = visc_transform_image(cfg, &img, seed, epoch, idx, out);
+        rc = b ? visc_transform_image_bytes(cfg, &img, seed, epoch, idx, b)
+               : visc_transform_image(cfg, &img, seed, epoch, idx, f);
     } else {
-        rc = visc_transform_sample(cfg, bytes, size, seed, epoch, idx, out);
+        rc = b ? visc_transform_sample_bytes(cfg, bytes, size, seed, epoch, idx, b)
+               : visc_transform_sample(cfg, bytes, size, seed, epoch, idx, f);
     }
     return rc == 0 ? 0 : VISC_SAMPLE_BAD;
+}
+
+static int transform_fn(void *ctx, const uint8_t *bytes, size_t size, int raw_width, int raw_height,
+                        int train, uint64_t seed, int64_t epoch, int64_t idx, float *out) {
+    (void)train; /* the recipe says */
+    return transform_into(ctx, bytes, size, raw_width, raw_height, seed, epoch, idx, out, NULL);
+}
+
+static int transform_bytes_fn(void *ctx, const uint8_t *bytes, size_t size, int raw_width,
+                              int raw_height, int train, uint64_t seed, int64_t epoch, int64_t idx,
+                              uint8_t *out) {
+    (void)train;
+    return transform_into(ctx, bytes, size, raw_width, raw_height, seed, epoch, idx, NULL, out);
 }
 
 int visc_transform_pipeline(const visc_transform_config *cfg, visc_sample_pipeline *pl) {
     if (visc_transform_validate(cfg)) return -1;
     pl->fn = transform_fn;
+    pl->fn_bytes = cfg->reprob > 0 ? NULL : transform_bytes_fn;
     pl->ctx = (void *)cfg;
     pl->channels = 3;
     pl->height = pl->width = cfg->size;

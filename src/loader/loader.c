@@ -49,8 +49,8 @@ enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_READY, SLOT_BAD, SLOT_FAIL };
 typedef struct {
     int state;
     int32_t label;
-    int64_t index; /* dataset index */
-    float *x;      /* view 0 of this sample; view v at x + v * vstride */
+    int64_t index;    /* dataset index */
+    unsigned char *x; /* view 0 of this sample; view v at x + v * vstride */
     char msg[384];
 } slot;
 
@@ -58,15 +58,15 @@ struct visc_loader {
     const visc_dataset *ds;
     visc_loader_config c;
     int views;
-    size_t sample;  /* floats of one view of one sample */
-    size_t vstride; /* floats between two views of one sample: B x sample */
+    size_t sample;  /* bytes of one view of one sample (floats, or bytes: c.bytes) */
+    size_t vstride; /* bytes between two views of one sample: B x sample */
     int64_t *order;
     int64_t slice_len, nbatches;
 
     int R; /* P x B slots */
     slot *slots;
-    float *slot_mem; /* P batch buffers */
-    float *bx;       /* the gather buffer for unaligned batches (made on first use) */
+    unsigned char *slot_mem; /* P batch buffers */
+    unsigned char *bx;       /* the gather buffer for unaligned batches (made on first use) */
     int32_t *by;
     int64_t *bidx;
 
@@ -91,9 +91,8 @@ static void *worker_main(void *arg) {
     const visc_dataset *ds = l->ds;
     /* several views: get() writes them one after another, the batch keeps
      * them B samples apart */
-    float *tmp = l->views > 1
-                     ? visc_malloc((size_t)l->views * l->sample * sizeof(float), "loader views")
-                     : NULL;
+    unsigned char *tmp =
+        l->views > 1 ? visc_malloc((size_t)l->views * l->sample, "loader views") : NULL;
     pthread_mutex_lock(&l->mu);
     for (;;) {
         while (!l->stop && !(l->active && l->claim < l->slice_len && l->claim < l->hold + l->R)) {
@@ -112,13 +111,14 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&l->mu);
 
         int32_t label = 0;
-        int rc =
-            ds->get(ds, idx, &l->c.aug, l->c.train, l->c.seed, epoch, tmp ? tmp : s->x, &label);
+        unsigned char *dst = tmp ? tmp : s->x;
+        int rc = l->c.bytes ? ds->get_bytes(ds, idx, l->c.train, l->c.seed, epoch, dst, &label)
+                            : ds->get(ds, idx, &l->c.aug, l->c.train, l->c.seed, epoch,
+                                      (float *)(void *)dst, &label);
         if (rc != 0) snprintf(s->msg, sizeof s->msg, "%s", visc_last_error());
         else if (tmp)
             for (int v = 0; v < l->views; v++)
-                memcpy(s->x + (size_t)v * l->vstride, tmp + (size_t)v * l->sample,
-                       l->sample * sizeof(float));
+                memcpy(s->x + (size_t)v * l->vstride, tmp + (size_t)v * l->sample, l->sample);
 
         pthread_mutex_lock(&l->mu);
         s->label = label;
@@ -136,6 +136,19 @@ static int online_cores(void) {
     return n > 0 ? (int)n : 1;
 }
 
+/* Batch memory in whole pages of its own, so that a caller can page-lock
+ * each region alone (visc_loader_each_buffer: cudaHostRegister locks whole
+ * pages, and two regions sharing a page would collide there). Zeroed;
+ * free() releases it. */
+static void *batch_memory(size_t bytes, const char *what) {
+    long page = sysconf(_SC_PAGESIZE);
+    size_t align = page > 64 ? (size_t)page : 64, rounded = (bytes + align - 1) / align * align;
+    void *p = aligned_alloc(align, rounded ? rounded : align);
+    if (!p) visc_die("out of memory allocating %zu bytes for %s", bytes, what);
+    memset(p, 0, rounded ? rounded : align);
+    return p;
+}
+
 visc_loader *visc_loader_new(const visc_dataset *ds, const visc_loader_config *cfg) {
     visc_loader_config c = *cfg;
     if (c.world <= 0) c.world = 1;
@@ -144,13 +157,18 @@ visc_loader *visc_loader_new(const visc_dataset *ds, const visc_loader_config *c
                        c.batch_size, c.rank, c.world, (long long)ds->size);
         return NULL;
     }
+    if (c.bytes && !ds->get_bytes) {
+        visc_set_error("loader: this dataset has no byte form (in-memory data, or a recipe that "
+                       "erases)");
+        return NULL;
+    }
     if (c.workers <= 0) c.workers = online_cores();
     if (c.prefetch <= 0) c.prefetch = 2;
     visc_loader *l = visc_calloc(1, sizeof *l, "loader");
     l->ds = ds;
     l->c = c;
     l->views = ds->views > 1 ? ds->views : 1;
-    l->sample = (size_t)ds->channels * ds->height * ds->width;
+    l->sample = (size_t)ds->channels * ds->height * ds->width * (c.bytes ? 1 : sizeof(float));
     int64_t n = ds->size, w = c.world, B = c.batch_size;
     if (c.drop_last) {
         l->slice_len = n / w;
@@ -174,7 +192,7 @@ visc_loader *visc_loader_new(const visc_dataset *ds, const visc_loader_config *c
     l->vstride = (size_t)B * l->sample;
     size_t per_batch = (size_t)l->views * l->vstride;
     l->slots = visc_calloc((size_t)l->R, sizeof *l->slots, "loader slots");
-    l->slot_mem = visc_alloc_aligned((size_t)P * per_batch * sizeof(float), "loader prefetch ring");
+    l->slot_mem = batch_memory((size_t)P * per_batch, "loader prefetch ring");
     for (int64_t i = 0; i < l->R; i++)
         l->slots[i].x = l->slot_mem + (size_t)(i / B) * per_batch + (size_t)(i % B) * l->sample;
     l->by = visc_calloc((size_t)B, sizeof *l->by, "loader labels");
@@ -266,7 +284,7 @@ static void release_to(visc_loader *l, int64_t hold) {
 /* The batch starting at the cursor as one ring buffer, when it starts on a
  * buffer boundary and all its samples are good: 1 and *x set; 0 leaves
  * everything as it was (the gather path takes over). Lock held. */
-static int take_aligned(visc_loader *l, float **x, int *count) {
+static int take_aligned(visc_loader *l, unsigned char **x, int *count) {
     const int B = l->c.batch_size;
     if ((l->cursor - l->base) % B != 0) return 0;
     int64_t left = l->slice_len - l->cursor;
@@ -288,6 +306,19 @@ static int take_aligned(visc_loader *l, float **x, int *count) {
     return 1;
 }
 
+/* The gather buffer, made on first use (most runs never need it). */
+static unsigned char *gather_buffer(visc_loader *l) {
+    if (!l->bx) l->bx = batch_memory((size_t)l->views * l->vstride, "loader batch");
+    return l->bx;
+}
+
+int visc_loader_each_buffer(visc_loader *l, int (*fn)(void *ctx, void *p, size_t bytes),
+                            void *ctx) {
+    size_t per_batch = (size_t)l->views * l->vstride;
+    int rc = fn(ctx, l->slot_mem, (size_t)(l->R / l->c.batch_size) * per_batch);
+    return rc ? rc : fn(ctx, gather_buffer(l), per_batch);
+}
+
 int visc_loader_next(visc_loader *l, visc_batch *b) {
     const int B = l->c.batch_size;
     pthread_mutex_lock(&l->mu);
@@ -301,13 +332,10 @@ int visc_loader_next(visc_loader *l, visc_batch *b) {
     }
     release_to(l, l->cursor); /* the previous batch is given back */
     int count = 0, rc = 1;
-    float *x = NULL;
+    unsigned char *x = NULL;
     if (!take_aligned(l, &x, &count)) {
         /* gather: good samples copied in order into bx, bad ones recorded */
-        if (!l->bx)
-            l->bx =
-                visc_alloc_aligned((size_t)l->views * l->vstride * sizeof(float), "loader batch");
-        x = l->bx;
+        x = gather_buffer(l);
         while (count < B && l->cursor < l->slice_len) {
             slot *s = wait_slot(l, l->cursor);
             if (s->state == SLOT_READY) {
@@ -315,7 +343,7 @@ int visc_loader_next(visc_loader *l, visc_batch *b) {
                 pthread_mutex_unlock(&l->mu);
                 for (int v = 0; v < l->views; v++)
                     memcpy(l->bx + (size_t)v * l->vstride + (size_t)count * l->sample,
-                           s->x + (size_t)v * l->vstride, l->sample * sizeof(float));
+                           s->x + (size_t)v * l->vstride, l->sample);
                 l->by[count] = s->label;
                 l->bidx[count] = s->index;
                 count++;
@@ -336,7 +364,8 @@ int visc_loader_next(visc_loader *l, visc_batch *b) {
     }
     if (rc == 1 && count == 0) rc = 0; /* only bad samples were left */
     if (rc == 1) {
-        b->x = x;
+        b->x = l->c.bytes ? NULL : (float *)(void *)x;
+        b->x8 = l->c.bytes ? x : NULL;
         b->y = l->by;
         b->indices = l->bidx;
         b->count = count;
@@ -377,8 +406,8 @@ void visc_loader_free(visc_loader *l) {
     free(l->threads);
     free(l->order);
     free(l->slots);
-    visc_free_aligned(l->slot_mem);
-    visc_free_aligned(l->bx);
+    free(l->slot_mem);
+    free(l->bx);
     free(l->by);
     free(l->bidx);
     free(l);

@@ -380,7 +380,7 @@ static void class_block_forward(visc_model *m, cait *c, class_block *b, const fl
 static void cait_forward(visc_model *m, const float *x, int train) {
     cait *c = m->impl;
     const int B = m->cfg.batch, C = c->embed, T = c->tokens, S = m->cfg.image_size;
-    md_take_in(m, c->image, x, (size_t)B * m->cfg.in_channels * S * S);
+    md_take_batch(m, c->image, x, (size_t)B * m->cfg.in_channels * S * S);
     visc_tf_patch_embed_forward(m, &c->pe, c->x0, c->conv_out, c->image);
     if (m->cuda) visc_gpu_add_broadcast(m->cuda, c->x0, P(c->pos_embed), B, (int64_t)T * C);
     else visc_add_broadcast_forward(c->x0, P(c->pos_embed), B, (int64_t)T * C);

@@ -20,6 +20,13 @@ static inline void md_take_in(visc_model *m, float *dst, const float *src, size_
     else memcpy(dst, src, n * sizeof(float));
 }
 
+/* The batch into the arena: the host's, or the device's where the caller
+ * put it there (input_on_device, io_on_device). */
+static inline void md_take_batch(visc_model *m, float *dst, const float *x, size_t n) {
+    if (m->cuda && m->input_on_device) visc_gpu_copy(m->cuda, dst, x, n);
+    else md_take_in(m, dst, x, n);
+}
+
 static inline void md_copy(visc_model *m, float *dst, const float *src, size_t n) {
     if (m->cuda) visc_gpu_copy(m->cuda, dst, src, n);
     else memcpy(dst, src, n * sizeof(float));

@@ -320,8 +320,9 @@ static void head_fwd(visc_model *m, resnet *r, const float *trunk_out) {
 
 static void resnet_forward(visc_model *m, const float *x, int train) {
     resnet *r = m->impl;
-    md_take_in(m, r->x, x,
-               (size_t)m->cfg.batch * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size);
+    md_take_batch(m, r->x, x,
+                  (size_t)m->cfg.batch * m->cfg.in_channels * m->cfg.image_size *
+                      m->cfg.image_size);
     conv_fwd(m, &r->stem_conv, r->stem_c, r->x);
     bn_fwd(m, &r->stem_bn, r->stem_b, r->stem_c, train);
     if (r->has_maxpool) maxpool_fwd(m, r);

@@ -502,7 +502,7 @@ static void swin_forward(visc_model *m, const float *x, int train) {
     swin *s = m->impl;
     int B = m->cfg.batch, HW = s->grid * s->grid, E = s->embed;
     size_t xn = (size_t)B * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
-    md_take_in(m, s->x, x, xn);
+    md_take_batch(m, s->x, x, xn);
     if (m->cuda) {
         visc_gpu_patch_embed_forward(m->cuda, &s->patch, s->pe_t, s->pe_c, s->x, P(s->pe_w),
                                      P(s->pe_b), HW, 0);

@@ -217,7 +217,7 @@ static void block_forward(visc_model *m, vit *v, vit_block *b, int i, int train)
 static void vit_forward(visc_model *m, const float *x, int train) {
     vit *v = m->impl;
     const int B = m->cfg.batch, C = v->embed, T = v->tokens, S = m->cfg.image_size;
-    md_take_in(m, v->image, x, (size_t)B * m->cfg.in_channels * S * S);
+    md_take_batch(m, v->image, x, (size_t)B * m->cfg.in_channels * S * S);
     visc_tf_patch_embed_forward(m, &v->pe, v->x0, v->conv_out, v->image);
     for (int b = 0; b < B; b++) md_copy(m, v->x0 + (size_t)b * T * C, P(v->cls_token), (size_t)C);
     if (m->cuda) visc_gpu_add_broadcast(m->cuda, v->x0, P(v->pos_embed), B, (int64_t)T * C);

@@ -146,6 +146,7 @@ typedef struct {
     visc_precision precision;
     size_t gpu_mem_base; /* device memory in use when the GPU was opened */
     visc_gpu_optim *gpu_opt;
+    visc_gpu_pins pins;  /* the loader's batch memory, page-locked */
     float *dev_grad_acc; /* --symmetric on the GPU: the first pass's encoder gradients */
     int32_t *labels, *perm;
     const int32_t *batch_labels; /* this step's labels (the online classifier's) */
@@ -807,7 +808,9 @@ static int open_gpu(pretrainer *p) {
         if (!p->dev_grad_acc) return -1;
     }
     p->gpu_opt = visc_gpu_optim_create(p->gpu, &p->opt);
-    return p->gpu_opt ? 0 : -1;
+    if (!p->gpu_opt) return -1;
+    visc_gpu_pin_loader(p->gpu, p->loader, &p->pins);
+    return 0;
 }
 
 static void pretrainer_free(pretrainer *p) {
@@ -815,6 +818,7 @@ static void pretrainer_free(pretrainer *p) {
     if (p->log) fclose(p->log);
     visc_grad_sync_free(p->gsync);
     visc_grad_sync_free(p->head_gsync);
+    visc_gpu_unpin(&p->pins);
     visc_loader_free(p->loader);
     visc_optimizer_free(&p->opt);
     visc_optimizer_free(&p->head_opt);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "visc/gpu.h"
 #include "visc/loader.h"
 #include "visc/nn.h"
 #include "visc/train.h"
@@ -29,6 +30,8 @@ int visc_evaluate_shard(visc_model *m, const visc_dataset *ds, const visc_augmen
     if (aug) lc.aug = *aug;
     visc_loader *l = visc_loader_new(ds, &lc);
     if (!l) return -1;
+    visc_gpu_pins pins = {0};
+    if (m->cuda) visc_gpu_pin_loader(m->cuda, l, &pins);
     float *probs = visc_alloc_aligned((size_t)B * K * sizeof(float), "eval probabilities");
     double loss_sum = 0;
     int64_t top1 = 0, top5 = 0, count = 0;
@@ -61,6 +64,7 @@ int visc_evaluate_shard(visc_model *m, const visc_dataset *ds, const visc_augmen
     out->top1 = count ? 100.0 * top1 / count : 0;
     out->top5 = count ? 100.0 * top5 / count : 0;
     visc_free_aligned(probs);
+    visc_gpu_unpin(&pins);
     visc_loader_free(l);
     return rc < 0 ? -1 : 0;
 }

@@ -87,6 +87,12 @@ typedef struct {
     size_t gpu_mem_base;      /* device memory in use when the GPU was opened */
     visc_gpu_optim *gpu_opt;
     float *dev_ema_params, *dev_ema_buffers; /* --model-ema-decay: the EMA, on the device */
+    visc_gpu_pins pins;                      /* the loader's batch memory, page-locked */
+    /* The loader delivers bytes (image data on a GPU, no mixing): they
+     * cross the bus as such and become the model's input there. */
+    int byte_batches;
+    uint8_t *dev_x8;
+    float *dev_x;
 } trainer;
 
 /* One optimizer step on one batch: mixing, forward, loss, backward, clip,
@@ -101,7 +107,17 @@ static int train_step(trainer *t, const visc_batch *batch, float *loss_out, int 
     int B = m->cfg.batch, K = m->cfg.num_classes, n = batch->count;
     size_t sample = (size_t)m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
     float *x = batch->x;
-    for (int b = n; b < B; b++) memcpy(x + b * sample, x, sample * sizeof(float));
+    if (batch->x8) {
+        /* bytes on the bus (a quarter of the floats), normalized there */
+        uint8_t *x8 = batch->x8;
+        for (int b = n; b < B; b++) memcpy(x8 + b * sample, x8, sample);
+        visc_gpu_upload(t->gpu, t->dev_x8, x8, (size_t)B * sample);
+        visc_gpu_normalize_bytes(t->gpu, t->dev_x, t->dev_x8, (size_t)B, sample / 3,
+                                 t->recipe[0].mean, t->recipe[0].std);
+        x = t->dev_x;
+    } else {
+        for (int b = n; b < B; b++) memcpy(x + b * sample, x, sample * sizeof(float));
+    }
 
     if (t->use_mixup) {
         /* One draw per step from its own stream: resumable like the rest. */
@@ -113,7 +129,9 @@ static int train_step(trainer *t, const visc_batch *batch, float *loss_out, int 
     uint32_t key[4];
     visc_philox4x32(c->seed, VISC_STREAM_DROPOUT, (uint64_t)t->state.step, key);
     m->noise_seed = (uint64_t)key[0] << 32 | key[1];
+    m->input_on_device = batch->x8 != NULL; /* this batch only: evaluation feeds the host's */
     m->forward(m, x, 1);
+    m->input_on_device = 0;
 
     float loss;
     if (t->use_mixup) {
@@ -551,6 +569,14 @@ static int open_gpu(trainer *t) {
         visc_gpu_upload(t->gpu, t->dev_ema_params, t->ema_params, pb);
         visc_gpu_upload(t->gpu, t->dev_ema_buffers, t->ema_buffers, bb);
     }
+    visc_gpu_pin_loader(t->gpu, t->loader, &t->pins);
+    if (t->byte_batches) {
+        const size_t n =
+            (size_t)t->model->cfg.batch * t->train->channels * t->train->height * t->train->width;
+        t->dev_x8 = visc_gpu_alloc(t->gpu, n);
+        t->dev_x = t->dev_x8 ? visc_gpu_alloc(t->gpu, n * sizeof(float)) : NULL;
+        if (!t->dev_x) return -1;
+    }
     return 0;
 }
 
@@ -562,7 +588,10 @@ static void trainer_free(trainer *t) {
     visc_gpu_optim_free(t->gpu_opt);
     visc_gpu_free(t->gpu, t->dev_ema_params);
     visc_gpu_free(t->gpu, t->dev_ema_buffers);
+    visc_gpu_free(t->gpu, t->dev_x8);
+    visc_gpu_free(t->gpu, t->dev_x);
     if (t->model) visc_model_destroy(t->model); /* its GPU memory too */
+    visc_gpu_unpin(&t->pins);
     visc_gpu_close(t->gpu);
     visc_loader_free(t->loader);
     t->loader = NULL;
@@ -678,6 +707,11 @@ int visc_train(const visc_train_config *c) {
                              .seed = c->seed,
                              .aug = t.aug,
                              .on_bad = on_bad};
+    /* On a GPU, image data without batch mixing (which works on the
+     * floats) crosses the bus as bytes: 38.5 MB a step for ResNet-50 at
+     * batch 256 instead of 154, and the GPU normalizes them. */
+    t.byte_batches = lc.bytes = gpu_index >= 0 && t.train->get_bytes && t.train->channels == 3 &&
+                                c->mixup == 0 && c->cutmix == 0;
     t.loader = visc_loader_new(t.train, &lc);
     if (!t.loader) goto done;
     t.steps_per_epoch = visc_loader_batches(t.loader);
@@ -827,12 +861,12 @@ int visc_train(const visc_train_config *c) {
             snprintf(procs, sizeof procs, " (%d processes x %d, %s)", t.world, B,
                      visc_dist_backend_name(t.dist));
         printf("training %s (%.2fM parameters, %.1f MFLOP/image forward) on %s: %lld train / "
-               "%lld test images, %d epochs of %lld steps, batch %d%s, %d threads%s%s%s\n",
+               "%lld test images, %d epochs of %lld steps, batch %d%s, %d threads%s%s%s%s\n",
                mc.arch, m->params.total / 1e6, m->flops_per_image / 1e6, data_name,
                (long long)t.train->size, (long long)t.val->size, c->epochs,
                (long long)t.steps_per_epoch, c->batch_size, procs, visc_num_threads(),
                precision == VISC_PRECISION_BF16 ? ", bf16 matmuls" : "", t.gpu ? ", on " : "",
-               t.gpu ? c->device : "");
+               t.gpu ? c->device : "", t.byte_batches ? " (batches as bytes)" : "");
     }
     double t0 = visc_now();
     int r = run_epochs(&t);

@@ -27,6 +27,7 @@
 #include "../../src/nn/linear_bf16.h"
 #include "visc/cuda.h"
 #include "visc/nn.h"
+#include "visc/transforms.h"
 #include "visc/tokens.h"
 
 /* Layers keep primitives per shape, as cuDNN plans are kept per shape. */
@@ -62,6 +63,22 @@ struct visc_cuda {
     patch_entry patch[MAX_SHAPES];
     int num_conv, num_bn, num_pool, num_patch;
     int bf16;
+    /* page-locked host memory (visc_cuda_host_register), held to CUDA's
+     * rules: no region twice, unregister only what is registered, nothing
+     * left registered at close */
+    struct {
+        const char *p;
+        size_t bytes;
+    } pinned[MAX_SHAPES];
+    int num_pinned;
+    /* every live "device" allocation, so that a host pointer handed where
+     * the GPU needs its own memory stops the program here as it would
+     * fault on a GPU (copies and the input kernel check their pointers) */
+    struct {
+        const char *p;
+        size_t bytes;
+    } * allocs;
+    int num_allocs, cap_allocs;
 };
 
 int visc_cuda_device_count(void) { return 1; }
@@ -91,8 +108,41 @@ void visc_cuda_close(visc_cuda *ctx) {
     for (int i = 0; i < ctx->num_bn; i++) visc_batchnorm2d_destroy(&ctx->bn[i].op);
     for (int i = 0; i < ctx->num_pool; i++) visc_pool2d_destroy(&ctx->pool[i].op);
     for (int i = 0; i < ctx->num_patch; i++) visc_conv2d_destroy(&ctx->patch[i].op);
+    free(ctx->allocs);
+    if (ctx->num_pinned)
+        visc_die("stand-in: %d host region%s still page-locked when the GPU is closed",
+                 ctx->num_pinned, ctx->num_pinned == 1 ? " is" : "s are");
     free(ctx);
 }
+
+/* Registering changes nothing on the host; the bookkeeping checks that the
+ * program keeps to what the CUDA runtime demands (cudaErrorHostMemory-
+ * AlreadyRegistered, cudaErrorHostMemoryNotRegistered). */
+int visc_cuda_host_register(visc_cuda *ctx, void *p, size_t bytes) {
+    const char *c = p;
+    if (!p || bytes == 0) return visc_set_error("page-locking host memory: an empty region");
+    for (int i = 0; i < ctx->num_pinned; i++)
+        if (c < ctx->pinned[i].p + ctx->pinned[i].bytes && ctx->pinned[i].p < c + bytes)
+            return visc_set_error("page-locking host memory: already registered");
+    if (ctx->num_pinned == MAX_SHAPES) return visc_set_error("stand-in: too many pinned regions");
+    ctx->pinned[ctx->num_pinned].p = c;
+    ctx->pinned[ctx->num_pinned].bytes = bytes;
+    ctx->num_pinned++;
+    return 0;
+}
+
+int visc_cuda_host_unregister(visc_cuda *ctx, void *p) {
+    for (int i = 0; i < ctx->num_pinned; i++)
+        if (ctx->pinned[i].p == p) {
+            ctx->pinned[i] = ctx->pinned[--ctx->num_pinned];
+            return 0;
+        }
+    return visc_set_error("unlocking host memory: not registered");
+}
+
+/* The regions registered now (tests; declared where they use it). */
+int visc_standin_pinned_count(const visc_cuda *ctx);
+int visc_standin_pinned_count(const visc_cuda *ctx) { return ctx->num_pinned; }
 
 int visc_cuda_sync(visc_cuda *ctx) {
     (void)ctx;
@@ -109,37 +159,59 @@ int visc_cuda_memory_used(visc_cuda *ctx, size_t *used) {
 /* "Device" memory is host memory that starts out as NaNs, so that a read
  * of anything never written shows (cudaMalloc's memory holds leftovers). */
 void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes) {
-    (void)ctx;
     float *p = visc_alloc_aligned(bytes ? bytes : 1, "stand-in device memory");
     for (size_t i = 0; i < bytes / sizeof(float); i++) p[i] = __builtin_nanf("");
+    if (ctx->num_allocs == ctx->cap_allocs) {
+        ctx->cap_allocs = ctx->cap_allocs ? 2 * ctx->cap_allocs : 256;
+        ctx->allocs = realloc(ctx->allocs, (size_t)ctx->cap_allocs * sizeof *ctx->allocs);
+        if (!ctx->allocs) visc_die("stand-in: out of memory");
+    }
+    ctx->allocs[ctx->num_allocs].p = (const char *)p;
+    ctx->allocs[ctx->num_allocs++].bytes = bytes;
     return p;
 }
 
 void visc_cuda_free(visc_cuda *ctx, void *p) {
-    (void)ctx;
+    for (int i = 0; i < ctx->num_allocs; i++)
+        if (ctx->allocs[i].p == p) {
+            ctx->allocs[i] = ctx->allocs[--ctx->num_allocs];
+            break;
+        }
     visc_free_aligned(p);
 }
 
+/* Stops the program unless [p, p + bytes) lies in one device allocation. */
+static void on_device(const visc_cuda *ctx, const void *p, size_t bytes, const char *what) {
+    const char *c = p;
+    if (bytes == 0) return;
+    for (int i = 0; i < ctx->num_allocs; i++)
+        if (c >= ctx->allocs[i].p && c + bytes <= ctx->allocs[i].p + ctx->allocs[i].bytes) return;
+    visc_die("stand-in: %s: %zu bytes at %p are not device memory (a host pointer where the GPU "
+             "needs its own would fault there)",
+             what, bytes, p);
+}
+
 int visc_cuda_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
-    (void)ctx;
+    on_device(ctx, dst, bytes, "upload");
     memcpy(dst, src, bytes);
     return 0;
 }
 
 int visc_cuda_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
-    (void)ctx;
+    on_device(ctx, src, bytes, "download");
     memcpy(dst, src, bytes);
     return 0;
 }
 
 int visc_cuda_zero(visc_cuda *ctx, void *p, size_t bytes) {
-    (void)ctx;
+    on_device(ctx, p, bytes, "zero");
     memset(p, 0, bytes);
     return 0;
 }
 
 int visc_cuda_copy(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
-    (void)ctx;
+    on_device(ctx, dst, bytes, "copy on the device (destination)");
+    on_device(ctx, src, bytes, "copy on the device (source)");
     memmove(dst, src, bytes);
     return 0;
 }
@@ -719,6 +791,14 @@ int visc_cuda_optim_step(visc_cuda_optim *o, float *params, const float *grads, 
     o->cpu.step = step;
     visc_optimizer_step(&o->cpu, params, grads, lr);
     o->cpu.state = own;
+    return 0;
+}
+
+int visc_cuda_normalize_bytes(visc_cuda *ctx, float *out, const uint8_t *in, size_t images,
+                              size_t plane, const float mean[3], const float std[3]) {
+    on_device(ctx, in, images * 3 * plane, "normalize bytes (input)");
+    on_device(ctx, out, images * 3 * plane * sizeof(float), "normalize bytes (output)");
+    visc_normalize_bytes(in, images, plane, mean, std, out);
     return 0;
 }
 

@@ -56,6 +56,7 @@
 #include "visc/cuda.h"
 #include "visc/nn.h"
 #include "visc/tokens.h"
+#include "visc/transforms.h"
 
 static visc_cuda *ctx;
 static int passed, failed;
@@ -1728,6 +1729,28 @@ static void check_add(size_t n) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* A batch of bytes to the model's input: every byte value in every
+ * channel, ImageNet's and odd statistics, the host's floats bit for bit. */
+static void check_normalize_bytes(size_t images, size_t plane, const float mean[3],
+                                  const float std[3]) {
+    char name[128];
+    size_t n = images * 3 * plane;
+    uint8_t *in = malloc(n ? n : 1);
+    for (size_t i = 0; i < n; i++) in[i] = (uint8_t)(i < 768 ? i % 256 : next_u64() >> 56);
+    float *want = malloc(sizeof(float) * (n ? n : 1));
+    visc_normalize_bytes(in, images, plane, mean, std, want);
+    uint8_t *d_in = up(in, n);
+    float *d_out = dev(sizeof(float) * n);
+    launched(visc_cuda_normalize_bytes(ctx, d_out, d_in, images, plane, mean, std),
+             "normalize bytes");
+    float *got = down(d_out, n);
+    snprintf(name, sizeof name, "normalize bytes [%zu x 3 x %zu]: bit-identical", images, plane);
+    expect_bits(name, got, want, n, sizeof(float));
+    visc_cuda_free(ctx, d_in);
+    visc_cuda_free(ctx, d_out);
+    free(in), free(want), free(got);
+}
+
 /* The checks in groups, each runnable alone (`test_cuda_kernels matmul`),
  * so that a kernel that breaks the context cannot hide the others. */
 static void group_layernorm(void) {
@@ -1832,6 +1855,14 @@ static void group_eltwise(void) {
     check_add(((size_t)1 << 20) + 5);
     check_add(9); /* fewer elements than one block */
 }
+static void group_input(void) {
+    const float imagenet_mean[3] = {0.485f, 0.456f, 0.406f},
+                imagenet_std[3] = {0.229f, 0.224f, 0.225f};
+    const float odd_mean[3] = {0.5f, 0.0f, 0.7f}, odd_std[3] = {0.5f, 1.0f, 0.013f};
+    check_normalize_bytes(3, 256, imagenet_mean, imagenet_std); /* each byte once per plane */
+    check_normalize_bytes(64, 224 * 224, imagenet_mean, imagenet_std);
+    check_normalize_bytes(5, 7, odd_mean, odd_std);
+}
 static void group_swin(void) {
     check_swin(2, 8, 8, 4, 1, 48);
     check_swin(2, 8, 8, 4, 0, 48);
@@ -1887,12 +1918,14 @@ static void group_pool(void) {
 static const struct {
     const char *name;
     void (*run)(void);
-} groups[] =
-    {{"layernorm", group_layernorm}, {"xent", group_xent},       {"gelu", group_gelu},
-     {"optim", group_optim},         {"convert", group_convert}, {"matmul", group_matmul},
-     {"swin", group_swin},           {"conv", group_conv},       {"batchnorm", group_batchnorm},
-     {"pool", group_pool},           {"linear", group_linear},   {"eltwise", group_eltwise},
-     {"attention", group_attention}, {"tokens", group_tokens},   {"cait", group_cait}};
+} groups[] = {{"layernorm", group_layernorm}, {"xent", group_xent},
+              {"gelu", group_gelu},           {"optim", group_optim},
+              {"convert", group_convert},     {"matmul", group_matmul},
+              {"swin", group_swin},           {"conv", group_conv},
+              {"batchnorm", group_batchnorm}, {"pool", group_pool},
+              {"linear", group_linear},       {"eltwise", group_eltwise},
+              {"attention", group_attention}, {"tokens", group_tokens},
+              {"cait", group_cait},           {"input", group_input}};
 #define NUM_GROUPS (sizeof groups / sizeof *groups)
 
 int main(int argc, char **argv) {

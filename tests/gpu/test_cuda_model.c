@@ -40,6 +40,7 @@
 #include <string.h>
 
 #include "visc/gpu.h"
+#include "visc/loader.h"
 #include "visc/model.h"
 #include "visc/nn.h"
 #include "visc/optim.h"
@@ -305,6 +306,60 @@ static void check_device_io(visc_cuda *ctx, const char *name, int image, int cha
     free(x), free(probs), free(dlogits), free(logits), free(g_fed), free(g_kept), free(labels);
 }
 
+/* ---- the loader's batch memory, page-locked ---- */
+
+static int ramp_get(const visc_dataset *ds, int64_t idx, const visc_augment *aug, int train,
+                    uint64_t seed, int64_t epoch, float *out, int32_t *label) {
+    (void)ds, (void)aug, (void)train, (void)seed, (void)epoch;
+    for (int k = 0; k < 6; k++) out[k] = (float)idx + 0.125f * (float)k;
+    *label = (int32_t)(idx % 3);
+    return 0;
+}
+
+#ifdef VISC_GPU_STANDIN
+int visc_standin_pinned_count(const visc_cuda *ctx); /* cpu_standin.c */
+#define PINNED(ctx, n) (visc_standin_pinned_count(ctx) == (n))
+#else
+#define PINNED(ctx, n) 1
+#endif
+
+/* The trainer's pinning: the loader's two regions locked, a batch read
+ * from them crosses to the device and back unchanged, the same memory
+ * cannot be locked twice (the second attempt is refused and lists
+ * nothing), and unpinning releases all of it. */
+static void check_pinned_batches(visc_cuda *ctx) {
+    visc_dataset ds =
+        {.size = 12, .channels = 1, .height = 2, .width = 3, .num_classes = 3, .get = ramp_get};
+    visc_loader_config lc = {.batch_size = 4, .workers = 2, .train = 1, .seed = 5};
+    visc_loader *l = visc_loader_new(&ds, &lc);
+    visc_gpu_pins pins = {0}, again = {0};
+    visc_gpu_pin_loader(ctx, l, &pins);
+    result(pins.count == 2 && PINNED(ctx, 2), "%.0f regions (want %.0f)", "loader", "pinned",
+           pins.count, 2);
+    visc_gpu_pin_loader(ctx, l, &again);
+    result(again.count == 0 && PINNED(ctx, 2), "%.0f regions (want %.0f)", "loader",
+           "pinned twice is refused", again.count, 0);
+    float *dev = visc_gpu_alloc(ctx, 4 * 6 * sizeof(float)), back[24];
+    visc_batch b;
+    double bad = 0;
+    int batches = 0;
+    visc_loader_start(l, 0, 0, -1);
+    while (dev && visc_loader_next(l, &b) == 1) {
+        visc_gpu_upload(ctx, dev, b.x, sizeof back);
+        visc_gpu_download(ctx, back, dev, sizeof back);
+        for (int i = 0; i < 24; i++) bad += back[i] != b.x[i];
+        batches++;
+    }
+    result(batches == 3 && bad == 0, "%.0f values changed crossing the bus (want %.0f)", "loader",
+           "batches from pinned memory", bad, 0);
+    visc_gpu_unpin(&pins);
+    visc_gpu_unpin(&pins); /* nothing left: a no-op */
+    result(pins.count == 0 && PINNED(ctx, 0), "%.0f regions left (want %.0f)", "loader", "unpinned",
+           pins.count, 0);
+    visc_gpu_free(ctx, dev);
+    visc_loader_free(l);
+}
+
 int main(void) {
     int index = 0;
     /* The CPU's bf16 products also where it has no avx512_bf16 (it would
@@ -339,6 +394,7 @@ int main(void) {
     check_device_io(ctx, "resnet20", 32, 3, 10, 16);
     check_device_io(ctx, "vit_pico_patch4_28", 28, 1, 10, 8);
     check_device_io(ctx, "swinv2_micro_patch2_window4_32", 32, 3, 10, 4);
+    check_pinned_batches(ctx);
     visc_gpu_close(ctx);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -18,15 +18,32 @@ targets=${FUZZ_TARGETS:-$(for f in fuzz/fuzz_*.c; do basename "$f" .c; done)}
 make -j"${JOBS:-$(nproc)}" fuzz >/dev/null
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-failed=()
-for t in $targets; do
-    [ -d "fuzz/corpus/$t" ] || { echo "fuzz: no seed corpus fuzz/corpus/$t" >&2; failed+=("$t"); continue; }
+# fuzz_one T: one target's run into $scratch/T/ (log, and rc: its exit status).
+fuzz_one() {
+    local t=$1 rc=0
     mkdir -p "$scratch/$t/corpus" "$scratch/$t/out"
     cp -r "fuzz/corpus/$t/." "$scratch/$t/corpus/"
     # New finds go to the scratch corpus; crash files to the scratch out dir.
+    "build-fuzz/fuzz/$t" -max_total_time="$seconds" -timeout="$timeout" -rss_limit_mb=2048 \
+        -print_final_stats=1 -artifact_prefix="$scratch/$t/out/" "$scratch/$t/corpus" \
+        >"$scratch/$t/log" 2>&1 || rc=$?
+    echo $rc >"$scratch/$t/rc"
+}
+# One target per core at a time (each is one process on one core, for
+# FUZZ_SECONDS of wall time): the same fuzzing per target, half the wall
+# time on 2 cores. The reports follow in the targets' order.
+failed=()
+ran=()
+for t in $targets; do
+    [ -d "fuzz/corpus/$t" ] || { echo "fuzz: no seed corpus fuzz/corpus/$t" >&2; failed+=("$t"); continue; }
+    while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-$(nproc)}" ]; do wait -n || true; done
+    fuzz_one "$t" &
+    ran+=("$t")
+done
+wait
+for t in "${ran[@]}"; do
     log="$scratch/$t/log"
-    if "build-fuzz/fuzz/$t" -max_total_time="$seconds" -timeout="$timeout" -rss_limit_mb=2048 \
-           -print_final_stats=1 -artifact_prefix="$scratch/$t/out/" "$scratch/$t/corpus" >"$log" 2>&1; then
+    if [ "$(cat "$scratch/$t/rc")" -eq 0 ]; then
         runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
         cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1)
         echo "fuzz: ok   $t: ${runs:-?} inputs in ${seconds}s, $cov"
