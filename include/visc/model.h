@@ -96,9 +96,12 @@ struct visc_model {
     int io_on_device;
     /* Set by a caller that puts the batch on the device itself (the
      * trainer normalizes a loader's bytes there): forward's x is a device
-     * pointer; logits still come back to the host (io_on_device implies
-     * it). */
+     * pointer, best m->input itself (then nothing is copied); logits still
+     * come back to the host (io_on_device implies it). */
     int input_on_device;
+    /* The arena's batch buffer [batch, C, H, W], where the model is (device
+     * memory once on a GPU): forward copies x here unless x is it. */
+    float *input;
     const float *dev_logits, *dev_features;
     /* The architecture's GPU path: moves its activations to m->cuda (the
      * device copies are made already); NULL where there is none yet. */

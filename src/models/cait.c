@@ -234,6 +234,7 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
     const size_t BHTT = (size_t)B * c->heads * T * T, BC = (size_t)B * C;
     const size_t U = (size_t)B * (T + 1);
     c->image = visc_arena_floats(a, (size_t)B * m->cfg.in_channels * S * S);
+    m->input = c->image;
     c->conv_out = visc_arena_floats(a, RC);
     c->x0 = visc_arena_floats(a, RC);
     const float *x = c->x0;

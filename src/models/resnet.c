@@ -158,6 +158,7 @@ static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     int N = m->cfg.batch;
     r->x = visc_arena_floats(a, (size_t)N * m->cfg.in_channels * m->cfg.image_size *
                                     m->cfg.image_size);
+    m->input = r->x;
     size_t stem = conv_out_size(&r->stem_conv);
     r->stem_c = visc_arena_floats(a, stem);
     r->stem_b = visc_arena_floats(a, stem);

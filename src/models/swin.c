@@ -237,6 +237,7 @@ static void plan_activations(visc_model *m, swin *s, visc_arena *a) {
     size_t tok0 = (size_t)B * s->grid * s->grid;
     s->max_rc = s->max_rh = s->max_bias = s->max_cpb = 0;
     s->x = visc_arena_floats(a, (size_t)B * m->cfg.in_channels * S * S);
+    m->input = s->x;
     s->pe_c = visc_arena_floats(a, tok0 * s->embed);
     s->pe_t = visc_arena_floats(a, tok0 * s->embed);
     s->pe_mean = visc_arena_floats(a, tok0);

@@ -138,6 +138,7 @@ static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
     const int B = m->cfg.batch, C = v->embed, S = m->cfg.image_size, G = v->pe.grid;
     const size_t R = (size_t)B * v->tokens, RC = R * C, RH = R * v->hidden;
     v->image = visc_arena_floats(a, (size_t)B * m->cfg.in_channels * S * S);
+    m->input = v->image;
     v->conv_out = visc_arena_floats(a, (size_t)B * C * G * G);
     v->x0 = visc_arena_floats(a, RC);
     const float *x = v->x0;

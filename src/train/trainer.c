@@ -92,7 +92,6 @@ typedef struct {
      * cross the bus as such and become the model's input there. */
     int byte_batches;
     uint8_t *dev_x8;
-    float *dev_x;
 } trainer;
 
 /* One optimizer step on one batch: mixing, forward, loss, backward, clip,
@@ -112,9 +111,10 @@ static int train_step(trainer *t, const visc_batch *batch, float *loss_out, int 
         uint8_t *x8 = batch->x8;
         for (int b = n; b < B; b++) memcpy(x8 + b * sample, x8, sample);
         visc_gpu_upload(t->gpu, t->dev_x8, x8, (size_t)B * sample);
-        visc_gpu_normalize_bytes(t->gpu, t->dev_x, t->dev_x8, (size_t)B, sample / 3,
+        /* straight into the model's input buffer: forward copies nothing */
+        visc_gpu_normalize_bytes(t->gpu, m->input, t->dev_x8, (size_t)B, sample / 3,
                                  t->recipe[0].mean, t->recipe[0].std);
-        x = t->dev_x;
+        x = m->input;
     } else {
         for (int b = n; b < B; b++) memcpy(x + b * sample, x, sample * sizeof(float));
     }
@@ -574,8 +574,7 @@ static int open_gpu(trainer *t) {
         const size_t n =
             (size_t)t->model->cfg.batch * t->train->channels * t->train->height * t->train->width;
         t->dev_x8 = visc_gpu_alloc(t->gpu, n);
-        t->dev_x = t->dev_x8 ? visc_gpu_alloc(t->gpu, n * sizeof(float)) : NULL;
-        if (!t->dev_x) return -1;
+        if (!t->dev_x8) return -1;
     }
     return 0;
 }
@@ -589,7 +588,6 @@ static void trainer_free(trainer *t) {
     visc_gpu_free(t->gpu, t->dev_ema_params);
     visc_gpu_free(t->gpu, t->dev_ema_buffers);
     visc_gpu_free(t->gpu, t->dev_x8);
-    visc_gpu_free(t->gpu, t->dev_x);
     if (t->model) visc_model_destroy(t->model); /* its GPU memory too */
     visc_gpu_unpin(&t->pins);
     visc_gpu_close(t->gpu);
