@@ -160,7 +160,7 @@ demo: deps
 # libvisc.a, so it builds where oneDNN and the image libraries are absent.
 ifeq ($(CUDA),1)
 GPU_REF_OBJ := $(patsubst %,$(BUILD)/src/%.o,core/error core/memory core/table nn/layernorm \
-               nn/gelu nn/loss nn/batchnorm2d nn/pool2d nn/global_pool nn/eltwise \
+               nn/gelu nn/loss nn/loss_soft nn/batchnorm2d nn/pool2d nn/global_pool nn/eltwise \
                optim/optimizer optim/sgd optim/adamw optim/lamb optim/lars optim/clip optim/ema \
                nn/token_ops nn/droppath nn/layerscale core/rng models/talking_heads \
                models/swin_window transforms/to_tensor)

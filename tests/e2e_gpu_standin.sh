@@ -4,15 +4,20 @@
 # host memory, tests/gpu/cpu_standin.c). CI has no GPU; this runs the GPU
 # code path of the whole program: the model moved to the device, the batch
 # uploaded (image data as bytes from page-locked memory, normalized on the
-# device; the stand-in stops at any host pointer used as device memory and
-# at page-locked memory left locked), logits downloaded, the optimizer's
+# device; the stand-in stops at any host pointer used as device memory, at
+# page-locked memory left locked, and at an asynchronous copy's memory
+# changed before the copy was waited for), the loss on the device, the optimizer's
 # step and state on the device,
 # checkpoints downloaded before each save, evaluation, resume. Since the
 # stand-in's kernels are the CPU's layers, every result must be the CPU
 # run's, bit for bit:
 #   - 20 steps with SGD and with AdamW (with --clip-grad and an EMA of the
-#     weights, evaluated on the device): the same model file, checkpoint and
-#     EMA as on the CPU; 8 steps of LAMB and of LARS: the same checkpoint;
+#     weights, evaluated on the device): the same model file, checkpoint,
+#     EMA and logged losses as on the CPU (the GPU's kept on the device and
+#     read back at each report); mixup and cutmix (soft targets crossing
+#     beside the batch, their loss on the device): the same; a diverging
+#     run: the CPU's message, naming the same step, and no checkpoint;
+#     8 steps of LAMB and of LARS: the same checkpoint;
 #   - the head dropout, not on the GPU yet, refused in one line;
 #   - a ViT (attention, LayerNorm, GELU, drop-path, class token), also with
 #     --precision bf16 (the CPU's bf16 run), a Swin V2
@@ -64,8 +69,10 @@ print(json.dumps(head, sort_keys=True))
 print(hashlib.sha256(data[8 + n:]).hexdigest())
 PY
 }
+# (each 5 steps a "train" record: the losses and top-1 counts the GPU kept
+# on the device and read back in one run)
 for opt in sgd adamw; do
-    extra=(--opt "$opt")
+    extra=(--opt "$opt" --print-freq 5)
     # AdamW with the timm recipe's gradient clipping and EMA of the weights
     [ "$opt" = adamw ] && extra+=(--lr 0.002 --wd 0.05 --clip-grad 0.5 --model-ema-decay 0.9)
     "$V" train "${common[@]}" "${extra[@]}" --max-steps 20 --output "$tmp/cpu-$opt" >/dev/null
@@ -78,11 +85,36 @@ for opt in sgd adamw; do
     # the same validation accuracy logged at step 10 and at the stop
     val() { grep '"val_step"' "$1" | sed 's/,"time":[0-9.]*//'; }
     diff <(val "$tmp/cpu-$opt/log.jsonl") <(val "$tmp/gpu-$opt/log.jsonl")
+    train() { grep '"type":"train"' "$1" | sed -E 's/,"(img_per_s|time)":[0-9.]*//g'; }
+    [ "$(train "$tmp/gpu-$opt/log.jsonl" | wc -l)" -eq 4 ]
+    diff <(train "$tmp/cpu-$opt/log.jsonl") <(train "$tmp/gpu-$opt/log.jsonl")
     cmp <(tensors "$tmp/cpu-$opt/checkpoint_last.safetensors") \
         <(tensors "$tmp/gpu-$opt/checkpoint_last.safetensors")
     grep -qF '\"device\":\"cuda\"' "$tmp/gpu-$opt/checkpoint_last.safetensors"
-    echo "20 steps with $opt ${extra[*]:2} on the stand-in GPU: the CPU's model, optimizer state and EMA, bit for bit"
+    echo "20 steps with $opt ${extra[*]:4} on the stand-in GPU: the CPU's model, optimizer state, EMA and logged losses, bit for bit"
 done
+# mixup and cutmix: the batch crosses as floats (mixed on the host), the
+# soft targets beside it, the soft-target loss on the device
+mix=("${common[@]}" --mixup 0.8 --cutmix 1.0 --smoothing 0.1 --print-freq 5 --max-steps 10)
+"$V" train "${mix[@]}" --output "$tmp/mix-cpu" >/dev/null
+"$G" train "${mix[@]}" --device cuda --output "$tmp/mix-gpu" >"$tmp/mix-gpu.log"
+! grep -q 'batches as bytes' "$tmp/mix-gpu.log"
+cmp "$tmp/mix-cpu/model_last.safetensors" "$tmp/mix-gpu/model_last.safetensors"
+diff <(train "$tmp/mix-cpu/log.jsonl") <(train "$tmp/mix-gpu/log.jsonl")
+echo "10 steps with mixup and cutmix on the stand-in GPU: the CPU's model and logged losses, bit for bit"
+# A diverging run: the GPU reads its losses back only at the epoch's end
+# here (no reports), and still names the step the CPU names, and saves
+# nothing.
+boom=("${small[@]}" --epochs 1 --batch-size 20 --lr 1e8 --print-freq 0 --no-progress --threads 2)
+for side in cpu gpu; do
+    rc=0
+    if [ $side = cpu ]; then "$V" train "${boom[@]}" --output "$tmp/boom-$side" >/dev/null 2>"$tmp/boom-$side.err" || rc=$?
+    else "$G" train "${boom[@]}" --device cuda --output "$tmp/boom-$side" >/dev/null 2>"$tmp/boom-$side.err" || rc=$?; fi
+    [ $rc -ne 0 ] && [ ! -e "$tmp/boom-$side/checkpoint_last.safetensors" ]
+done
+grep -q 'training diverged' "$tmp/boom-cpu.err"
+diff "$tmp/boom-cpu.err" "$tmp/boom-gpu.err"
+echo "a diverging run on the stand-in GPU: stopped with the CPU's message ($(head -c 60 "$tmp/boom-gpu.err")...), nothing saved"
 # LAMB and LARS (per-tensor trust ratios)
 # (no evaluation: the checkpoint holds all there is to compare)
 adaptive=(--model resnet14 --epochs 1 --batch-size 32 --print-freq 0 --no-progress --threads 2

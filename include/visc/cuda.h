@@ -10,7 +10,8 @@
  * context.cu      devices, the context (stream, cuBLASLt handle, scratch), memory
  * cublaslt_dl.cu  cuBLASLt, opened with dlopen at the first matrix product
  * layernorm.cu    visc_layernorm_* (src/nn/layernorm.c)
- * softmax_xent.cu visc_softmax_xent_* (src/nn/loss.c)
+ * softmax_xent.cu visc_softmax_xent_*, visc_topk_correct (src/nn/loss.c,
+ *                 loss_soft.c)
  * gelu.cu         visc_gelu_* (src/nn/gelu.c) and the fused bias + GELU epilogue
  * optim.cu        SGD, AdamW, LARS and LAMB steps, gradient clipping, the weights'
  *                 EMA (src/optim/sgd.c, adamw.c, lars.c, lamb.c, clip.c, ema.c)
@@ -100,6 +101,24 @@ void visc_cuda_free(visc_cuda *ctx, void *p);
 /* Copies that wait for the stream (host memory may be pageable). */
 int visc_cuda_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes);
 int visc_cuda_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes);
+/* Copies beside the kernels. A batch can cross the bus while the previous
+ * step computes: visc_cuda_upload_async queues it on the context's second
+ * stream (the copy engine's), ordered against the kernels by events. An
+ * event marks a point in a stream's work; it is done when the work queued
+ * before that point has run (one never recorded is done). */
+typedef struct visc_cuda_event visc_cuda_event;
+visc_cuda_event *visc_cuda_event_create(visc_cuda *ctx);          /* NULL with the error set */
+void visc_cuda_event_destroy(visc_cuda *ctx, visc_cuda_event *e); /* NULL: nothing */
+/* e marks the kernels queued so far. */
+int visc_cuda_event_record(visc_cuda *ctx, visc_cuda_event *e);
+/* The host waits for e; -1 if the work before it failed. */
+int visc_cuda_event_wait(visc_cuda *ctx, visc_cuda_event *e);
+/* Queues on the copy stream: once `after` is done (NULL: at once), the copy
+ * of src (page-locked host memory, else the driver stages it first) to
+ * dst; then records `done` there and makes every kernel queued after this
+ * call wait for it. The host leaves src alone until `done` is done. */
+int visc_cuda_upload_async(visc_cuda *ctx, void *dst, const void *src, size_t bytes,
+                           visc_cuda_event *after, visc_cuda_event *done);
 /* Page-locks host memory the program already has (cudaHostRegister), so
  * that copies from it run at the bus's speed instead of through the
  * driver's pageable staging (the batch: 154 MB a step for ResNet-50 at
@@ -128,6 +147,17 @@ int visc_cuda_softmax_xent_forward(visc_cuda *ctx, float *loss, float *probs, co
                                    const int32_t *labels, int N, int K, float smoothing);
 int visc_cuda_softmax_xent_backward(visc_cuda *ctx, float *dlogits, const float *probs,
                                     const int32_t *labels, int N, int K, float smoothing);
+/* As visc_softmax_xent_soft_forward/backward (src/nn/loss_soft.c): soft
+ * targets [N, K] (mixup, cutmix). */
+int visc_cuda_softmax_xent_soft_forward(visc_cuda *ctx, float *loss, float *probs,
+                                        const float *logits, const float *targets, int N, int K);
+int visc_cuda_softmax_xent_soft_backward(visc_cuda *ctx, float *dlogits, const float *probs,
+                                         const float *targets, int N, int K);
+/* As visc_topk_correct: counts[0] the samples whose label ranks first,
+ * counts[1] within the first min(5, K) (two device int32). A label out of
+ * [0, K) counts in neither. */
+int visc_cuda_topk_correct(visc_cuda *ctx, int32_t *counts, const float *logits,
+                           const int32_t *labels, int N, int K);
 
 /* ---- gelu.cu: exact (erf) GELU, as visc_gelu_forward/backward ---- */
 int visc_cuda_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n);

@@ -10,14 +10,17 @@
  * optim.c   the optimizer's step on the GPU, its state kept there
  * pinned.c  the loader's batch memory page-locked, so batches cross the
  *           bus at its speed
+ * stage.c   a training step that does not wait for the GPU: the batch
+ *           crosses beside the previous step's kernels, the loss and
+ *           top-1 stay on the device until the host reports
  *
  * A model on the GPU runs the same forward and backward code as on the CPU:
  * each layer call goes to its twin here when m->cuda is set (models/resnet.c).
- * The host side of a step stays as it is: the batch is uploaded by forward,
- * the logits come back to the host (the loss and accuracy are computed
- * there, a few kilobytes a step), and backward uploads their gradient. A
- * caller that keeps batch and loss on the device sets m->io_on_device
- * (model.h) and computes the loss with visc_gpu_softmax_xent.
+ * By default the host side of a model's call stays as on the CPU: forward
+ * uploads the batch and downloads the logits, backward uploads their
+ * gradient (evaluation, SSL pretraining). A caller that keeps batch and
+ * loss on the device sets m->io_on_device (model.h): the trainer's steps
+ * (stage.c), bench_train.
  *
  * tests/gpu/cpu_standin.c implements the backend's calls with the CPU
  * layers, so that CI runs all of this (and must get the CPU's bits).
@@ -258,5 +261,44 @@ typedef struct {
 void visc_gpu_pin_loader(visc_cuda *ctx, visc_loader *l, visc_gpu_pins *pins);
 /* Unlocks what visc_gpu_pin_loader locked; a zeroed pins is nothing. */
 void visc_gpu_unpin(visc_gpu_pins *pins);
+
+/* ---- stage.c ----
+ * A trainer's step on the GPU without waiting for it (trainer.c):
+ *   x = visc_gpu_stage_put(s, batch, labels, count)   the batch crosses
+ *   forward on x (io_on_device), then
+ *   dlogits = visc_gpu_stage_loss(s, i, logits, ...)  loss, gradient, top-1
+ *   backward on dlogits, the optimizer's step, then
+ *   visc_gpu_stage_end(s)                              the batch's memory free
+ * and every VISC_GPU_STAGE_STEPS steps at most, visc_gpu_stage_results. */
+typedef struct visc_gpu_stage visc_gpu_stage;
+#define VISC_GPU_STAGE_STEPS 64 /* steps whose results wait on the device */
+/* For batches of `batch` samples of sample_bytes each (bytes or floats, as
+ * the loader delivers them) and `classes` logits; soft_targets: the loss
+ * takes soft targets (mixup, cutmix) instead of labels. NULL with the
+ * error set (device memory). */
+visc_gpu_stage *visc_gpu_stage_create(visc_cuda *ctx, int batch, int classes, size_t sample_bytes,
+                                      int soft_targets);
+void visc_gpu_stage_free(visc_gpu_stage *s); /* NULL: nothing */
+/* Where this step's soft targets [batch, classes] are written before put
+ * (page-locked host memory); NULL without soft targets. */
+float *visc_gpu_stage_targets(visc_gpu_stage *s);
+/* Queues this step's batch x (batch samples, page-locked: the loader's
+ * memory), its `count` labels and its soft targets to the device; returns
+ * the batch's device copy. x stays untouched until visc_gpu_stage_end. */
+void *visc_gpu_stage_put(visc_gpu_stage *s, const void *x, const int32_t *labels, int count);
+/* The loss of logits [batch, classes] (device) over the first `rows`
+ * samples (labels with smoothing, or the soft targets), and the top-1 and
+ * top-5 counts over the first `count`, kept as result `step` (0 <= step <
+ * VISC_GPU_STAGE_STEPS); returns the device gradient of the logits, zero
+ * past `rows`. */
+const float *visc_gpu_stage_loss(visc_gpu_stage *s, int step, const float *logits, int rows,
+                                 int count, float smoothing);
+/* After the step's kernels are queued: waits for this step's copies (they
+ * ran beside the previous step's kernels), so the caller may reuse the
+ * batch's memory; the next step takes the other buffers. */
+int visc_gpu_stage_end(visc_gpu_stage *s);
+/* Results 0 .. steps-1 to the host: the mean losses and top-1 counts (waits
+ * for the queued work). */
+int visc_gpu_stage_results(visc_gpu_stage *s, int steps, float *loss, int32_t *top1);
 
 #endif

@@ -88,17 +88,12 @@ struct visc_model {
      * dlogits (dfeatures) from the host. */
     visc_cuda *cuda;
     float *dev_params, *dev_grads, *dev_buffers;
-    /* Set by a caller that keeps its batch and its loss on the GPU
-     * (bench_train, as PyTorch's benchmark does): forward's x and
+    /* Set by a caller that keeps its batch and its loss on the GPU (the
+     * trainer's steps there, bench_train): forward's x and
      * backward's dlogits (dfeatures) are then device pointers, and forward
      * leaves logits and features on the device only (nothing crosses the
      * bus). Either way forward points these at the device's copies. */
     int io_on_device;
-    /* Set by a caller that puts the batch on the device itself (the
-     * trainer normalizes a loader's bytes there): forward's x is a device
-     * pointer, best m->input itself (then nothing is copied); logits still
-     * come back to the host (io_on_device implies it). */
-    int input_on_device;
     /* The arena's batch buffer [batch, C, H, W], where the model is (device
      * memory once on a GPU): forward copies x here unless x is it. */
     float *input;

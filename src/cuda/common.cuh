@@ -19,6 +19,7 @@
 struct visc_cuda {
     int device;
     cudaStream_t stream;
+    cudaStream_t copy_stream; /* uploads beside the kernels: created by the first */
     cublasLtHandle_t lt; /* NULL until the first matrix product (visc_cuda_lt) */
     void *workspace;     /* cuBLASLt's, VISC_CUDA_WORKSPACE bytes */
     void *scratch;       /* partial sums, grown by visc_cuda_scratch */

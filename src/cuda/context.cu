@@ -71,6 +71,10 @@ visc_cuda *visc_cuda_open(int dev) {
 void visc_cuda_close(visc_cuda *ctx) {
     if (!ctx) return;
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
+    if (ctx->copy_stream) {
+        cudaStreamSynchronize(ctx->copy_stream);
+        cudaStreamDestroy(ctx->copy_stream);
+    }
     visc_conv_state_free(ctx);
     visc_attn_state_free(ctx);
     cudaFree(ctx->scratch);
@@ -131,6 +135,60 @@ int visc_cuda_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
                         "copy to the device"))
         return -1;
     return visc_cuda_sync(ctx);
+}
+
+struct visc_cuda_event {
+    cudaEvent_t e;
+};
+
+visc_cuda_event *visc_cuda_event_create(visc_cuda *ctx) {
+    (void)ctx;
+    visc_cuda_event *ev = (visc_cuda_event *)calloc(1, sizeof *ev);
+    if (!ev) {
+        visc_set_error("out of memory allocating a CUDA event");
+        return NULL;
+    }
+    /* no timing: recording and waiting cost less */
+    if (visc_cuda_check(cudaEventCreateWithFlags(&ev->e, cudaEventDisableTiming),
+                        "cudaEventCreate")) {
+        free(ev);
+        return NULL;
+    }
+    return ev;
+}
+
+void visc_cuda_event_destroy(visc_cuda *ctx, visc_cuda_event *e) {
+    (void)ctx;
+    if (!e) return;
+    cudaEventDestroy(e->e);
+    free(e);
+}
+
+int visc_cuda_event_record(visc_cuda *ctx, visc_cuda_event *e) {
+    return visc_cuda_check(cudaEventRecord(e->e, ctx->stream), "recording an event");
+}
+
+int visc_cuda_event_wait(visc_cuda *ctx, visc_cuda_event *e) {
+    (void)ctx;
+    return visc_cuda_check(cudaEventSynchronize(e->e), "CUDA work");
+}
+
+int visc_cuda_upload_async(visc_cuda *ctx, void *dst, const void *src, size_t bytes,
+                           visc_cuda_event *after, visc_cuda_event *done) {
+    if (!ctx->copy_stream &&
+        visc_cuda_check(cudaStreamCreateWithFlags(&ctx->copy_stream, cudaStreamNonBlocking),
+                        "creating the copy stream"))
+        return -1;
+    if (after && visc_cuda_check(cudaStreamWaitEvent(ctx->copy_stream, after->e, 0),
+                                 "ordering a copy after the kernels"))
+        return -1;
+    if (visc_cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ctx->copy_stream),
+                        "copy to the device") ||
+        visc_cuda_check(cudaEventRecord(done->e, ctx->copy_stream), "recording a copy") ||
+        visc_cuda_check(cudaStreamWaitEvent(ctx->stream, done->e, 0),
+                        "ordering the kernels after a copy"))
+        return -1;
+    return 0;
 }
 
 int visc_cuda_host_register(visc_cuda *ctx, void *p, size_t bytes) {

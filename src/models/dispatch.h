@@ -20,13 +20,10 @@ static inline void md_take_in(visc_model *m, float *dst, const float *src, size_
     else memcpy(dst, src, n * sizeof(float));
 }
 
-/* The batch into the arena: the host's, or the device's where the caller
- * put it there (input_on_device, io_on_device); nothing to do when the
- * caller wrote it into the arena itself (m->input). */
+/* The batch into the arena, as md_take_in; nothing to do when the caller
+ * wrote it into the arena itself (m->input). */
 static inline void md_take_batch(visc_model *m, float *dst, const float *x, size_t n) {
-    if (x == dst) return;
-    if (m->cuda && m->input_on_device) visc_gpu_copy(m->cuda, dst, x, n);
-    else md_take_in(m, dst, x, n);
+    if (x != dst) md_take_in(m, dst, x, n);
 }
 
 static inline void md_copy(visc_model *m, float *dst, const float *src, size_t n) {

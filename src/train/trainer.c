@@ -57,6 +57,21 @@ void visc_train_config_defaults(visc_train_config *c) {
 }
 
 /* Everything a step touches, allocated once before the first step. */
+/* A step's loss and top-1 count, until they join the epoch's sums: at once
+ * on the CPU; on a GPU they wait on the device (visc_gpu_stage) until a
+ * report reads a run of them, so that no step waits for the GPU. */
+typedef struct {
+    int64_t step; /* the state's step after it */
+    float loss;
+    int32_t top1;
+} step_result;
+
+/* The epoch's sums over the steps settled so far. */
+typedef struct {
+    double loss_sum;
+    int64_t correct, steps;
+} epoch_sums;
+
 typedef struct {
     const visc_train_config *c;
     visc_model *model;
@@ -91,73 +106,92 @@ typedef struct {
     /* The loader delivers bytes (image data on a GPU, no mixing): they
      * cross the bus as such and become the model's input there. */
     int byte_batches;
-    uint8_t *dev_x8;
+    visc_gpu_stage *stage; /* on a GPU: the batch's way there, the loss kept there */
+    step_result pending[VISC_GPU_STAGE_STEPS];
+    int npending;
 } trainer;
 
+static void pad_short_batch(const visc_batch *batch, int B, size_t sample) {
+    for (int b = batch->count; b < B; b++) {
+        if (batch->x8) memcpy(batch->x8 + b * sample, batch->x8, sample);
+        else memcpy(batch->x + b * sample, batch->x, sample * sizeof(float));
+    }
+}
+
 /* One optimizer step on one batch: mixing, forward, loss, backward, clip,
- * update, EMA. Writes the loss, counts correct top-1; -1 when the
- * gradient all-reduce failed. A short batch (the
- * loader ran out of good samples) fills its tail with copies of the first
- * sample and gives those rows no gradient. */
-static int train_step(trainer *t, const visc_batch *batch, float *loss_out, int *top1,
-                      float *lr_out) {
+ * update, EMA. Leaves its loss and top-1 in t->pending (on a GPU, to be
+ * read from the device); -1 when the gradient all-reduce failed. A short
+ * batch (the loader ran out of good samples) fills its tail with copies
+ * of the first sample and gives those rows no gradient. */
+static int train_step(trainer *t, const visc_batch *batch, float *lr_out) {
     const visc_train_config *c = t->c;
     visc_model *m = t->model;
     int B = m->cfg.batch, K = m->cfg.num_classes, n = batch->count;
     size_t sample = (size_t)m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
+    pad_short_batch(batch, B, sample);
     float *x = batch->x;
-    if (batch->x8) {
-        /* bytes on the bus (a quarter of the floats), normalized there */
-        uint8_t *x8 = batch->x8;
-        for (int b = n; b < B; b++) memcpy(x8 + b * sample, x8, sample);
-        visc_gpu_upload(t->gpu, t->dev_x8, x8, (size_t)B * sample);
-        /* straight into the model's input buffer: forward copies nothing */
-        visc_gpu_normalize_bytes(t->gpu, m->input, t->dev_x8, (size_t)B, sample / 3,
-                                 t->recipe[0].mean, t->recipe[0].std);
-        x = m->input;
-    } else {
-        for (int b = n; b < B; b++) memcpy(x + b * sample, x, sample * sizeof(float));
-    }
-
+    /* on a GPU the soft targets cross the bus from page-locked memory */
+    float *targets = t->stage ? visc_gpu_stage_targets(t->stage) : t->targets;
     if (t->use_mixup) {
         /* One draw per step from its own stream: resumable like the rest. */
         visc_rng r = visc_rng_make(c->seed, VISC_STREAM_MIXUP, (uint64_t)t->state.step);
         visc_mixup_apply(&t->mixup, &r, x, n & ~1, m->cfg.in_channels, m->cfg.image_size,
-                         m->cfg.image_size, batch->y, t->targets);
+                         m->cfg.image_size, batch->y, targets);
     }
+    /* an odd last sample was not mixed: it gets no gradient */
+    const int rows = t->use_mixup ? n & ~1 : n;
     /* This step's dropout / drop-path masks: a pure function of (seed, step). */
     uint32_t key[4];
     visc_philox4x32(c->seed, VISC_STREAM_DROPOUT, (uint64_t)t->state.step, key);
     m->noise_seed = (uint64_t)key[0] << 32 | key[1];
-    m->input_on_device = batch->x8 != NULL; /* this batch only: evaluation feeds the host's */
-    m->forward(m, x, 1);
-    m->input_on_device = 0;
 
-    float loss;
-    if (t->use_mixup) {
-        loss = visc_softmax_xent_soft_forward(t->probs, m->logits, t->targets, n & ~1, K);
-        visc_softmax_xent_soft_backward(t->dlogits, t->probs, t->targets, n & ~1, K);
-        n &= ~1; /* an odd last sample was not mixed: it gets no gradient */
+    step_result *result = &t->pending[t->npending++];
+    const float *dlogits = t->dlogits;
+    if (t->stage) {
+        /* The batch crosses beside the previous step's kernels; bytes (a
+         * quarter of the floats) are normalized there, straight into the
+         * model's input buffer. Loss and top-1 stay on the device. */
+        void *dev_batch =
+            visc_gpu_stage_put(t->stage, batch->x8 ? (void *)batch->x8 : (void *)x, batch->y, n);
+        x = dev_batch;
+        if (batch->x8) {
+            visc_gpu_normalize_bytes(t->gpu, m->input, dev_batch, (size_t)B, sample / 3,
+                                     t->recipe[0].mean, t->recipe[0].std);
+            x = m->input;
+        }
+        m->io_on_device = 1; /* this step only: evaluation feeds the host's */
+        m->forward(m, x, 1);
+        dlogits = visc_gpu_stage_loss(t->stage, t->npending - 1, m->dev_logits, rows, n,
+                                      c->label_smoothing);
     } else {
-        loss = visc_softmax_xent_forward(t->probs, m->logits, batch->y, n, K, c->label_smoothing);
-        visc_softmax_xent_backward(t->dlogits, t->probs, batch->y, n, K, c->label_smoothing);
+        m->forward(m, x, 1);
+        if (t->use_mixup) {
+            result->loss = visc_softmax_xent_soft_forward(t->probs, m->logits, targets, rows, K);
+            visc_softmax_xent_soft_backward(t->dlogits, t->probs, targets, rows, K);
+        } else {
+            result->loss = visc_softmax_xent_forward(t->probs, m->logits, batch->y, rows, K,
+                                                     c->label_smoothing);
+            visc_softmax_xent_backward(t->dlogits, t->probs, batch->y, rows, K, c->label_smoothing);
+        }
+        memset(t->dlogits + (size_t)rows * K, 0, (size_t)(B - rows) * K * sizeof(float));
+        int top1, top5;
+        visc_topk_correct(m->logits, batch->y, batch->count, K, &top1, &top5);
+        result->top1 = top1;
     }
-    memset(t->dlogits + (size_t)n * K, 0, (size_t)(B - n) * K * sizeof(float));
-    int top5;
-    visc_topk_correct(m->logits, batch->y, batch->count, K, top1, &top5);
     /* Several processes: each rank's gradient is the mean over its share
      * of the batch; buckets are averaged over the ranks as backward
      * finishes them, the rest after it. */
     if (t->gsync) visc_grad_sync_begin(t->gsync);
-    m->backward(m, t->dlogits);
+    m->backward(m, dlogits);
+    m->io_on_device = 0;
     if (t->gsync && visc_grad_sync_finish(t->gsync)) return -1;
-    *loss_out = loss;
 
-    /* A swarm's hooks decide whether this batch ends a step, and hand
-     * back the swarm's gradient and step when it does. */
+    /* A swarm's hooks (on the CPU) decide whether this batch ends a step,
+     * and hand back the swarm's gradient and step when it does. */
     int64_t step = t->state.step;
+    result->step = step;
     if (c->hooks) {
-        int go = c->hooks->after_backward(c->hooks->ctx, n, loss, &step);
+        int go = c->hooks->after_backward(c->hooks->ctx, rows, result->loss, &step);
         if (go < 0) return -1;
         if (go == 0) {
             *lr_out = visc_schedule_lr(&t->sched, t->state.step);
@@ -183,9 +217,36 @@ static int train_step(trainer *t, const visc_batch *batch, float *loss_out, int 
         visc_ema_update(t->ema_params, m->params.data, m->params.total, c->ema_decay);
         visc_ema_update(t->ema_buffers, m->buffers.data, m->buffers.total, c->ema_decay);
     }
-    t->state.step = step + 1;
+    /* the whole step is queued: the loader may have the batch's memory back */
+    if (t->stage && visc_gpu_stage_end(t->stage)) return -1;
+    t->state.step = result->step = step + 1;
     if (c->hooks && c->hooks->after_step && c->hooks->after_step(c->hooks->ctx)) return -1;
     *lr_out = lr;
+    return 0;
+}
+
+/* The pending steps' losses and top-1 counts into the epoch's sums, in
+ * step order (the GPU's come back in one copy); -1 at the first loss that
+ * is not finite: training diverged. */
+static int settle_steps(trainer *t, epoch_sums *sums, int64_t epoch) {
+    const int n = t->npending;
+    t->npending = 0;
+    if (t->stage && n > 0) {
+        float loss[VISC_GPU_STAGE_STEPS];
+        int32_t top1[VISC_GPU_STAGE_STEPS];
+        if (visc_gpu_stage_results(t->stage, n, loss, top1)) return -1;
+        for (int i = 0; i < n; i++) t->pending[i].loss = loss[i], t->pending[i].top1 = top1[i];
+    }
+    for (int i = 0; i < n; i++) {
+        const step_result *r = &t->pending[i];
+        if (!isfinite(r->loss))
+            return visc_set_error("loss is %f at step %lld (epoch %lld): training diverged; "
+                                  "lower --lr or enable --clip-grad",
+                                  (double)r->loss, (long long)r->step, (long long)epoch + 1);
+        sums->loss_sum += r->loss;
+        sums->correct += r->top1;
+        sums->steps++;
+    }
     return 0;
 }
 
@@ -367,9 +428,13 @@ static int evaluate_at_step(trainer *t, visc_progress *bar) {
     return 0;
 }
 
-/* Ends the run mid-epoch: the bar's last line, the evaluation that
- * --eval-interval asks for, then the checkpoint. */
-static int stop_early(trainer *t, visc_progress *bar, const char *why) {
+/* Ends the run mid-epoch: the steps' results settled, the bar's last
+ * line, the evaluation that --eval-interval asks for, then the checkpoint. */
+static int stop_early(trainer *t, visc_progress *bar, epoch_sums *sums, const char *why) {
+    if (settle_steps(t, sums, t->state.epoch)) { /* a diverged run saves nothing */
+        visc_progress_end(bar, NULL);
+        return -1;
+    }
     visc_progress_end(bar, why);
     if (evaluate_at_step(t, bar)) return -1;
     return save_all(t, 0) ? -1 : 1;
@@ -390,13 +455,14 @@ static int run_epochs(trainer *t) {
         snprintf(label, sizeof label, "epoch %lld/%d", (long long)epoch + 1, c->epochs);
         visc_progress_begin(&bar, label, t->steps_per_epoch, !c->no_progress);
         if (t->rank != 0) bar.out = NULL; /* rank 0 speaks for the job */
-        double loss_sum = 0, t0 = visc_now(), window_t0 = t0;
-        int64_t correct = 0, seen = 0, window_imgs = 0, steps_done = 0;
+        double t0 = visc_now(), window_t0 = t0;
+        epoch_sums sums = {0};
+        int64_t seen = 0, window_imgs = 0;
         double job_loss = 0, job_acc = 0; /* the whole job's, at the last report */
         for (int64_t i = t->state.step_in_epoch; i < t->steps_per_epoch; i++) {
             /* already there (a resumed or downloaded state): not one batch more */
             if (c->max_steps > 0 && t->state.step >= c->max_steps)
-                return stop_early(t, &bar, "stopped at --max-steps");
+                return stop_early(t, &bar, &sums, "stopped at --max-steps");
             visc_batch batch;
             int got = visc_loader_next(t->loader, &batch);
             if (got < 0) {
@@ -404,35 +470,35 @@ static int run_epochs(trainer *t) {
                 return -1;
             }
             if (got == 0) break; /* bad samples used up the end of the epoch */
-            int top1;
-            float lr, loss;
-            if (train_step(t, &batch, &loss, &top1, &lr)) {
+            float lr;
+            if (train_step(t, &batch, &lr)) {
                 visc_progress_end(&bar, NULL);
                 return -1;
             }
             t->state.sample_pos = batch.next_pos;
-            if (!isfinite(loss)) {
-                visc_progress_end(&bar, NULL);
-                return visc_set_error("loss is %f at step %lld (epoch %lld): training diverged; "
-                                      "lower --lr or enable --clip-grad",
-                                      (double)loss, (long long)t->state.step, (long long)epoch + 1);
-            }
             t->state.step_in_epoch = i + 1;
-            steps_done++;
-            loss_sum += loss;
-            correct += top1;
             seen += batch.count;
             window_imgs += batch.count;
             int64_t done = i + 1;
-            if ((c->print_freq > 0 && done % c->print_freq == 0) || done == t->steps_per_epoch) {
+            int report =
+                (c->print_freq > 0 && done % c->print_freq == 0) || done == t->steps_per_epoch;
+            /* A step's loss joins the sums at once on the CPU; on a GPU when
+             * a report needs it or the device's table of them is full. */
+            if ((!t->stage || report || t->npending == VISC_GPU_STAGE_STEPS) &&
+                settle_steps(t, &sums, epoch)) {
+                visc_progress_end(&bar, NULL);
+                return -1;
+            }
+            if (report) {
                 /* the whole job's numbers: every rank's share added up */
-                double sums[4] = {loss_sum / t->world, (double)correct, (double)seen,
-                                  (double)window_imgs};
-                if (t->world > 1 && visc_dist_allreduce(t->dist, sums, 4, VISC_DT_F64, VISC_OP_SUM))
+                double totals[4] = {sums.loss_sum / t->world, (double)sums.correct, (double)seen,
+                                    (double)window_imgs};
+                if (t->world > 1 &&
+                    visc_dist_allreduce(t->dist, totals, 4, VISC_DT_F64, VISC_OP_SUM))
                     return -1;
-                job_loss = sums[0] / steps_done;
-                job_acc = 100.0 * sums[1] / sums[2];
-                double now = visc_now(), ips = sums[3] / (now - window_t0);
+                job_loss = totals[0] / sums.steps;
+                job_acc = 100.0 * totals[1] / totals[2];
+                double now = visc_now(), ips = totals[3] / (now - window_t0);
                 char stats[160];
                 snprintf(stats, sizeof stats,
                          "loss %.4f acc %.2f%% lr %.4g %.0f img/s %.1f GFLOP/s", job_loss, job_acc,
@@ -461,9 +527,13 @@ static int run_epochs(trainer *t) {
                 window_t0 += visc_now() - e0; /* img/s counts training only */
             }
             if (c->max_steps > 0 && t->state.step >= c->max_steps)
-                return stop_early(t, &bar, "stopped at --max-steps");
+                return stop_early(t, &bar, &sums, "stopped at --max-steps");
             if (c->hooks && c->hooks->should_stop && c->hooks->should_stop(c->hooks->ctx))
-                return stop_early(t, &bar, "stopped by the swarm");
+                return stop_early(t, &bar, &sums, "stopped by the swarm");
+        }
+        if (settle_steps(t, &sums, epoch)) { /* before anything is saved */
+            visc_progress_end(&bar, NULL);
+            return -1;
         }
         double train_time = visc_now() - t0;
         report_bad_samples(t, epoch);
@@ -478,7 +548,7 @@ static int run_epochs(trainer *t) {
         char summary[256];
         snprintf(summary, sizeof summary,
                  "train loss %.4f acc %.2f%% | val loss %.4f top1 %.2f%% top5 %.2f%% | %.0fs",
-                 steps_done ? job_loss : 0.0, steps_done ? job_acc : 0.0, r.loss, r.top1, r.top5,
+                 sums.steps ? job_loss : 0.0, sums.steps ? job_acc : 0.0, r.loss, r.top1, r.top5,
                  train_time);
         visc_progress_end(&bar, summary);
         log_json(t,
@@ -570,13 +640,11 @@ static int open_gpu(trainer *t) {
         visc_gpu_upload(t->gpu, t->dev_ema_buffers, t->ema_buffers, bb);
     }
     visc_gpu_pin_loader(t->gpu, t->loader, &t->pins);
-    if (t->byte_batches) {
-        const size_t n =
-            (size_t)t->model->cfg.batch * t->train->channels * t->train->height * t->train->width;
-        t->dev_x8 = visc_gpu_alloc(t->gpu, n);
-        if (!t->dev_x8) return -1;
-    }
-    return 0;
+    const visc_model_config *mc = &t->model->cfg;
+    const size_t sample = (size_t)mc->in_channels * mc->image_size * mc->image_size *
+                          (t->byte_batches ? 1 : sizeof(float));
+    t->stage = visc_gpu_stage_create(t->gpu, mc->batch, mc->num_classes, sample, t->use_mixup);
+    return t->stage ? 0 : -1;
 }
 
 static void trainer_free(trainer *t) {
@@ -587,7 +655,7 @@ static void trainer_free(trainer *t) {
     visc_gpu_optim_free(t->gpu_opt);
     visc_gpu_free(t->gpu, t->dev_ema_params);
     visc_gpu_free(t->gpu, t->dev_ema_buffers);
-    visc_gpu_free(t->gpu, t->dev_x8);
+    visc_gpu_stage_free(t->stage);
     if (t->model) visc_model_destroy(t->model); /* its GPU memory too */
     visc_gpu_unpin(&t->pins);
     visc_gpu_close(t->gpu);

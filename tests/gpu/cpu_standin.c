@@ -197,6 +197,78 @@ int visc_cuda_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
     return 0;
 }
 
+/* ---- copies beside the kernels ----
+ * Here every copy and kernel runs when it is called, so the order the
+ * events give holds by itself. What is checked is the host's side of the
+ * bargain: an asynchronous copy reads page-locked memory (the program
+ * pins what it copies this way; CUDA would stage pageable memory first),
+ * and that memory stays as it was until the program has waited for the
+ * copy's event (a loader refilling the batch before its copy ran would
+ * send the GPU another batch). */
+#define MAX_IN_FLIGHT 8
+struct visc_cuda_event {
+    struct {
+        const unsigned char *src;
+        size_t bytes;
+        uint64_t hash;
+    } in_flight[MAX_IN_FLIGHT];
+    int count;
+};
+
+static uint64_t fnv1a(const unsigned char *p, size_t n) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+visc_cuda_event *visc_cuda_event_create(visc_cuda *ctx) {
+    (void)ctx;
+    return visc_calloc(1, sizeof(visc_cuda_event), "stand-in event");
+}
+
+void visc_cuda_event_destroy(visc_cuda *ctx, visc_cuda_event *e) {
+    (void)ctx;
+    free(e);
+}
+
+int visc_cuda_event_record(visc_cuda *ctx, visc_cuda_event *e) {
+    (void)ctx, (void)e;
+    return 0;
+}
+
+int visc_cuda_event_wait(visc_cuda *ctx, visc_cuda_event *e) {
+    (void)ctx;
+    for (int i = 0; i < e->count; i++)
+        if (fnv1a(e->in_flight[i].src, e->in_flight[i].bytes) != e->in_flight[i].hash)
+            visc_die("stand-in: %zu bytes of host memory at %p changed while their copy to the "
+                     "device was in flight",
+                     e->in_flight[i].bytes, (const void *)e->in_flight[i].src);
+    e->count = 0;
+    return 0;
+}
+
+int visc_cuda_upload_async(visc_cuda *ctx, void *dst, const void *src, size_t bytes,
+                           visc_cuda_event *after, visc_cuda_event *done) {
+    (void)after;
+    on_device(ctx, dst, bytes, "asynchronous upload");
+    const char *c = src;
+    int pinned = 0;
+    for (int i = 0; i < ctx->num_pinned && !pinned; i++)
+        pinned = c >= ctx->pinned[i].p && c + bytes <= ctx->pinned[i].p + ctx->pinned[i].bytes;
+    if (!pinned)
+        visc_die("stand-in: asynchronous upload of %zu bytes at %p from memory that is not "
+                 "page-locked",
+                 bytes, src);
+    if (done->count == MAX_IN_FLIGHT)
+        visc_die("stand-in: %d copies queued on one event and never waited for", MAX_IN_FLIGHT);
+    done->in_flight[done->count].src = src;
+    done->in_flight[done->count].bytes = bytes;
+    done->in_flight[done->count].hash = fnv1a(src, bytes);
+    done->count++;
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
 int visc_cuda_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
     on_device(ctx, src, bytes, "download");
     memcpy(dst, src, bytes);
@@ -459,6 +531,30 @@ int visc_cuda_softmax_xent_backward(visc_cuda *ctx, float *dlogits, const float 
                                     const int32_t *labels, int N, int K, float smoothing) {
     (void)ctx;
     visc_softmax_xent_backward(dlogits, probs, labels, N, K, smoothing);
+    return 0;
+}
+
+int visc_cuda_softmax_xent_soft_forward(visc_cuda *ctx, float *loss, float *probs,
+                                        const float *logits, const float *targets, int N, int K) {
+    (void)ctx;
+    *loss = visc_softmax_xent_soft_forward(probs, logits, targets, N, K);
+    return 0;
+}
+
+int visc_cuda_softmax_xent_soft_backward(visc_cuda *ctx, float *dlogits, const float *probs,
+                                         const float *targets, int N, int K) {
+    (void)ctx;
+    visc_softmax_xent_soft_backward(dlogits, probs, targets, N, K);
+    return 0;
+}
+
+int visc_cuda_topk_correct(visc_cuda *ctx, int32_t *counts, const float *logits,
+                           const int32_t *labels, int N, int K) {
+    on_device(ctx, counts, 2 * sizeof(int32_t), "top-k counts");
+    int top1, top5;
+    visc_topk_correct(logits, labels, N, K, &top1, &top5);
+    counts[0] = top1;
+    counts[1] = top5;
     return 0;
 }
 

@@ -8,6 +8,7 @@
  *
  * Tolerances, per element, |gpu - cpu| <= atol + rtol |cpu|:
  *   fp32 kernels       rtol 1e-5, atol 1e-5 x the tensor's largest |value|
+ *                      (softmax cross-entropy with labels or soft targets)
  *                      (the two sides add in different orders); column sums
  *                      over many rows atol 1e-5 x the sum of |terms|
  *   GELU               atol 2e-6 more: the CPU's erf is Abramowitz & Stegun
@@ -29,7 +30,7 @@
  *   batch norm         fp32 as above against visc_batchnorm2d (also in
  *                      channels-last, transposed in and out)
  *   max pooling (values, argmax, gradient), global average pooling, ReLU,
- *   sums (add, the residual add + ReLU): bit-identical.
+ *   sums (add, the residual add + ReLU), top-1 / top-5 counts: bit-identical.
  *   linear layer       against double-precision products of the same
  *                      operands: fp32 3e-5 x the sum of |terms| (no TF32);
  *                      bf16 (X, W, dY rounded for the products) 1e-4 x that
@@ -310,6 +311,77 @@ static void check_xent(int N, int K, float smoothing) {
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
     void *hfree[] = {logits, probs, dl, labels, h_loss, h_probs, h_dl, h_bad};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* Soft targets (mixup's: two labels mixed, and cutmix's area weights). */
+static void check_xent_soft(int N, int K) {
+    char name[128];
+    const size_t n = (size_t)N * K;
+    float *logits = random_floats(n, -8, 8), *targets = calloc(n, sizeof(float));
+    float *probs = malloc(sizeof(float) * n), *dl = malloc(sizeof(float) * n);
+    for (int i = 0; i < N; i++) {
+        const int a = (int)(next_u64() % (uint64_t)K), b = (int)(next_u64() % (uint64_t)K);
+        const float lam = (float)(next_u64() % 1000) / 1000.0f;
+        targets[(size_t)i * K + a] += lam;
+        targets[(size_t)i * K + b] += 1.0f - lam;
+        logits[(size_t)i * K + a] += 4.0f;
+    }
+    const float loss = visc_softmax_xent_soft_forward(probs, logits, targets, N, K);
+    visc_softmax_xent_soft_backward(dl, probs, targets, N, K);
+    float *d_logits = up(logits, sizeof(float) * n), *d_targets = up(targets, sizeof(float) * n);
+    float *d_probs = dev(sizeof(float) * n), *d_dl = dev(sizeof(float) * n);
+    float *d_loss = dev(sizeof(float));
+    launched(visc_cuda_softmax_xent_soft_forward(ctx, d_loss, d_probs, d_logits, d_targets, N, K),
+             "soft cross-entropy forward");
+    launched(visc_cuda_softmax_xent_soft_backward(ctx, d_dl, d_probs, d_targets, N, K),
+             "soft cross-entropy backward");
+    float *h_loss = down(d_loss, 1), *h_probs = down(d_probs, n), *h_dl = down(d_dl, n);
+    snprintf(name, sizeof name, "soft xent forward [%d, %d]: loss", N, K);
+    expect_close(name, h_loss, &loss, 1, 0.0, 1e-5);
+    snprintf(name, sizeof name, "soft xent forward [%d, %d]: probs", N, K);
+    expect_fp32(name, h_probs, probs, n);
+    snprintf(name, sizeof name, "soft xent backward [%d, %d]: dlogits", N, K);
+    expect_fp32(name, h_dl, dl, n);
+    void *dfree[] = {d_logits, d_targets, d_probs, d_dl, d_loss};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {logits, targets, probs, dl, h_loss, h_probs, h_dl};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* Top-1 / top-5 counts, bit-identical to the CPU's. ties: logits on a
+ * coarse grid, so that many labels tie with other classes (torch.topk's
+ * order: the lower index wins); also labels out of range (counted in
+ * neither). */
+static void check_topk(int N, int K, int ties) {
+    char name[128];
+    const size_t n = (size_t)N * K;
+    float *logits = random_floats(n, -3, 3);
+    int32_t *labels = malloc(sizeof(int32_t) * N);
+    if (ties)
+        for (size_t i = 0; i < n; i++) logits[i] = roundf(logits[i]);
+    for (int i = 0; i < N; i++) labels[i] = (int32_t)(next_u64() % (uint64_t)K);
+    int32_t want[2];
+    visc_topk_correct(logits, labels, N, K, &want[0], &want[1]);
+    float *d_logits = up(logits, sizeof(float) * n);
+    int32_t *d_labels = up(labels, sizeof(int32_t) * N), *d_counts = dev(2 * sizeof(int32_t));
+    int32_t got[2] = {-1, -1};
+    launched(visc_cuda_topk_correct(ctx, d_counts, d_logits, d_labels, N, K), "top-k counts");
+    if (visc_cuda_download(ctx, got, d_counts, sizeof got)) die_cuda("download");
+    snprintf(name, sizeof name, "top-k counts [%d, %d]%s (top-1 %d, top-5 %d of %d)", N, K,
+             ties ? " with ties" : "", want[0], want[1], N);
+    expect_bits(name, got, want, 2, sizeof(int32_t));
+    /* labels out of range count in neither */
+    labels[0] = K;
+    labels[1] = -1;
+    visc_topk_correct(logits + 2 * (size_t)K, labels + 2, N - 2, K, &want[0], &want[1]);
+    if (visc_cuda_upload(ctx, d_labels, labels, sizeof(int32_t) * N)) die_cuda("upload");
+    launched(visc_cuda_topk_correct(ctx, d_counts, d_logits, d_labels, N, K), "top-k counts");
+    if (visc_cuda_download(ctx, got, d_counts, sizeof got)) die_cuda("download");
+    snprintf(name, sizeof name, "top-k counts [%d, %d]: labels out of range count in neither", N,
+             K);
+    expect_bits(name, got, want, 2, sizeof(int32_t));
+    visc_cuda_free(ctx, d_logits), visc_cuda_free(ctx, d_labels), visc_cuda_free(ctx, d_counts);
+    free(logits), free(labels);
 }
 
 /* ---- GELU and the bias + GELU epilogue ---- */
@@ -1767,6 +1839,12 @@ static void group_xent(void) {
     check_xent(256, 10, 0.0f);
     check_xent(300, 1000, 0.1f);
     check_xent(64, 5, 0.3f); /* few classes: the off-label target s / K weighs in the gradient */
+    check_xent_soft(256, 10);
+    check_xent_soft(300, 1000);
+    check_topk(256, 10, 0);
+    check_topk(300, 1000, 0);
+    check_topk(200, 4, 1); /* fewer classes than 5: top-5 is top-K */
+    check_topk(300, 1000, 1);
 }
 static void group_gelu(void) {
     check_gelu(((size_t)1 << 20) + 3);

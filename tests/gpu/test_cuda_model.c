@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "visc/cuda.h"
 #include "visc/gpu.h"
 #include "visc/loader.h"
 #include "visc/model.h"
@@ -360,6 +361,89 @@ static void check_pinned_batches(visc_cuda *ctx) {
     visc_loader_free(l);
 }
 
+/* ---- the trainer's staged steps (visc_gpu_stage) ----
+ * Five steps of a made-up batch (one of them short): each crosses on the
+ * copy stream, and the host overwrites its memory as soon as
+ * visc_gpu_stage_end returns (as the loader refills it), so a copy that
+ * had not finished by then would leave the next values on the device. The
+ * device's gradients of the logits, the losses and top-1 counts read back
+ * in one run at the end, all against the CPU's loss on the same logits.
+ * soft: mixup's soft targets instead of labels with smoothing. */
+static void check_stage(visc_cuda *ctx, int soft) {
+    enum { B = 6, K = 10, SAMPLE = 5, STEPS = 5 };
+    const char *arch = soft ? "stage (soft targets)" : "stage (labels)";
+    const float smoothing = soft ? 0.0f : 0.1f;
+    float *host = aligned_alloc(4096, 4096), back[B * SAMPLE];
+    float logits[STEPS][B * K], cpu_loss[STEPS], probs[B * K], dl_cpu[B * K], dl_gpu[B * K];
+    float soft_targets[B * K];
+    int32_t labels[B], cpu_top1[STEPS];
+    visc_gpu_stage *s = visc_gpu_stage_create(ctx, B, K, SAMPLE * sizeof(float), soft);
+    float *d_logits = visc_gpu_alloc(ctx, sizeof logits);
+    if (!host || !s || !d_logits || visc_cuda_host_register(ctx, host, 4096)) {
+        printf("FAIL %s: %s\n", arch, visc_last_error());
+        failed++;
+        return;
+    }
+    double copy_bad = 0, grad_err = 0, pad_bad = 0;
+    for (int i = 0; i < STEPS; i++) {
+        const int count = i == 3 ? 4 : B, rows = soft ? count & ~1 : count;
+        for (int k = 0; k < B * SAMPLE; k++) host[k] = (float)(100 * i + k);
+        for (int b = 0; b < B; b++) labels[b] = (b * 7 + i) % K;
+        for (int k = 0; k < B * K; k++) logits[i][k] = sinf(0.37f * (float)(k + 13 * i)) * 3.0f;
+        if (soft) { /* two labels mixed, as mixup's targets */
+            float *t = visc_gpu_stage_targets(s);
+            memset(t, 0, sizeof soft_targets);
+            for (int b = 0; b < B; b++) {
+                t[b * K + labels[b]] += 0.7f;
+                t[b * K + (labels[b] + 3) % K] += 0.3f;
+            }
+            memcpy(soft_targets, t, sizeof soft_targets);
+        }
+        visc_gpu_upload(ctx, d_logits + i * B * K, logits[i], sizeof logits[i]);
+        float *dev_x = visc_gpu_stage_put(s, host, labels, count);
+        const float *d_dl = visc_gpu_stage_loss(s, i, d_logits + i * B * K, rows, count, smoothing);
+        if (visc_gpu_stage_end(s)) break;
+        for (int k = 0; k < B * SAMPLE; k++) host[k] = -1.0f; /* the loader refills it */
+        visc_gpu_download(ctx, back, dev_x, sizeof back);
+        for (int k = 0; k < B * SAMPLE; k++) copy_bad += back[k] != (float)(100 * i + k);
+        visc_gpu_download(ctx, dl_gpu, d_dl, sizeof dl_gpu);
+        if (soft) {
+            cpu_loss[i] = visc_softmax_xent_soft_forward(probs, logits[i], soft_targets, rows, K);
+            visc_softmax_xent_soft_backward(dl_cpu, probs, soft_targets, rows, K);
+        } else {
+            cpu_loss[i] = visc_softmax_xent_forward(probs, logits[i], labels, rows, K, smoothing);
+            visc_softmax_xent_backward(dl_cpu, probs, labels, rows, K, smoothing);
+        }
+        int top5;
+        visc_topk_correct(logits[i], labels, count, K, &cpu_top1[i], &top5);
+        grad_err = fmax(grad_err, rel_error(dl_gpu, dl_cpu, (size_t)rows * K));
+        for (int k = rows * K; k < B * K; k++) pad_bad += dl_gpu[k] != 0.0f;
+    }
+    float loss[STEPS];
+    int32_t top1[STEPS];
+    double loss_err = 0, top1_bad = 0;
+    if (visc_gpu_stage_results(s, STEPS, loss, top1) == 0)
+        for (int i = 0; i < STEPS; i++) {
+            loss_err = fmax(loss_err, fabs((double)loss[i] - cpu_loss[i]) / fabs(cpu_loss[i]));
+            top1_bad += top1[i] != cpu_top1[i];
+        }
+    else loss_err = top1_bad = INFINITY;
+    result(copy_bad == 0, "%.0f values not the step's batch (want %.0f)", arch,
+           "batches copied before the host reused them", copy_bad, 0);
+    result(grad_err <= LIMIT(1e-6), "relative error %.3g (limit %.3g)", arch, "logit gradients",
+           grad_err, LIMIT(1e-6));
+    result(pad_bad == 0, "%.0f padding rows' gradients not 0 (want %.0f)", arch,
+           "short batch padding", pad_bad, 0);
+    result(loss_err <= LIMIT(1e-6), "relative error %.3g (limit %.3g)", arch,
+           "losses read back in one run", loss_err, LIMIT(1e-6));
+    result(top1_bad == 0, "%.0f steps' top-1 counts differ (want %.0f)", arch, "top-1 counts",
+           top1_bad, 0);
+    visc_gpu_stage_free(s);
+    visc_gpu_free(ctx, d_logits);
+    visc_cuda_host_unregister(ctx, host);
+    free(host);
+}
+
 int main(void) {
     int index = 0;
     /* The CPU's bf16 products also where it has no avx512_bf16 (it would
@@ -395,6 +479,8 @@ int main(void) {
     check_device_io(ctx, "vit_pico_patch4_28", 28, 1, 10, 8);
     check_device_io(ctx, "swinv2_micro_patch2_window4_32", 32, 3, 10, 4);
     check_pinned_batches(ctx);
+    check_stage(ctx, 0);
+    check_stage(ctx, 1);
     visc_gpu_close(ctx);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
