@@ -20,6 +20,7 @@
 #     8 steps of LAMB and of LARS: the same checkpoint;
 #   - the head dropout, not on the GPU yet, refused in one line;
 #   - a ViT (attention, LayerNorm, GELU, drop-path, class token), also with
+#     --grad-checkpointing and with
 #     --precision bf16 (the CPU's bf16 run), a Swin V2
 #     (windows, masks, merging, cosine attention, the bias MLP) and CaiT
 #     (talking heads, class attention, LayerScale): the same;
@@ -142,6 +143,11 @@ cmp "$tmp/vit-cpu/model_last.safetensors" "$tmp/vit-gpu/model_last.safetensors"
 cmp <(tensors "$tmp/vit-cpu/checkpoint_last.safetensors") \
     <(tensors "$tmp/vit-gpu/checkpoint_last.safetensors")
 echo "12 steps of vit_femto_patch4_28 with drop-path on the stand-in GPU: the CPU's, bit for bit"
+# --grad-checkpointing on the GPU: each block recomputed in backward (its
+# drop-path drawn again), the same model as the CPU's run that kept them
+"$G" train "${vit[@]}" --grad-checkpointing --output "$tmp/vit-gpu-ckpt" --device cuda >/dev/null
+cmp "$tmp/vit-cpu/model_last.safetensors" "$tmp/vit-gpu-ckpt/model_last.safetensors"
+echo "the same with --grad-checkpointing on the stand-in GPU: the CPU's, bit for bit"
 # --precision bf16: the linear layers' products with bf16 operands, on the
 # GPU as in the CPU's bf16 mode (and so different from the fp32 run). A GPU
 # multiplies in bf16 whatever the host has; on a CPU without avx512_bf16 the

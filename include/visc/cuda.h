@@ -295,7 +295,8 @@ int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *
  * Over [N, C, HW] (nchw = 1, the CPU's layout) or [N, HW, C] (nchw = 0,
  * channels-last). Training: batch statistics, save_mean and save_rstd
  * (1/sqrt(var + eps)) kept for backward, running statistics updated with
- * `momentum` and the unbiased variance; relu = 1 fuses a following ReLU
+ * `momentum` and the unbiased variance (or left alone when NULL: a
+ * recomputed forward); relu = 1 fuses a following ReLU
  * (backward then masks with `out`). The sums are in double, one block per
  * channel in a fixed order: the same inputs give the same bits. */
 typedef struct {

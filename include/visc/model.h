@@ -30,6 +30,11 @@ typedef struct {
      * rates grow linearly with depth up to drop_path, as timm's. */
     float drop_rate;      /* dropout before the classifier head (timm 0.9's drop_rate) */
     float drop_path_rate; /* stochastic depth at the last block */
+    /* Activation recomputation (timm's --grad-checkpointing): forward keeps
+     * only each block's output; backward runs each block's forward again
+     * (with the same noise) before its backward. Less memory, about a third
+     * more compute, the same gradients bit for bit. */
+    int grad_checkpointing;
 } visc_model_config;
 
 typedef struct visc_model visc_model;
@@ -45,7 +50,8 @@ struct visc_model {
      * before every training forward (from the run seed and the step), so
      * masks are reproducible and a resumed run draws the same ones. */
     uint64_t noise_seed;
-    double flops_per_image; /* forward FLOPs (2 x multiply-adds) of one image */
+    double flops_per_image;  /* forward FLOPs (2 x multiply-adds) of one image */
+    size_t activation_bytes; /* the activation arena, as planned for cfg.batch */
     /* BatchNorm layer names ("layer1.0.bn1"): checkpoints write each one's
      * num_batches_tracked (= bn_updates) as torchvision's state_dict has it. */
     const char **bn_names;

@@ -66,7 +66,8 @@ typedef struct {
 
 void visc_batchnorm2d_init(visc_batchnorm2d *b, int N, int C, int HW, float eps, float momentum,
                            int relu);
-/* save_mean, save_rstd: [C] each, kept for backward (rstd = 1/sqrt(var+eps)). */
+/* save_mean, save_rstd: [C] each, kept for backward (rstd = 1/sqrt(var+eps)).
+ * running_mean, running_var NULL: left alone (a recomputed forward). */
 void visc_batchnorm2d_forward_train(visc_batchnorm2d *b, float *out, float *save_mean,
                                     float *save_rstd, const float *in, const float *gamma,
                                     const float *beta, float *running_mean, float *running_var);

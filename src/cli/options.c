@@ -76,6 +76,9 @@ static const option options[] = {
     {"drop", NULL, FLOAT, O(model.drop_rate), "dropout before the classifier head (transformers)"},
     {"drop-path", NULL, FLOAT, O(model.drop_path_rate),
      "stochastic depth rate at the last block (linear in depth)"},
+    {"grad-checkpointing", NULL, FLAG, O(model.grad_checkpointing),
+     "recompute each block's activations in backward instead of keeping them (less memory, "
+     "about a third more compute, the same gradients)"},
     {"seed", NULL, U64, O(seed), "random seed (fixes the whole run)"},
     {"threads", NULL, INT, O(threads), "compute threads (default: all cores)"},
     {"precision", NULL, STR, O(precision),

@@ -68,8 +68,10 @@ __global__ void __launch_bounds__(BN_THREADS)
         save_mean[c] = fmean;
         save_rstd[c] = (float)rstd;
         const double unbiased = Md > 1 ? var * Md / (Md - 1) : var;
-        running_mean[c] = (float)((1.0 - s.momentum) * running_mean[c] + s.momentum * mean);
-        running_var[c] = (float)((1.0 - s.momentum) * running_var[c] + s.momentum * unbiased);
+        if (running_mean) { /* NULL: a recomputed forward (--grad-checkpointing) */
+            running_mean[c] = (float)((1.0 - s.momentum) * running_mean[c] + s.momentum * mean);
+            running_var[c] = (float)((1.0 - s.momentum) * running_var[c] + s.momentum * unbiased);
+        }
     }
     const float scale = (float)(gamma[c] * rstd), shift = beta[c];
     for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {

@@ -88,6 +88,7 @@ typedef struct {
     float *image, *conv_out, *x0, *cls0, *cls_mean, *cls_rstd, *feat, *feat_drop;
     uint8_t *drop_mask;
     int head_dropped;
+    int trained; /* the last forward was a training one (its noise drawn) */
     /* scratch shared by all blocks */
     float *branch, *hid, *dhid, *mix, *dmix, *dmix2;
     float *dx, *dtmp, *dln, *datt, *dqkv, *dfeat, *dcls, *dcls_tmp, *du, *dk, *dv, *dq;
@@ -241,6 +242,19 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
     for (int i = 0; i < c->depth; i++) {
         cait_block *b = &c->blocks[i];
         b->x = x;
+        b->x_out = visc_arena_floats(a, RC);
+        x = b->x_out;
+        if (m->cfg.grad_checkpointing && i > 0) {
+            /* block 0's internals, shared: backward recomputes each block's */
+            const cait_block *first = &c->blocks[0];
+            b->ln1 = first->ln1, b->mean1 = first->mean1, b->rstd1 = first->rstd1;
+            b->qkv_out = first->qkv_out, b->S = first->S, b->Pr = first->Pr;
+            b->att = first->att, b->a_out = first->a_out, b->x_mid = first->x_mid;
+            b->ln2 = first->ln2, b->mean2 = first->mean2, b->rstd2 = first->rstd2;
+            b->h = first->h, b->m_out = first->m_out;
+            b->keep1 = first->keep1, b->keep2 = first->keep2;
+            continue;
+        }
         b->ln1 = visc_arena_floats(a, RC);
         b->mean1 = visc_arena_floats(a, R);
         b->rstd1 = visc_arena_floats(a, R);
@@ -255,10 +269,8 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
         b->rstd2 = visc_arena_floats(a, R);
         b->h = visc_arena_floats(a, RH);
         b->m_out = visc_arena_floats(a, RC);
-        b->x_out = visc_arena_floats(a, RC);
         b->keep1 = visc_arena_floats(a, (size_t)B);
         b->keep2 = visc_arena_floats(a, (size_t)B);
-        x = b->x_out;
     }
     c->cls0 = visc_arena_floats(a, BC);
     const float *cls = c->cls0;
@@ -385,6 +397,7 @@ static void cait_forward(visc_model *m, const float *x, int train) {
     visc_tf_patch_embed_forward(m, &c->pe, c->x0, c->conv_out, c->image);
     if (m->cuda) visc_gpu_add_broadcast(m->cuda, c->x0, P(c->pos_embed), B, (int64_t)T * C);
     else visc_add_broadcast_forward(c->x0, P(c->pos_embed), B, (int64_t)T * C);
+    c->trained = train;
     for (int i = 0; i < c->depth; i++) block_forward(m, c, &c->blocks[i], i, train);
     for (int s = 0; s < B; s++) md_copy(m, c->cls0 + (size_t)s * C, P(c->cls_token), (size_t)C);
     const float *xs = c->blocks[c->depth - 1].x_out;
@@ -469,7 +482,13 @@ static void trunk_backward(visc_model *m, cait *c) {
         memset(dtok, 0, (size_t)C * sizeof(float));
         for (int s = 0; s < B; s++) visc_add_inplace(dtok, c->dcls + (size_t)s * C, (size_t)C);
     }
-    for (int i = c->depth - 1; i >= 0; i--) block_backward(m, c, &c->blocks[i]);
+    for (int i = c->depth - 1; i >= 0; i--) {
+        /* --grad-checkpointing: the block's internals again, from its kept
+         * input and the step's noise (the last block's are still there) */
+        if (m->cfg.grad_checkpointing && i < c->depth - 1)
+            block_forward(m, c, &c->blocks[i], i, c->trained);
+        block_backward(m, c, &c->blocks[i]);
+    }
     if (m->cuda) visc_gpu_sum_rows(m->cuda, G(c->pos_embed), c->dx, B, T * C);
     else visc_add_broadcast_backward(G(c->pos_embed), c->dx, B, (int64_t)T * C);
     visc_tf_patch_embed_backward(m, &c->pe, c->conv_out, c->dx, c->image);
@@ -600,6 +619,7 @@ visc_model *visc_cait_create(const visc_model_config *cfg, uint64_t seed) {
     plan_activations(m, c, &plan);
     visc_arena_init(&c->arena, plan.used);
     plan_activations(m, c, &c->arena);
+    m->activation_bytes = plan.used;
 
     visc_tf_init_params(m, seed, 0.02f, 1e-5f);
     m->flops_per_image = model_flops(m, c);

@@ -67,6 +67,7 @@ typedef struct {
     size_t max_act;
     bn_layer **bns;
     int num_bns;
+    int trained; /* the last forward was a training one */
     visc_arena arena;
 } resnet;
 
@@ -154,6 +155,21 @@ static void take_bn_stats(visc_arena *a, bn_layer *b) {
     b->save_rstd = visc_arena_floats(a, (size_t)b->op.C);
 }
 
+/* A block's internals: its convolutions' and BatchNorms' outputs. */
+static void plan_block(visc_arena *a, block *b) {
+    b->c1 = visc_arena_floats(a, conv_out_size(&b->conv1));
+    b->b1 = visc_arena_floats(a, conv_out_size(&b->conv1));
+    b->c2 = visc_arena_floats(a, conv_out_size(&b->conv2));
+    if (b->bottleneck) {
+        b->b2 = visc_arena_floats(a, conv_out_size(&b->conv2));
+        b->c3 = visc_arena_floats(a, conv_out_size(&b->conv3));
+    }
+    if (b->has_down) {
+        b->dc = visc_arena_floats(a, b->out_size);
+        b->db = visc_arena_floats(a, b->out_size);
+    }
+}
+
 static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     int N = m->cfg.batch;
     r->x = visc_arena_floats(a, (size_t)N * m->cfg.in_channels * m->cfg.image_size *
@@ -174,27 +190,30 @@ static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     for (int i = 0; i < r->num_blocks; i++) {
         block *b = &r->blocks[i];
         b->in = prev;
-        b->c1 = visc_arena_floats(a, conv_out_size(&b->conv1));
-        b->b1 = visc_arena_floats(a, conv_out_size(&b->conv1));
-        b->c2 = visc_arena_floats(a, conv_out_size(&b->conv2));
+        b->out = visc_arena_floats(a, b->out_size);
         take_bn_stats(a, &b->bn1);
         take_bn_stats(a, &b->bn2);
-        if (b->bottleneck) {
-            b->b2 = visc_arena_floats(a, conv_out_size(&b->conv2));
-            b->c3 = visc_arena_floats(a, conv_out_size(&b->conv3));
-            take_bn_stats(a, &b->bn3);
-        }
-        if (b->has_down) {
-            b->dc = visc_arena_floats(a, b->out_size);
-            b->db = visc_arena_floats(a, b->out_size);
-            take_bn_stats(a, &b->down_bn);
-        }
-        b->out = visc_arena_floats(a, b->out_size);
+        if (b->bottleneck) take_bn_stats(a, &b->bn3);
+        if (b->has_down) take_bn_stats(a, &b->down_bn);
+        if (!m->cfg.grad_checkpointing) plan_block(a, b);
         size_t biggest =
             conv_out_size(&b->conv1) > b->out_size ? conv_out_size(&b->conv1) : b->out_size;
         if (conv_out_size(&b->conv2) > biggest) biggest = conv_out_size(&b->conv2);
         if (biggest > r->max_act) r->max_act = biggest;
         prev = b->out;
+    }
+    if (m->cfg.grad_checkpointing) {
+        /* One region for every block's internals, as large as the largest
+         * block needs: backward recomputes each block's before its own
+         * backward, so only the outputs above are kept per block. */
+        const size_t mark = a->used;
+        size_t extent = 0;
+        for (int i = 0; i < r->num_blocks; i++) {
+            a->used = mark;
+            plan_block(a, &r->blocks[i]);
+            if (a->used - mark > extent) extent = a->used - mark;
+        }
+        a->used = mark + extent;
     }
     r->features = visc_arena_floats(a, (size_t)N * r->feature_dim);
     r->dfeatures = visc_arena_floats(a, (size_t)N * r->feature_dim);
@@ -254,13 +273,19 @@ static void conv_fwd(visc_model *m, conv_layer *c, float *out, const float *in) 
     else visc_conv2d_forward(&c->op, out, in, P(c->weight), NULL);
 }
 
-static void bn_fwd(visc_model *m, bn_layer *b, float *out, const float *in, int train) {
-    if (train && m->cuda)
+/* A forward's mode: the running statistics are updated in training, and
+ * left alone when backward recomputes a block (--grad-checkpointing). */
+enum { FWD_EVAL = 0, FWD_TRAIN = 1, FWD_RECOMPUTE = 2 };
+
+static void bn_fwd(visc_model *m, bn_layer *b, float *out, const float *in, int mode) {
+    float *run_mean = mode == FWD_TRAIN ? B(b->mean) : NULL;
+    float *run_var = mode == FWD_TRAIN ? B(b->var) : NULL;
+    if (mode != FWD_EVAL && m->cuda)
         visc_gpu_batchnorm2d_forward_train(m->cuda, &b->op, out, b->save_mean, b->save_rstd, in,
-                                           P(b->gamma), P(b->beta), B(b->mean), B(b->var));
-    else if (train)
+                                           P(b->gamma), P(b->beta), run_mean, run_var);
+    else if (mode != FWD_EVAL)
         visc_batchnorm2d_forward_train(&b->op, out, b->save_mean, b->save_rstd, in, P(b->gamma),
-                                       P(b->beta), B(b->mean), B(b->var));
+                                       P(b->beta), run_mean, run_var);
     else if (m->cuda)
         visc_gpu_batchnorm2d_forward_eval(m->cuda, &b->op, out, in, P(b->gamma), P(b->beta),
                                           B(b->mean), B(b->var));
@@ -282,21 +307,21 @@ static void add_relu(visc_model *m, float *out, const float *identity, size_t n)
     }
 }
 
-static void block_forward(visc_model *m, block *b, int train) {
+static void block_forward(visc_model *m, block *b, int mode) {
     conv_fwd(m, &b->conv1, b->c1, b->in);
-    bn_fwd(m, &b->bn1, b->b1, b->c1, train);
+    bn_fwd(m, &b->bn1, b->b1, b->c1, mode);
     conv_fwd(m, &b->conv2, b->c2, b->b1);
     if (b->bottleneck) {
-        bn_fwd(m, &b->bn2, b->b2, b->c2, train);
+        bn_fwd(m, &b->bn2, b->b2, b->c2, mode);
         conv_fwd(m, &b->conv3, b->c3, b->b2);
-        bn_fwd(m, &b->bn3, b->out, b->c3, train);
+        bn_fwd(m, &b->bn3, b->out, b->c3, mode);
     } else {
-        bn_fwd(m, &b->bn2, b->out, b->c2, train);
+        bn_fwd(m, &b->bn2, b->out, b->c2, mode);
     }
     const float *identity = b->in;
     if (b->has_down) {
         conv_fwd(m, &b->down_conv, b->dc, b->in);
-        bn_fwd(m, &b->down_bn, b->db, b->dc, train);
+        bn_fwd(m, &b->down_bn, b->db, b->dc, mode);
         identity = b->db;
     }
     add_relu(m, b->out, identity, b->out_size);
@@ -325,9 +350,11 @@ static void resnet_forward(visc_model *m, const float *x, int train) {
                   (size_t)m->cfg.batch * m->cfg.in_channels * m->cfg.image_size *
                       m->cfg.image_size);
     conv_fwd(m, &r->stem_conv, r->stem_c, r->x);
-    bn_fwd(m, &r->stem_bn, r->stem_b, r->stem_c, train);
+    const int mode = train ? FWD_TRAIN : FWD_EVAL;
+    r->trained = train;
+    bn_fwd(m, &r->stem_bn, r->stem_b, r->stem_c, mode);
     if (r->has_maxpool) maxpool_fwd(m, r);
-    for (int i = 0; i < r->num_blocks; i++) block_forward(m, &r->blocks[i], train);
+    for (int i = 0; i < r->num_blocks; i++) block_forward(m, &r->blocks[i], mode);
     head_fwd(m, r, r->blocks[r->num_blocks - 1].out);
     if (train) m->bn_updates++;
 }
@@ -409,6 +436,11 @@ static void trunk_backward(visc_model *m, resnet *r) {
                                          r->final_hw);
     else visc_global_avgpool_backward(dout, r->dfeatures, N, r->feature_dim, r->final_hw);
     for (int i = r->num_blocks - 1; i >= 0; i--) {
+        /* --grad-checkpointing: the block's internals again from its kept
+         * input, the running statistics untouched (the last block's are
+         * still there) */
+        if (m->cfg.grad_checkpointing && i < r->num_blocks - 1)
+            block_forward(m, &r->blocks[i], r->trained ? FWD_RECOMPUTE : FWD_EVAL);
         block_backward(m, r, &r->blocks[i], din, dout);
         float *swap = dout;
         dout = din;
@@ -571,6 +603,7 @@ visc_model *visc_resnet_create(const visc_model_config *cfg, uint64_t seed) {
     plan_activations(m, r, &plan);
     visc_arena_init(&r->arena, plan.used);
     plan_activations(m, r, &r->arena);
+    m->activation_bytes = plan.used;
 
     init_params(m, r, seed);
     m->num_bn = r->num_bns;

@@ -198,6 +198,7 @@ static void add_merge_params(visc_model *m, swin_merge *mg, const char *pre, int
 
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
+/* A block's internals (everything but its output). */
 static void plan_block(visc_arena *a, swin *s, swin_block *b, int B) {
     size_t R = (size_t)B * b->g.H * b->g.W, C = (size_t)b->C;
     size_t seqs = (size_t)B * b->g.nw, N = (size_t)b->g.N;
@@ -215,7 +216,6 @@ static void plan_block(visc_arena *a, swin *s, swin_block *b, int B) {
     b->x1 = visc_arena_floats(a, R * C);
     b->h = visc_arena_floats(a, R * b->hidden);
     b->gl = visc_arena_floats(a, R * b->hidden);
-    b->out = visc_arena_floats(a, R * C);
     if (b->v2) {
         b->qk = visc_arena_floats(a, R * 2 * C);
         b->qnorm = visc_arena_floats(a, R * b->heads);
@@ -261,9 +261,24 @@ static void plan_activations(visc_model *m, swin *s, visc_arena *a) {
         for (int j = 0; j < st->depth; j++) {
             swin_block *b = &st->blocks[j];
             b->in = prev;
-            plan_block(a, s, b, B);
+            b->out = visc_arena_floats(a, (size_t)B * b->g.H * b->g.W * b->C);
+            if (!m->cfg.grad_checkpointing) plan_block(a, s, b, B);
             prev = b->out;
         }
+    }
+    if (m->cfg.grad_checkpointing) {
+        /* One region for every block's internals, as large as the largest
+         * block needs: backward recomputes each block's before its own
+         * backward, so only the outputs above are kept per block. */
+        const size_t mark = a->used;
+        size_t extent = 0;
+        for (int i = 0; i < s->stages; i++)
+            for (int j = 0; j < s->st[i].depth; j++) {
+                a->used = mark;
+                plan_block(a, s, &s->st[i].blocks[j], B);
+                extent = max_sz(extent, a->used - mark);
+            }
+        a->used = mark + extent;
     }
     s->fn = visc_arena_floats(a, (size_t)B * s->last_tokens * s->features);
     s->f_mean = visc_arena_floats(a, (size_t)B * s->last_tokens);
@@ -499,6 +514,12 @@ static const float *last_output(const swin *s) {
     return st->depth > 0 ? st->blocks[st->depth - 1].out : st->merge.out;
 }
 
+static const swin_block *last_block(const swin *s) {
+    for (int i = s->stages - 1; i >= 0; i--)
+        if (s->st[i].depth > 0) return &s->st[i].blocks[s->st[i].depth - 1];
+    return NULL;
+}
+
 static void swin_forward(visc_model *m, const float *x, int train) {
     swin *s = m->impl;
     int B = m->cfg.batch, HW = s->grid * s->grid, E = s->embed;
@@ -642,6 +663,10 @@ static void trunk_backward(visc_model *m, swin *s, const float *dpooled) {
         swin_stage *st = &s->st[i];
         for (int j = st->depth - 1; j >= 0; j--) {
             swin_block *b = &st->blocks[j];
+            /* --grad-checkpointing: the block's internals again, from its
+             * kept input and the step's noise (the last block's are there) */
+            if (m->cfg.grad_checkpointing && b != last_block(s))
+                block_forward(m, s, b, s->last_train);
             block_backward(m, s, b);
             const visc_tensor_entry *last = &m->params.entries[b->param_hi - 1];
             visc_model_grad_ready(m, G(b->param_lo),
@@ -951,6 +976,7 @@ visc_model *visc_swin_create(const visc_model_config *cfg, uint64_t seed) {
     plan_activations(m, s, &plan);
     visc_arena_init(&s->arena, plan.used);
     plan_activations(m, s, &s->arena);
+    m->activation_bytes = plan.used;
     set_attention(m, s);
 
     init_params(m, s, seed);

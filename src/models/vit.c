@@ -33,6 +33,8 @@
  * output and its log-sum-exps, the residual stream after attention, norm2's
  * output, fc1's output and the block output (12 C floats per token); GELU's
  * output and every branch output live in scratch shared by all blocks.
+ * With --grad-checkpointing only the block outputs are kept per block; one
+ * set of internals is shared, and backward recomputes each block's.
  *
  * On a GPU (--device cuda) the same code runs: the arena is planned again
  * in device memory (vit_to_cuda) and each layer call goes to its twin in
@@ -87,6 +89,7 @@ typedef struct {
     float *image, *conv_out, *x0, *cls, *cls_mean, *cls_rstd, *feat, *feat_drop;
     uint8_t *drop_mask;
     int head_dropped; /* the last forward applied the head dropout */
+    int trained;      /* the last forward was a training one (its noise drawn) */
     /* scratch shared by all blocks (forward and backward) */
     float *branch, *hid, *dhid, *dx, *dtmp, *dln, *datt, *dqkv, *dfeat, *dcls;
     /* the logits in the arena: m->logits on the CPU; on a GPU m->logits and
@@ -145,6 +148,18 @@ static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
     for (int i = 0; i < v->depth; i++) {
         vit_block *b = &v->blocks[i];
         b->x = x;
+        b->x_out = visc_arena_floats(a, RC);
+        x = b->x_out;
+        if (m->cfg.grad_checkpointing && i > 0) {
+            /* block 0's internals, shared: backward recomputes each block's */
+            const vit_block *first = &v->blocks[0];
+            b->ln1 = first->ln1, b->mean1 = first->mean1, b->rstd1 = first->rstd1;
+            b->qkv_out = first->qkv_out, b->att = first->att, b->lse = first->lse;
+            b->x_mid = first->x_mid, b->ln2 = first->ln2, b->mean2 = first->mean2;
+            b->rstd2 = first->rstd2, b->h = first->h;
+            b->keep1 = first->keep1, b->keep2 = first->keep2;
+            continue;
+        }
         b->ln1 = visc_arena_floats(a, RC);
         b->mean1 = visc_arena_floats(a, R);
         b->rstd1 = visc_arena_floats(a, R);
@@ -156,10 +171,8 @@ static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
         b->mean2 = visc_arena_floats(a, R);
         b->rstd2 = visc_arena_floats(a, R);
         b->h = visc_arena_floats(a, RH);
-        b->x_out = visc_arena_floats(a, RC);
         b->keep1 = visc_arena_floats(a, (size_t)B);
         b->keep2 = visc_arena_floats(a, (size_t)B);
-        x = b->x_out;
     }
     v->cls = visc_arena_floats(a, (size_t)B * C);
     v->cls_mean = visc_arena_floats(a, (size_t)B);
@@ -223,6 +236,7 @@ static void vit_forward(visc_model *m, const float *x, int train) {
     for (int b = 0; b < B; b++) md_copy(m, v->x0 + (size_t)b * T * C, P(v->cls_token), (size_t)C);
     if (m->cuda) visc_gpu_add_broadcast(m->cuda, v->x0, P(v->pos_embed), B, (int64_t)T * C);
     else visc_add_broadcast_forward(v->x0, P(v->pos_embed), B, (int64_t)T * C);
+    v->trained = train;
     for (int i = 0; i < v->depth; i++) block_forward(m, v, &v->blocks[i], i, train);
     /* norm is per token, so normalizing the class token alone gives timm's norm(x)[:, 0] */
     const float *last = v->blocks[v->depth - 1].x_out;
@@ -275,7 +289,13 @@ static void trunk_backward(visc_model *m, vit *v) {
     } else {
         visc_tf_scatter_token(v->dx, v->dcls, B, T, 0, C);
     }
-    for (int i = v->depth - 1; i >= 0; i--) block_backward(m, v, &v->blocks[i]);
+    for (int i = v->depth - 1; i >= 0; i--) {
+        /* --grad-checkpointing: the block's internals again, from its kept
+         * input and the step's noise (the last block's are still there) */
+        if (m->cfg.grad_checkpointing && i < v->depth - 1)
+            block_forward(m, v, &v->blocks[i], i, v->trained);
+        block_backward(m, v, &v->blocks[i]);
+    }
     float *dcls = G(v->cls_token);
     if (m->cuda) {
         visc_gpu_sum_rows(m->cuda, G(v->pos_embed), v->dx, B, T * C);
@@ -412,6 +432,7 @@ visc_model *visc_vit_create(const visc_model_config *cfg, uint64_t seed) {
     plan_activations(m, v, &plan);
     visc_arena_init(&v->arena, plan.used);
     plan_activations(m, v, &v->arena);
+    m->activation_bytes = plan.used;
 
     visc_tf_init_params(m, seed, 1e-6f, 0.0f);
     m->flops_per_image = model_flops(m, v);

@@ -132,8 +132,10 @@ small_forward_chunk(const visc_batchnorm2d *b, int c0, float *out, float *save_m
         save_mean[c] = t.k3[j];
         save_rstd[c] = (float)rstd;
         double unbiased = M > 1 ? var * M / (M - 1) : var;
-        running_mean[c] = (float)((1.0 - b->momentum) * running_mean[c] + b->momentum * mean);
-        running_var[c] = (float)((1.0 - b->momentum) * running_var[c] + b->momentum * unbiased);
+        if (running_mean) { /* NULL: a recomputed forward (--grad-checkpointing) */
+            running_mean[c] = (float)((1.0 - b->momentum) * running_mean[c] + b->momentum * mean);
+            running_var[c] = (float)((1.0 - b->momentum) * running_var[c] + b->momentum * unbiased);
+        }
         t.k1[j] = (float)(gamma[c] * rstd);
         t.k2[j] = beta[c];
     }
@@ -245,8 +247,10 @@ static void finish_channel(const visc_batchnorm2d *b, int c, double mean, float 
     save_mean[c] = fmean;
     save_rstd[c] = (float)rstd;
     double unbiased = M > 1 ? var * M / (M - 1) : var;
-    running_mean[c] = (float)((1.0 - b->momentum) * running_mean[c] + b->momentum * mean);
-    running_var[c] = (float)((1.0 - b->momentum) * running_var[c] + b->momentum * unbiased);
+    if (running_mean) { /* NULL: a recomputed forward (--grad-checkpointing) */
+        running_mean[c] = (float)((1.0 - b->momentum) * running_mean[c] + b->momentum * mean);
+        running_var[c] = (float)((1.0 - b->momentum) * running_var[c] + b->momentum * unbiased);
+    }
     float scale = (float)(gamma[c] * rstd);
     for (int n = 0; n < b->N; n++)
         row_affine(out + off + n * plane, in + off + n * plane, b->HW, fmean, scale, beta[c],

@@ -926,9 +926,12 @@ int visc_train(const visc_train_config *c) {
         if (t.world > 1)
             snprintf(procs, sizeof procs, " (%d processes x %d, %s)", t.world, B,
                      visc_dist_backend_name(t.dist));
-        printf("training %s (%.2fM parameters, %.1f MFLOP/image forward) on %s: %lld train / "
+        printf("training %s (%.2fM parameters, %.1f MFLOP/image forward, %.0f MiB of "
+               "activations%s) on %s: %lld train / "
                "%lld test images, %d epochs of %lld steps, batch %d%s, %d threads%s%s%s%s\n",
-               mc.arch, m->params.total / 1e6, m->flops_per_image / 1e6, data_name,
+               mc.arch, m->params.total / 1e6, m->flops_per_image / 1e6,
+               (double)m->activation_bytes / (1 << 20),
+               mc.grad_checkpointing ? ", recomputed in backward" : "", data_name,
                (long long)t.train->size, (long long)t.val->size, c->epochs,
                (long long)t.steps_per_epoch, c->batch_size, procs, visc_num_threads(),
                precision == VISC_PRECISION_BF16 ? ", bf16 matmuls" : "", t.gpu ? ", on " : "",

@@ -361,6 +361,67 @@ static void check_pinned_batches(visc_cuda *ctx) {
     visc_loader_free(l);
 }
 
+/* --grad-checkpointing on the GPU: a recomputing model and a keeping one,
+ * both on the device, two training steps from the same batch and noise:
+ * the same gradients and running statistics, bit for bit (every kernel is
+ * deterministic, so recomputing a block gives the bits it gave before),
+ * and fewer activation bytes. */
+static void check_recompute(visc_cuda *ctx, const char *name, int image, int channels, int batch,
+                            float drop_path) {
+    visc_model_config cfg = {.num_classes = 10,
+                             .in_channels = channels,
+                             .image_size = image,
+                             .batch = batch,
+                             .drop_path_rate = drop_path};
+    snprintf(cfg.arch, sizeof cfg.arch, "%s", name);
+    char arch[96];
+    snprintf(arch, sizeof arch, "%s recomputed", name);
+    visc_set_matmul_precision(VISC_PRECISION_FP32);
+    visc_gpu_set_precision(ctx, VISC_PRECISION_FP32);
+    visc_model *kept = visc_model_create(&cfg, 7);
+    cfg.grad_checkpointing = 1;
+    visc_model *again = visc_model_create(&cfg, 7);
+    if (!kept || !again || visc_model_to_gpu(kept, ctx) || visc_model_to_gpu(again, ctx)) {
+        printf("FAIL %s: cannot build or move the model: %s\n", arch, visc_last_error());
+        failed++;
+        if (kept) visc_model_destroy(kept);
+        if (again) visc_model_destroy(again);
+        return;
+    }
+    const size_t xn = (size_t)batch * channels * image * image, ln = (size_t)batch * 10;
+    const size_t P = kept->params.total, NB = kept->buffers.total;
+    float *x = malloc(xn * sizeof(float)), *dlogits = malloc(ln * sizeof(float));
+    float *g[2] = {malloc(P * sizeof(float)), malloc(P * sizeof(float))};
+    float *bufs[2] = {malloc((NB + 1) * sizeof(float)), malloc((NB + 1) * sizeof(float))};
+    fill(x, xn, 301);
+    fill(dlogits, ln, 302);
+    double grad_diff = 0, buf_diff = 0;
+    for (int step = 0; step < 2; step++) {
+        visc_model *both[2] = {kept, again};
+        for (int k = 0; k < 2; k++) {
+            both[k]->noise_seed = 40 + (uint64_t)step;
+            both[k]->forward(both[k], x, 1);
+            both[k]->backward(both[k], dlogits);
+            visc_gpu_download(ctx, g[k], both[k]->dev_grads, P * sizeof(float));
+            visc_gpu_download(ctx, bufs[k], both[k]->dev_buffers, NB * sizeof(float));
+        }
+        for (size_t i = 0; i < P; i++) grad_diff += memcmp(&g[0][i], &g[1][i], sizeof(float)) != 0;
+        for (size_t i = 0; i < NB; i++)
+            buf_diff += memcmp(&bufs[0][i], &bufs[1][i], sizeof(float)) != 0;
+    }
+    result(grad_diff == 0, "%.0f values differ (want %.0f)", arch, "gradients of two steps",
+           grad_diff, 0);
+    if (NB > 0) /* BatchNorm's, which a recomputed forward must leave alone */
+        result(buf_diff == 0, "%.0f values differ (want %.0f)", arch, "running statistics",
+               buf_diff, 0);
+    result(again->activation_bytes < kept->activation_bytes, "%.0f MiB (keeping: %.0f)", arch,
+           "activations", (double)again->activation_bytes / (1 << 20),
+           (double)kept->activation_bytes / (1 << 20));
+    free(x), free(dlogits), free(g[0]), free(g[1]), free(bufs[0]), free(bufs[1]);
+    visc_model_destroy(kept);
+    visc_model_destroy(again);
+}
+
 /* ---- the trainer's staged steps (visc_gpu_stage) ----
  * Five steps of a made-up batch (one of them short): each crosses on the
  * copy stream, and the host overwrites its memory as soon as
@@ -481,6 +542,10 @@ int main(void) {
     check_pinned_batches(ctx);
     check_stage(ctx, 0);
     check_stage(ctx, 1);
+    check_recompute(ctx, "resnet50", 64, 3, 4, 0.0f);
+    check_recompute(ctx, "vit_pico_patch4_28", 28, 1, 8, 0.2f);
+    check_recompute(ctx, "swinv2_micro_patch2_window4_32", 32, 3, 4, 0.2f);
+    check_recompute(ctx, "cait_xxs24_224", 32, 3, 2, 0.1f);
     visc_gpu_close(ctx);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
