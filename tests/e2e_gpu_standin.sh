@@ -27,7 +27,8 @@
 #   - resume across devices: 10 steps on the GPU + 10 on the CPU, and
 #     10 on the CPU + 10 on the GPU, equal the 20 straight (model and
 #     checkpoint with its optimizer state, the config's device aside);
-#   - the GPU evaluates the saved model to the accuracy the CPU gets;
+#   - the GPU evaluates the saved model to the loss and accuracy the CPU
+#     gets (also ending on a short batch);
 #   - `visc pretrain --device cuda`: MoCo v2 (the momentum encoder updated
 #     on the device; also --symmetric, two backward passes) and SimCLR (with
 #     SGD, and with its default LARS and --clip-grad), and
@@ -186,13 +187,17 @@ for first in cpu gpu; do
     echo "10 steps on $dev_a, resumed for 10 on $dev_b: the 20 straight steps, bit for bit"
 done
 
-# evaluation on the GPU
-cpu=$("$V" train "${small[@]}" --weights "$tmp/cpu-sgd/model_last.safetensors" --evaluate \
-    --batch-size 50)
-gpu=$("$G" train "${small[@]}" --weights "$tmp/cpu-sgd/model_last.safetensors" --evaluate \
-    --batch-size 50 --device cuda)
-echo "$gpu"
-[ "$cpu" = "$gpu" ]
+# evaluation on the GPU (bytes on the bus, loss and counts read back at the
+# end, or every 64 batches: batch 1); batch 30 ends on a short batch, its
+# padding counted nowhere
+for eb in 50 30 1; do
+    cpu=$("$V" train "${small[@]}" --weights "$tmp/cpu-sgd/model_last.safetensors" --evaluate \
+        --batch-size $eb)
+    gpu=$("$G" train "${small[@]}" --weights "$tmp/cpu-sgd/model_last.safetensors" --evaluate \
+        --batch-size $eb --device cuda)
+    echo "$gpu"
+    [ "$cpu" = "$gpu" ]
+done
 # a stand-in run can also fail: another seed gives another model
 "$G" train "${common[@]}" --max-steps 10 --seed 1 --device cuda --output "$tmp/seed1" >/dev/null
 ! cmp -s "$tmp/seed1/model_last.safetensors" "$tmp/x-gpu/model_last.safetensors"

@@ -44,6 +44,7 @@ struct visc_dataset {
      * there is no byte form (in-memory data; a recipe that erases). */
     int (*get_bytes)(const visc_dataset *ds, int64_t idx, int train, uint64_t seed, int64_t epoch,
                      uint8_t *out, int32_t *label);
+    float byte_mean[3], byte_std[3]; /* with get_bytes: the recipe's Normalize */
     void (*destroy)(visc_dataset *ds);
     void *impl;
 };

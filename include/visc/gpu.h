@@ -263,7 +263,8 @@ void visc_gpu_pin_loader(visc_cuda *ctx, visc_loader *l, visc_gpu_pins *pins);
 void visc_gpu_unpin(visc_gpu_pins *pins);
 
 /* ---- stage.c ----
- * A trainer's step on the GPU without waiting for it (trainer.c):
+ * A trainer's step on the GPU without waiting for it (trainer.c; evaluation
+ * the same way without backward, evaluate.c):
  *   x = visc_gpu_stage_put(s, batch, labels, count)   the batch crosses
  *   forward on x (io_on_device), then
  *   dlogits = visc_gpu_stage_loss(s, i, logits, ...)  loss, gradient, top-1
@@ -297,8 +298,8 @@ const float *visc_gpu_stage_loss(visc_gpu_stage *s, int step, const float *logit
  * ran beside the previous step's kernels), so the caller may reuse the
  * batch's memory; the next step takes the other buffers. */
 int visc_gpu_stage_end(visc_gpu_stage *s);
-/* Results 0 .. steps-1 to the host: the mean losses and top-1 counts (waits
- * for the queued work). */
-int visc_gpu_stage_results(visc_gpu_stage *s, int steps, float *loss, int32_t *top1);
+/* Results 0 .. steps-1 to the host: the mean losses, top-1 and top-5 counts
+ * (top5 may be NULL); waits for the queued work. */
+int visc_gpu_stage_results(visc_gpu_stage *s, int steps, float *loss, int32_t *top1, int32_t *top5);
 
 #endif

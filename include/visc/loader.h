@@ -159,6 +159,7 @@ typedef struct {
     visc_sample_bytes_fn fn_bytes; /* NULL: no byte form (the recipe erases) */
     void *ctx;
     int channels, height, width, views; /* what fn writes */
+    float mean[3], std[3]; /* fn's Normalize: fn_bytes' output normalized with these is fn's */
 } visc_sample_pipeline;
 
 /* The transforms.h recipe cfg (validated here; it must outlive the

@@ -176,14 +176,18 @@ int visc_gpu_stage_end(visc_gpu_stage *s) {
     return 0;
 }
 
-int visc_gpu_stage_results(visc_gpu_stage *s, int steps, float *loss, int32_t *top1) {
+int visc_gpu_stage_results(visc_gpu_stage *s, int steps, float *loss, int32_t *top1,
+                           int32_t *top5) {
     int32_t counts[2 * VISC_GPU_STAGE_STEPS];
     VISC_ASSERT(steps >= 0 && steps <= VISC_GPU_STAGE_STEPS);
     if (steps == 0) return 0;
     if (visc_cuda_download(s->ctx, loss, s->dev_loss, (size_t)steps * sizeof(float)) ||
         visc_cuda_download(s->ctx, counts, s->dev_counts, 2 * (size_t)steps * sizeof(int32_t)))
         return -1;
-    for (int i = 0; i < steps; i++) top1[i] = counts[2 * i];
+    for (int i = 0; i < steps; i++) {
+        top1[i] = counts[2 * i];
+        if (top5) top5[i] = counts[2 * i + 1];
+    }
     return 0;
 }
 #else
@@ -209,8 +213,9 @@ const float *visc_gpu_stage_loss(visc_gpu_stage *s, int step, const float *logit
     visc_die("a GPU stage in a visc without the CUDA backend");
 }
 int visc_gpu_stage_end(visc_gpu_stage *s) { return (void)s, -1; }
-int visc_gpu_stage_results(visc_gpu_stage *s, int steps, float *loss, int32_t *top1) {
-    (void)s, (void)steps, (void)loss, (void)top1;
+int visc_gpu_stage_results(visc_gpu_stage *s, int steps, float *loss, int32_t *top1,
+                           int32_t *top5) {
+    (void)s, (void)steps, (void)loss, (void)top1, (void)top5;
     return -1;
 }
 #endif

@@ -135,6 +135,7 @@ static visc_dataset *make(image_impl *m, int64_t n, int num_classes) {
     ds->num_classes = num_classes;
     ds->get = image_get;
     ds->get_bytes = m->pl.fn_bytes ? image_get_bytes : NULL;
+    for (int c = 0; c < 3; c++) ds->byte_mean[c] = m->pl.mean[c], ds->byte_std[c] = m->pl.std[c];
     ds->destroy = image_destroy;
     ds->impl = m;
     return ds;
@@ -226,5 +227,6 @@ int visc_transform_pipeline(const visc_transform_config *cfg, visc_sample_pipeli
     pl->channels = 3;
     pl->height = pl->width = cfg->size;
     pl->views = cfg->views > 1 ? cfg->views : 1;
+    for (int c = 0; c < 3; c++) pl->mean[c] = cfg->mean[c], pl->std[c] = cfg->std[c];
     return 0;
 }

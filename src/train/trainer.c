@@ -156,7 +156,7 @@ static int train_step(trainer *t, const visc_batch *batch, float *lr_out) {
         x = dev_batch;
         if (batch->x8) {
             visc_gpu_normalize_bytes(t->gpu, m->input, dev_batch, (size_t)B, sample / 3,
-                                     t->recipe[0].mean, t->recipe[0].std);
+                                     t->train->byte_mean, t->train->byte_std);
             x = m->input;
         }
         m->io_on_device = 1; /* this step only: evaluation feeds the host's */
@@ -234,7 +234,7 @@ static int settle_steps(trainer *t, epoch_sums *sums, int64_t epoch) {
     if (t->stage && n > 0) {
         float loss[VISC_GPU_STAGE_STEPS];
         int32_t top1[VISC_GPU_STAGE_STEPS];
-        if (visc_gpu_stage_results(t->stage, n, loss, top1)) return -1;
+        if (visc_gpu_stage_results(t->stage, n, loss, top1, NULL)) return -1;
         for (int i = 0; i < n; i++) t->pending[i].loss = loss[i], t->pending[i].top1 = top1[i];
     }
     for (int i = 0; i < n; i++) {

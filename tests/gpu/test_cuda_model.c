@@ -483,7 +483,7 @@ static void check_stage(visc_cuda *ctx, int soft) {
     float loss[STEPS];
     int32_t top1[STEPS];
     double loss_err = 0, top1_bad = 0;
-    if (visc_gpu_stage_results(s, STEPS, loss, top1) == 0)
+    if (visc_gpu_stage_results(s, STEPS, loss, top1, NULL) == 0)
         for (int i = 0; i < STEPS; i++) {
             loss_err = fmax(loss_err, fabs((double)loss[i] - cpu_loss[i]) / fabs(cpu_loss[i]));
             top1_bad += top1[i] != cpu_top1[i];
