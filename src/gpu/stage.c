@@ -101,12 +101,14 @@ visc_gpu_stage *visc_gpu_stage_create(visc_cuda *ctx, int batch, int classes, si
 
 void visc_gpu_stage_free(visc_gpu_stage *s) {
     if (!s) return;
-    visc_cuda_sync(s->ctx); /* nothing queued may still use what goes now */
+    /* nothing queued, kernel or copy, may still use what goes now */
+    visc_cuda_sync(s->ctx);
+    for (int p = 0; p < 2; p++)
+        if (s->copied[p]) visc_cuda_event_wait(s->ctx, s->copied[p]);
     for (int p = 0; p < 2; p++) {
         visc_cuda_free(s->ctx, s->dev_x[p]);
         visc_cuda_free(s->ctx, s->dev_labels[p]);
         visc_cuda_free(s->ctx, s->dev_targets[p]);
-        visc_cuda_event_wait(s->ctx, s->copied[p]);
         visc_cuda_event_destroy(s->ctx, s->copied[p]);
         visc_cuda_event_destroy(s->ctx, s->read[p]);
     }

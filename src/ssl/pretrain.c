@@ -540,8 +540,9 @@ static int run_epochs(pretrainer *p) {
             int rc = p->moco ? moco_step(p, &batch, &st) : simclr_step(p, &batch, &st);
             if (rc) return -1;
             if (!isfinite(st.loss))
-                return visc_set_error("loss is %f at step %lld: pretraining diverged; lower --lr",
-                                      (double)st.loss, (long long)p->state.step);
+                return visc_set_error("loss is %s at step %lld: pretraining diverged; lower --lr",
+                                      isnan(st.loss) ? "NaN" : "infinite",
+                                      (long long)p->state.step);
             if (p->stepped) {
                 lr = p->lr;
                 p->state.step = p->taken_step + 1;

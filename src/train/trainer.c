@@ -240,9 +240,10 @@ static int settle_steps(trainer *t, epoch_sums *sums, int64_t epoch) {
     for (int i = 0; i < n; i++) {
         const step_result *r = &t->pending[i];
         if (!isfinite(r->loss))
-            return visc_set_error("loss is %f at step %lld (epoch %lld): training diverged; "
+            return visc_set_error("loss is %s at step %lld (epoch %lld): training diverged; "
                                   "lower --lr or enable --clip-grad",
-                                  (double)r->loss, (long long)r->step, (long long)epoch + 1);
+                                  isnan(r->loss) ? "NaN" : "infinite", (long long)r->step,
+                                  (long long)epoch + 1);
         sums->loss_sum += r->loss;
         sums->correct += r->top1;
         sums->steps++;
