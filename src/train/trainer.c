@@ -56,7 +56,6 @@ void visc_train_config_defaults(visc_train_config *c) {
     snprintf(c->device, sizeof c->device, "cpu");
 }
 
-/* Everything a step touches, allocated once before the first step. */
 /* A step's loss and top-1 count, until they join the epoch's sums: at once
  * on the CPU; on a GPU they wait on the device (visc_gpu_stage) until a
  * report reads a run of them, so that no step waits for the GPU. */
@@ -72,6 +71,7 @@ typedef struct {
     int64_t correct, steps;
 } epoch_sums;
 
+/* Everything a step touches, allocated once before the first step. */
 typedef struct {
     const visc_train_config *c;
     visc_model *model;
@@ -111,6 +111,7 @@ typedef struct {
     int npending;
 } trainer;
 
+/* A short batch's rows past its count: copies of its first sample. */
 static void pad_short_batch(const visc_batch *batch, int B, size_t sample) {
     for (int b = batch->count; b < B; b++) {
         if (batch->x8) memcpy(batch->x8 + b * sample, batch->x8, sample);
