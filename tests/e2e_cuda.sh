@@ -121,3 +121,25 @@ grep -q ', bf16 matmuls, on cuda$' <(head -1 "$tmp/gpu-bf16.log")
 top1=$(grep '"type":"val"' "$tmp/gpu-bf16/log.jsonl" | tail -1 | sed 's/.*"top1":\([0-9.]*\).*/\1/')
 echo "GPU, bf16: one epoch, test top-1 $top1%"
 awk -v a="$top1" 'BEGIN { exit !(a >= 85.0) }' || { echo "FAIL: bf16 below 85% after one epoch"; exit 1; }
+# Two processes on this machine's GPU(s) (mpirun, where Open MPI is here):
+# on one GPU they share it, so the gradients go through host memory (NCCL
+# refuses two ranks on one GPU), with a note saying why; on several, NCCL.
+# As in e2e_mpi.sh: a ViT (no BatchNorm) with half the batch on each of 2
+# ranks must end where 1 process with the whole batch ends, its weight
+# change within 1e-4 normwise (1e-5 on the CPU; the GPU adds in other
+# orders between the two runs).
+if ! command -v mpirun >/dev/null || [ ! -e "$build/libvisc_mpi.so" ]; then
+    echo "# no Open MPI here: the multi-process GPU runs are left out"
+    exit 0
+fi
+vit=(train --dataset fashion-mnist --data "$data" --model vit_femto_patch4_28 --epochs 1
+     --batch-size 32 --max-steps 5 --seed 3 --no-progress --print-freq 1 --opt sgd --lr 0.01
+     --device cuda)
+"$V" "${vit[@]}" --lr 0 --max-steps 1 --output "$tmp/w0" >/dev/null
+"$V" "${vit[@]}" --output "$tmp/vit-1" >/dev/null
+mpirun --allow-run-as-root --oversubscribe -np 2 "$V" "${vit[@]}" --output "$tmp/vit-2" |
+    tee "$tmp/vit-2.log"
+grep -qE '2 processes x 16, mpi, GPU gradients (nccl|through host memory)' "$tmp/vit-2.log"
+"$V" diff "$tmp/vit-2/model_last.safetensors" "$tmp/vit-1/model_last.safetensors" \
+    --base "$tmp/w0/model_last.safetensors" --rtol 1e-4 --atol 0
+echo "GPU, 2 processes x 16: the weights of 1 process x 32 ($(grep -o 'GPU gradients [a-z ]*' "$tmp/vit-2.log"))"

@@ -3,6 +3,7 @@
  * sum, whose collectives complete after a few polls (so the communication
  * thread's polling runs), and which can be told to fail or to hang. The
  * real MPI backend is exercised under mpirun by tests/e2e_mpi.sh. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -242,7 +243,7 @@ TEST(gradients_are_averaged_bucket_by_bucket) {
     visc_table_alloc(&t);
     float *g = visc_alloc_aligned(t.total * sizeof(float), "grads");
     /* buckets of >= 100 bytes (25 floats) from the last tensor: {c, b} and {a} */
-    visc_grad_sync *gs = visc_grad_sync_new(d, &t, g, 100);
+    visc_grad_sync *gs = visc_grad_sync_new(d, &t, g, 100, NULL);
     CHECK(visc_grad_sync_buckets(gs) == 2);
     for (int step = 0; step < 2; step++) {
         for (size_t i = 0; i < t.total; i++) g[i] = 3.0f;
@@ -260,9 +261,120 @@ TEST(gradients_are_averaged_bucket_by_bucket) {
                 ok &= g[t.entries[e].offset + i] == 2.0f; /* (3 + 1) / 2, once */
         CHECK_MSG(ok, "step %d: every gradient averaged exactly once", step);
     }
-    visc_grad_sync *one = visc_grad_sync_new(d, &t, g, 0);
+    visc_grad_sync *one = visc_grad_sync_new(d, &t, g, 0, NULL);
     CHECK(visc_grad_sync_buckets(one) == 1);
     visc_grad_sync_free(one);
+    visc_grad_sync_free(gs);
+    visc_free_aligned(g);
+    visc_table_free(&t);
+    visc_dist_close(d);
+}
+
+/* ---- staged all-reduce: memory the host reaches by copies (a GPU's) ---- */
+typedef struct {
+    float *dev; /* the "device" copy */
+    pthread_t caller;
+    int fetched, put, on_other_thread, fail_fetch;
+} staged_dev;
+
+static int staged_fetch(void *arg, float *host, size_t count) {
+    staged_dev *s = arg;
+    if (s->fail_fetch) return visc_set_error("the device is gone");
+    s->on_other_thread += !pthread_equal(pthread_self(), s->caller);
+    memcpy(host, s->dev, count * sizeof(float));
+    s->fetched++;
+    return 0;
+}
+
+static int staged_put(void *arg, float *host, size_t count) {
+    staged_dev *s = arg;
+    memcpy(s->dev, host, count * sizeof(float));
+    s->put++;
+    return 0;
+}
+
+TEST(staged_allreduce_fetches_reduces_and_puts_back) {
+    fake_mode = 0;
+    visc_dist *d = visc_dist_open_backend(&fake, 5);
+    CHECK(d != NULL);
+    if (!d) return;
+    float dev[3] = {3, 5, 7}, host[3] = {-1, -1, -1};
+    staged_dev s = {.dev = dev, .caller = pthread_self()};
+    visc_dist_staging st = {staged_fetch, staged_put, &s};
+    int64_t t = visc_dist_allreduce_staged(d, host, 3, 0.5f, st);
+    CHECK(t >= 0 && visc_dist_wait(d, t) == 0);
+    /* the device's values, plus the peer's ones, halved, back on the device */
+    CHECK(dev[0] == 2.0f && dev[1] == 3.0f && dev[2] == 4.0f);
+    CHECK(s.fetched == 1 && s.put == 1 && s.on_other_thread == 1);
+    /* a fetch that fails fails the collective with its reason, and breaks the group */
+    s.fail_fetch = 1;
+    t = visc_dist_allreduce_staged(d, host, 3, 0.5f, st);
+    CHECK(t >= 0 && visc_dist_wait(d, t) == -1);
+    CHECK_MSG(strstr(visc_last_error(), "all-reduce fetching its data: the device is gone") != NULL,
+              "%s", visc_last_error());
+    CHECK(visc_dist_broken(d) && s.put == 1);
+    /* (broken: not closed, see close_of_a_broken_group_ends_the_process) */
+    fake_mode = 0;
+
+    /* a group of one: fetched, scaled and put back at once */
+    visc_dist *one = visc_dist_open("none", 0);
+    float dev1[2] = {4, 8}, host1[2];
+    staged_dev s1 = {.dev = dev1, .caller = pthread_self()};
+    t = visc_dist_allreduce_staged(one, host1, 2, 0.25f,
+                                   (visc_dist_staging){staged_fetch, staged_put, &s1});
+    CHECK(t >= 0 && visc_dist_wait(one, t) == 0);
+    CHECK(dev1[0] == 1.0f && dev1[1] == 2.0f && s1.fetched == 1 && s1.put == 1);
+    s1.fail_fetch = 1;
+    CHECK(visc_dist_allreduce_staged(one, host1, 2, 1.0f,
+                                     (visc_dist_staging){staged_fetch, staged_put, &s1}) == -1);
+    visc_dist_close(one);
+}
+
+/* A transport of its own (a GPU's): grad_sync hands it every bucket once
+ * per step, in backward's order, and waits for each. */
+typedef struct {
+    int started, waited;
+    float *lo[4];
+    size_t count[4];
+} counting_transport;
+
+static int64_t counting_start(void *ctx, float *buf, size_t count, float scale) {
+    counting_transport *c = ctx;
+    for (size_t i = 0; i < count; i++) buf[i] = (buf[i] + 1) * scale;
+    c->lo[c->started] = buf;
+    c->count[c->started] = count;
+    return c->started++;
+}
+
+static int counting_wait(void *ctx, int64_t ticket) {
+    counting_transport *c = ctx;
+    c->waited += ticket >= 0 && ticket < c->started;
+    return 0;
+}
+
+TEST(gradient_buckets_go_through_the_given_transport) {
+    fake_mode = 0;
+    visc_dist *d = visc_dist_open_backend(&fake, 5);
+    CHECK(d != NULL);
+    if (!d) return;
+    visc_table t;
+    visc_table_init(&t);
+    int64_t s1[1] = {40}, s2[1] = {24};
+    visc_table_add(&t, "a", 1, s1, 0);
+    visc_table_add(&t, "b", 1, s2, 0);
+    visc_table_alloc(&t);
+    float *g = visc_alloc_aligned(t.total * sizeof(float), "grads");
+    for (size_t i = 0; i < t.total; i++) g[i] = 3.0f;
+    counting_transport c = {0};
+    visc_grad_transport tr = {counting_start, counting_wait, &c};
+    visc_grad_sync *gs = visc_grad_sync_new(d, &t, g, 100, &tr);
+    CHECK(visc_grad_sync_buckets(gs) == 2);
+    visc_grad_sync_begin(gs);
+    visc_grad_sync_ready(gs, g + t.entries[1].offset, 24); /* b: its bucket goes at once */
+    CHECK(c.started == 1 && c.lo[0] == g + t.entries[1].offset);
+    CHECK(visc_grad_sync_finish(gs) == 0); /* a: sent by finish */
+    CHECK(c.started == 2 && c.waited == 2 && c.lo[1] == g && c.count[1] >= 40);
+    CHECK(g[0] == 2.0f && g[t.entries[1].offset] == 2.0f);
     visc_grad_sync_free(gs);
     visc_free_aligned(g);
     visc_table_free(&t);

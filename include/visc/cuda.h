@@ -34,6 +34,8 @@
  *                 (models/talking_heads.c, nn/layerscale.c)
  * tokens.cu       patch embedding, the position table's add, drop-path, row copies
  *                 and sums (models/transformer_common.c, nn/token_ops.c, droppath.c)
+ * comm.cu         gradients between GPUs: copies for the process group's
+ *                 thread, and NCCL (opened with dlopen when a run asks for it)
  *
  * C++ (the .cu files) includes this through src/cuda/common.cuh, which
  * makes core.h's C11 _Noreturn readable to nvcc.
@@ -130,6 +132,55 @@ int visc_cuda_host_unregister(visc_cuda *ctx, void *p);
  * for bit. */
 int visc_cuda_normalize_bytes(visc_cuda *ctx, float *out, const uint8_t *in, size_t images,
                               size_t plane, const float mean[3], const float std[3]);
+
+/* ---- comm.cu: gradients between GPUs (src/gpu/comm.c) ----
+ * Beside the kernels, on a stream of their own (visc_cuda_comm_init makes
+ * it), one of two ways:
+ *   through host memory: the process group's communication thread waits
+ *     for the point in the kernels' work where a bucket of gradients is
+ *     final (an event), downloads it, has the group's backend (MPI) reduce
+ *     it, and uploads the result (visc_cuda_comm_download / _upload: for
+ *     any thread, each returns once its copy is done);
+ *   NCCL (libnccl.so.2, dlopen): the all-reduce runs on the device, on
+ *     NCCL's own stream after the kernels queued so far, and the kernels
+ *     queued after visc_cuda_nccl_join wait for it; the host never waits. */
+int visc_cuda_comm_init(visc_cuda *ctx);
+/* Waits for `after` (NULL: nothing), then copies; host memory from
+ * visc_cuda_host_alloc. */
+int visc_cuda_comm_download(visc_cuda *ctx, void *host, const void *dev, size_t bytes,
+                            visc_cuda_event *after);
+int visc_cuda_comm_upload(visc_cuda *ctx, void *dev, const void *host, size_t bytes);
+/* Page-locked host memory of its own (cudaMallocHost); NULL with the error. */
+void *visc_cuda_host_alloc(visc_cuda *ctx, size_t bytes);
+void visc_cuda_host_free(visc_cuda *ctx, void *p); /* NULL: nothing */
+/* 1 once the work before e has run (or e was never recorded), 0 while it
+ * has not, -1 if it failed; from any thread. */
+int visc_cuda_event_query(visc_cuda *ctx, visc_cuda_event *e);
+/* Which physical GPU the context is on ("0000:1b:00.0", the PCI bus id),
+ * so that ranks can tell whether they share one. */
+int visc_cuda_device_id(visc_cuda *ctx, char *buf, size_t len);
+
+#define VISC_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) */
+/* 0 once NCCL is loaded (thread-safe, loads once); -1 with why. */
+int visc_cuda_nccl_load(void);
+/* A new communicator's name, made by one rank and handed to every other. */
+int visc_cuda_nccl_unique_id(unsigned char id[VISC_NCCL_ID_BYTES]);
+/* Joins the communicator of `world` ranks that id names, as `rank`, on
+ * ctx's device: every rank calls it at about the same time (it waits for
+ * all of them). One per context; visc_cuda_close ends it. */
+int visc_cuda_nccl_open(visc_cuda *ctx, const unsigned char id[VISC_NCCL_ID_BYTES], int world,
+                        int rank);
+/* Queues, after the kernels queued so far, the sum over the ranks of buf
+ * [count] (device floats, in place), then buf *= scale (1: not). */
+int visc_cuda_nccl_allreduce(visc_cuda *ctx, float *buf, size_t count, float scale);
+/* Records `done` after the all-reduces queued so far and makes every
+ * kernel queued from now on wait for it. */
+int visc_cuda_nccl_join(visc_cuda *ctx, visc_cuda_event *done);
+/* NCCL's asynchronous error (a peer gone, a network failure): 0, or -1 with it. */
+int visc_cuda_nccl_check(visc_cuda *ctx);
+/* Ends the communicator at once (ncclCommAbort), from any thread: for a
+ * run that gives up on a peer that never comes. */
+void visc_cuda_nccl_abort(visc_cuda *ctx);
 
 /* ---- layernorm.cu: as visc_layernorm_forward/backward (gamma, beta may be NULL) ---- */
 int visc_cuda_layernorm_forward(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,

@@ -43,7 +43,12 @@ int visc_dist_world(const visc_dist *d);
 /* Ranks on this machine (OMPI_COMM_WORLD_LOCAL_SIZE & co.; 1 alone), for
  * sharing the cores between them. */
 int visc_dist_local_world(const visc_dist *d);
+/* This process's index among them (OMPI_COMM_WORLD_LOCAL_RANK & co.; 0
+ * alone): which of the machine's GPUs it takes. */
+int visc_dist_local_rank(const visc_dist *d);
 const char *visc_dist_backend_name(const visc_dist *d);
+/* Seconds a collective may take (the group's timeout). */
+double visc_dist_timeout(const visc_dist *d);
 /* 1 once a collective timed out or failed: later calls fail at once. */
 int visc_dist_broken(const visc_dist *d);
 /* Seconds spent waiting for collectives on the calling thread so far (the
@@ -74,6 +79,21 @@ int visc_dist_barrier(visc_dist *d);
 int64_t visc_dist_allreduce_async(visc_dist *d, float *buf, size_t count, float scale);
 int visc_dist_wait(visc_dist *d, int64_t ticket);
 
+/* ---- staged all-reduce: memory the host reaches only by copies (a GPU's) ----
+ * As visc_dist_allreduce_async on the host buffer `host` [count], with two
+ * calls made on the communication thread around the reduction: fetch
+ * fills host first (it may wait until the data exists), put takes the
+ * result back (it must not return before host may be reused). A call
+ * that returns -1 (its error set) fails the collective and breaks the
+ * group. A group of one makes both calls at once, around the scaling. */
+typedef struct {
+    int (*fetch)(void *arg, float *host, size_t count);
+    int (*put)(void *arg, float *host, size_t count);
+    void *arg;
+} visc_dist_staging;
+int64_t visc_dist_allreduce_staged(visc_dist *d, float *host, size_t count, float scale,
+                                   visc_dist_staging staging);
+
 /* ---- grad_sync.c: data-parallel gradient averaging ----
  * The flat gradient buffer is cut into buckets of about bucket_bytes at
  * tensor boundaries, from the last tensor to the first (the order backward
@@ -84,8 +104,20 @@ int visc_dist_wait(visc_dist *d, int64_t ticket);
  * ranks. bucket_bytes 0: one bucket, sent after backward (no overlap). */
 typedef struct visc_grad_sync visc_grad_sync;
 
+/* How a bucket crosses the ranks: start begins averaging buf [count]
+ * (x scale after the sum) and returns a ticket (>= 0, or -1 with the error
+ * set); wait(ticket) returns once that bucket may be read by whatever the
+ * caller does next (for a GPU: by the kernels queued after it). NULL in
+ * visc_grad_sync_new: the group's asynchronous all-reduce on host memory;
+ * gradients on a GPU bring their own (gpu.h: visc_gpu_comm). */
+typedef struct {
+    int64_t (*start)(void *ctx, float *buf, size_t count, float scale);
+    int (*wait)(void *ctx, int64_t ticket);
+    void *ctx;
+} visc_grad_transport;
+
 visc_grad_sync *visc_grad_sync_new(visc_dist *d, const visc_table *params, float *grads,
-                                   size_t bucket_bytes);
+                                   size_t bucket_bytes, const visc_grad_transport *transport);
 int visc_grad_sync_buckets(const visc_grad_sync *g);
 /* Before each backward pass. */
 void visc_grad_sync_begin(visc_grad_sync *g);

@@ -13,6 +13,8 @@
  * stage.c   a training step that does not wait for the GPU: the batch
  *           crosses beside the previous step's kernels, the loss and
  *           top-1 stay on the device until the host reports
+ * comm.c    several processes: the gradients on the GPU averaged over the
+ *           ranks (NCCL, or through host memory over the group's backend)
  *
  * A model on the GPU runs the same forward and backward code as on the CPU:
  * each layer call goes to its twin here when m->cuda is set (models/resnet.c).
@@ -36,6 +38,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "dist.h"
 #include "model.h"
 #include "nn.h"
 #include "optim.h"
@@ -47,9 +50,11 @@
  * untouched) for anything else. */
 int visc_parse_device(const char *name, int *index);
 /* The device a run asks for (c->device): *index -1 for the CPU, else the
- * GPU's. What is not on the GPU yet (several processes, a swarm) is
+ * GPU's. Under a launcher, plain "cuda" is the GPU of this rank's place
+ * on its machine (local rank modulo the GPUs there; ranks share GPUs when
+ * there are fewer). What is not on the GPU yet (a swarm, --sync-bn) is
  * refused here, in one line. */
-int visc_gpu_run_device(const visc_train_config *c, int world, int *index);
+int visc_gpu_run_device(const visc_train_config *c, const visc_dist *d, int *index);
 /* Opens CUDA device `index`; NULL with the reason (not built in, no driver,
  * no such device). */
 visc_cuda *visc_gpu_open(int index);
@@ -301,5 +306,26 @@ int visc_gpu_stage_end(visc_gpu_stage *s);
 /* Results 0 .. steps-1 to the host: the mean losses, top-1 and top-5 counts
  * (top5 may be NULL); waits for the queued work. */
 int visc_gpu_stage_results(visc_gpu_stage *s, int steps, float *loss, int32_t *top1, int32_t *top5);
+
+/* ---- comm.c ----
+ * Several processes, each with its model on a GPU: the gradient buckets
+ * of grad_sync (dist.h) averaged over the ranks where they are. how:
+ * "nccl" (the GPUs reduce among themselves: every rank needs a GPU of its
+ * own and libnccl.so.2), "host" (each bucket through page-locked host
+ * memory over the group's backend, MPI: works wherever the group does,
+ * ranks sharing a GPU too) or "auto" (NCCL where it can, else the host
+ * path with a note saying why). A collective call: every rank opens it.
+ * grads [count]: the model's device gradients (m->dev_grads). */
+typedef struct visc_gpu_comm visc_gpu_comm;
+visc_gpu_comm *visc_gpu_comm_open(visc_cuda *ctx, visc_dist *d, const char *how, float *grads,
+                                  size_t count);
+/* "nccl" or "through host memory", for the run's first line. */
+const char *visc_gpu_comm_name(const visc_gpu_comm *c);
+/* The transport to hand visc_grad_sync_new (valid while c is open). */
+visc_grad_transport visc_gpu_comm_transport(visc_gpu_comm *c);
+void visc_gpu_comm_close(visc_gpu_comm *c); /* NULL: nothing; before the GPU is closed */
+/* Rank 0's host [bytes] to every rank (visc_dist_broadcast); with dev, a
+ * GPU's copy of it (NULL: none), downloaded first and uploaded after. */
+int visc_gpu_broadcast(visc_dist *d, visc_cuda *ctx, void *host, void *dev, size_t bytes);
 
 #endif

@@ -70,16 +70,17 @@ typedef struct {
                         * (0: at epoch ends only) */
     char precision[8]; /* fp32 | bf16: the linear layers' products (nn.h; on a CPU without
                         * bf16, fp32), on a GPU also the ResNets' convolutions (gpu.h) */
-    char device[16];   /* cpu | cuda | cuda:N (gpu.h; visc train only for now) */
+    char device[16];   /* cpu | cuda | cuda:N (gpu.h) */
     char output[512], resume[512], weights[512];
     /* data-parallel processes (dist.h): under mpirun the batch is split
      * over the ranks, each reads its shard, gradients are averaged */
-    char dist_backend[8]; /* auto | none | mpi */
-    float dist_timeout;   /* seconds one collective may take */
-    float bucket_cap_mb;  /* gradient buckets (DDP's bucket_cap_mb, default 25) */
-    int sync_bn;          /* BatchNorm statistics over all ranks */
-    float blur_prob;      /* images: GaussianBlur probability (-1: the recipe's) */
-    visc_ssl_config ssl;  /* visc pretrain only */
+    char dist_backend[8];  /* auto | none | mpi */
+    float dist_timeout;    /* seconds one collective may take */
+    float bucket_cap_mb;   /* gradient buckets (DDP's bucket_cap_mb, default 25) */
+    int sync_bn;           /* BatchNorm statistics over all ranks */
+    char gpu_allreduce[8]; /* auto | nccl | host: GPU gradients between ranks (gpu.h) */
+    float blur_prob;       /* images: GaussianBlur probability (-1: the recipe's) */
+    visc_ssl_config ssl;   /* visc pretrain only */
     /* --weights as a backbone: its classifier (m->head_prefix tensors) is
      * not loaded (may be absent) and starts fresh (finetune evaluation) */
     int reset_head;

@@ -85,7 +85,7 @@ static const option options[] = {
      "fp32 | bf16: bf16 operands, fp32 accumulation in the linear layers (on a GPU also the "
      "ResNets' convolutions)"},
     {"device", NULL, STR, O(device),
-     "where the model trains: cpu | cuda | cuda:N (one process for now)"},
+     "where the model trains: cpu | cuda | cuda:N (under mpirun, cuda: each rank its own GPU)"},
     {"workers", "j", INT, O(workers), "data loading threads (default: all cores)"},
     {"print-freq", "p", INT, O(print_freq), "log every N steps"},
     {"output", "o", STR, O(output), "folder for checkpoints and logs"},
@@ -103,6 +103,9 @@ static const option options[] = {
     {"dist-timeout", NULL, FLOAT, O(dist_timeout),
      "processes: seconds a collective may take before the run fails (default 300)"},
     {"sync-bn", NULL, FLAG, O(sync_bn), "processes: BatchNorm statistics over all ranks"},
+    {"gpu-allreduce", NULL, STR, O(gpu_allreduce),
+     "processes on GPUs: auto (NCCL where every rank has a GPU of its own) | nccl | host "
+     "(through host memory over the processes' backend)"},
     {"blur", NULL, FLOAT, O(blur_prob), "images: GaussianBlur probability (SSL recipes)"},
     {"method", NULL, STR, O(ssl.method), "mocov2 | simclr"},
     {"preset", NULL, STR, O(ssl.preset), "mocov2_resnet50_imagenet | mocov2_resnet18_cifar10"},

@@ -20,6 +20,7 @@ struct visc_cuda {
     int device;
     cudaStream_t stream;
     cudaStream_t copy_stream; /* uploads beside the kernels: created by the first */
+    cudaStream_t comm_stream; /* gradients through host memory (comm.cu), or NULL */
     cublasLtHandle_t lt; /* NULL until the first matrix product (visc_cuda_lt) */
     void *workspace;     /* cuBLASLt's, VISC_CUDA_WORKSPACE bytes */
     void *scratch;       /* partial sums, grown by visc_cuda_scratch */
@@ -27,10 +28,16 @@ struct visc_cuda {
     int bf16; /* the linear layers' precision: visc_cuda_set_bf16 */
     struct visc_conv_state *conv; /* cuDNN handle, plans, workspace (conv.cu), or NULL */
     struct visc_attn_state *attn; /* attention backward's workspace (attention.cu), or NULL */
+    struct visc_nccl_state *nccl; /* NCCL's communicator and stream (comm.cu), or NULL */
 };
-/* Frees ctx->conv (conv.cu), ctx->attn (attention.cu). */
+/* Frees ctx->conv (conv.cu), ctx->attn (attention.cu), ctx->comm_stream and ctx->nccl (comm.cu). */
 void visc_conv_state_free(visc_cuda *ctx);
 void visc_attn_state_free(visc_cuda *ctx);
+void visc_comm_state_free(visc_cuda *ctx);
+
+struct visc_cuda_event {
+    cudaEvent_t e;
+};
 
 /* cuBLASLt's entry points, loaded by visc_lt_load (cublaslt_dl.cu): the
  * library is opened by the first matrix product, not when a program

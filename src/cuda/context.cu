@@ -75,6 +75,7 @@ void visc_cuda_close(visc_cuda *ctx) {
         cudaStreamSynchronize(ctx->copy_stream);
         cudaStreamDestroy(ctx->copy_stream);
     }
+    visc_comm_state_free(ctx);
     visc_conv_state_free(ctx);
     visc_attn_state_free(ctx);
     cudaFree(ctx->scratch);
@@ -136,10 +137,6 @@ int visc_cuda_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
         return -1;
     return visc_cuda_sync(ctx);
 }
-
-struct visc_cuda_event {
-    cudaEvent_t e;
-};
 
 visc_cuda_event *visc_cuda_event_create(visc_cuda *ctx) {
     (void)ctx;

@@ -33,10 +33,11 @@ typedef struct {
     size_t count; /* elements (all-reduce) or bytes */
     int dtype, op, root;
     float scale;
+    visc_dist_staging staging; /* fetch / put around an all-reduce, or none */
 } coll_op;
 
 struct visc_dist {
-    int rank, world, local_world;
+    int rank, world, local_rank, local_world;
     double timeout_s;
     const visc_dist_backend *be;
     pthread_t thread;
@@ -92,11 +93,20 @@ static void scale_floats(float *x, size_t n, float s) {
     for (size_t i = 0; i < n; i++) x[i] *= s;
 }
 
+/* A staged all-reduce's fetch or put (fn); -1 with its error in d->error. */
+static int run_staging(visc_dist *d, int (*fn)(void *, float *, size_t), const coll_op *op,
+                       const char *what) {
+    if (!fn || fn(op->staging.arg, op->buf, op->count) == 0) return 0;
+    snprintf(d->error, sizeof d->error, "all-reduce %s: %s", what, visc_last_error());
+    return -1;
+}
+
 /* Starts op on the backend and polls it to completion; -1 with d->error. */
 static int run_op(visc_dist *d, const coll_op *op) {
     char err[384] = "";
     void *req = NULL;
     int rc = 0;
+    if (run_staging(d, op->staging.fetch, op, "fetching its data")) return -1;
     switch (op->kind) {
     case OP_ALLREDUCE:
         rc = d->be->iallreduce(op->buf, op->count, op->dtype, op->op, &req, err, sizeof err);
@@ -134,7 +144,7 @@ static int run_op(visc_dist *d, const coll_op *op) {
     }
     if (op->kind == OP_ALLREDUCE && op->scale != 1.0f && op->dtype == VISC_DT_F32)
         scale_floats(op->buf, op->count, op->scale);
-    return 0;
+    return run_staging(d, op->staging.put, op, "returning its result");
 }
 
 static void *comm_main(void *arg) {
@@ -256,8 +266,12 @@ visc_dist *visc_dist_open(const char *backend, double timeout_s) {
     if (!d) return NULL;
     static const char *const local_vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
                                              "SLURM_NTASKS_PER_NODE", NULL};
+    static const char *const local_rank_vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                                  "SLURM_LOCALID", NULL};
     d->local_world = env_int(local_vars, 1);
     if (d->local_world < 1) d->local_world = 1;
+    d->local_rank = env_int(local_rank_vars, 0);
+    if (d->local_rank < 0 || d->local_rank >= d->local_world) d->local_rank = 0;
     g_job = d;
     atexit(leave_job);
     return d;
@@ -266,8 +280,10 @@ visc_dist *visc_dist_open(const char *backend, double timeout_s) {
 int visc_dist_rank(const visc_dist *d) { return d ? d->rank : 0; }
 int visc_dist_world(const visc_dist *d) { return d ? d->world : 1; }
 int visc_dist_local_world(const visc_dist *d) { return d ? d->local_world : 1; }
+int visc_dist_local_rank(const visc_dist *d) { return d ? d->local_rank : 0; }
 const char *visc_dist_backend_name(const visc_dist *d) { return d && d->be ? d->be->name : "none"; }
 int visc_dist_broken(const visc_dist *d) { return d && d->broken; }
+double visc_dist_timeout(const visc_dist *d) { return d ? d->timeout_s : 600; }
 double visc_dist_wait_seconds(const visc_dist *d) { return d ? d->wait_seconds : 0; }
 
 void visc_dist_abort(visc_dist *d) {
@@ -333,14 +349,21 @@ int visc_dist_wait(visc_dist *d, int64_t ticket) {
     return 0;
 }
 
+/* A group of one runs op here and now: what is left of a collective
+ * with nobody else in it. */
+static int run_alone(visc_dist *d, const coll_op *op) {
+    if (op->kind == OP_ALLGATHER && op->buf != op->send) memmove(op->buf, op->send, op->count);
+    if (op->staging.fetch && op->staging.fetch(op->staging.arg, op->buf, op->count)) return -1;
+    if (op->kind == OP_ALLREDUCE && op->scale != 1.0f && op->dtype == VISC_DT_F32)
+        scale_floats(op->buf, op->count, op->scale);
+    (void)d;
+    if (op->staging.put && op->staging.put(op->staging.arg, op->buf, op->count)) return -1;
+    return 0;
+}
+
 /* Runs op: locally for a group of one, else through the thread. */
 static int run_blocking(visc_dist *d, const coll_op *op) {
-    if (!d->thread_started) {
-        if (op->kind == OP_ALLGATHER && op->buf != op->send) memmove(op->buf, op->send, op->count);
-        if (op->kind == OP_ALLREDUCE && op->scale != 1.0f && op->dtype == VISC_DT_F32)
-            scale_floats(op->buf, op->count, op->scale);
-        return 0;
-    }
+    if (!d->thread_started) return run_alone(d, op);
     int64_t t = submit(d, op);
     return t < 0 ? -1 : visc_dist_wait(d, t);
 }
@@ -376,9 +399,19 @@ int64_t visc_dist_allreduce_async(visc_dist *d, float *buf, size_t count, float 
                  .dtype = VISC_DT_F32,
                  .op = VISC_OP_SUM,
                  .scale = scale};
-    if (!d->thread_started) {
-        if (scale != 1.0f) scale_floats(buf, count, scale);
-        return 0;
-    }
+    if (!d->thread_started) return run_alone(d, &o);
+    return submit(d, &o);
+}
+
+int64_t visc_dist_allreduce_staged(visc_dist *d, float *host, size_t count, float scale,
+                                   visc_dist_staging staging) {
+    coll_op o = {.kind = OP_ALLREDUCE,
+                 .buf = host,
+                 .count = count,
+                 .dtype = VISC_DT_F32,
+                 .op = VISC_OP_SUM,
+                 .scale = scale,
+                 .staging = staging};
+    if (!d->thread_started) return run_alone(d, &o);
     return submit(d, &o);
 }

@@ -22,6 +22,7 @@ typedef struct {
 
 struct visc_grad_sync {
     visc_dist *d;
+    visc_grad_transport transport;
     float *grads;
     size_t total;
     bucket *buckets; /* ascending lo */
@@ -32,10 +33,17 @@ struct visc_grad_sync {
     int failed;
 };
 
+/* The default transport: the group's all-reduce on host memory. */
+static int64_t host_start(void *d, float *buf, size_t count, float scale) {
+    return visc_dist_allreduce_async(d, buf, count, scale);
+}
+static int host_wait(void *d, int64_t ticket) { return visc_dist_wait(d, ticket); }
+
 visc_grad_sync *visc_grad_sync_new(visc_dist *d, const visc_table *params, float *grads,
-                                   size_t bucket_bytes) {
+                                   size_t bucket_bytes, const visc_grad_transport *transport) {
     visc_grad_sync *g = visc_calloc(1, sizeof *g, "gradient sync");
     g->d = d;
+    g->transport = transport ? *transport : (visc_grad_transport){host_start, host_wait, d};
     g->grads = grads;
     g->total = params->total;
     int n = params->count;
@@ -85,7 +93,7 @@ void visc_grad_sync_begin(visc_grad_sync *g) {
 
 static void submit(visc_grad_sync *g, bucket *b) {
     float scale = 1.0f / (float)visc_dist_world(g->d);
-    b->ticket = visc_dist_allreduce_async(g->d, g->grads + b->lo, b->hi - b->lo, scale);
+    b->ticket = g->transport.start(g->transport.ctx, g->grads + b->lo, b->hi - b->lo, scale);
     if (b->ticket < 0) g->failed = 1;
 }
 
@@ -122,7 +130,8 @@ int visc_grad_sync_finish(visc_grad_sync *g) {
         if (g->buckets[i].ticket < 0) submit(g, &g->buckets[i]);
     int rc = g->failed ? -1 : 0;
     for (int i = 0; i < g->num_buckets; i++)
-        if (g->buckets[i].ticket >= 0 && visc_dist_wait(g->d, g->buckets[i].ticket)) rc = -1;
+        if (g->buckets[i].ticket >= 0 && g->transport.wait(g->transport.ctx, g->buckets[i].ticket))
+            rc = -1;
     visc_grad_sync_begin(g);
     return rc;
 }

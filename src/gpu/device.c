@@ -28,11 +28,26 @@ int visc_parse_device(const char *name, int *index) {
     return visc_set_error("--device: expected cpu, cuda or cuda:N, got '%s'", name);
 }
 
-int visc_gpu_run_device(const visc_train_config *c, int world, int *index) {
+int visc_gpu_run_device(const visc_train_config *c, const visc_dist *d, int *index) {
     if (visc_parse_device(c->device, index)) return -1;
+    const char *how = c->gpu_allreduce[0] ? c->gpu_allreduce : "auto";
+    if (strcmp(how, "auto") && strcmp(how, "nccl") && strcmp(how, "host"))
+        return visc_set_error("--gpu-allreduce: expected auto, nccl or host, got '%s'", how);
     if (*index < 0) return 0;
-    const char *missing = world > 1 ? "several processes" : c->hooks ? "a swarm" : NULL;
+    const int world = visc_dist_world(d);
+    const char *missing = c->hooks ? "a swarm"
+                          : world > 1 && c->sync_bn
+                              ? "--sync-bn (BatchNorm statistics over the ranks)"
+                              : NULL;
     if (missing) return visc_set_error("--device cuda: %s is not on the GPU yet", missing);
+    if (world > 1 && !strcmp(c->device, "cuda")) {
+        /* each rank its own GPU while there are enough */
+        *index = visc_dist_local_rank(d);
+#ifdef VISC_WITH_CUDA
+        const int n = visc_cuda_device_count();
+        if (n > 0) *index %= n;
+#endif
+    }
     return 0;
 }
 

@@ -130,6 +130,7 @@ typedef struct {
     visc_optimizer opt, head_opt;
     visc_schedule sched;
     visc_grad_sync *gsync, *head_gsync;
+    visc_gpu_comm *comm;   /* the encoder's gradients on a GPU between the ranks */
     visc_memory_bank bank; /* MoCo */
     visc_ntxent ntx;       /* SimCLR */
     int shuffle_bn;        /* MoCo, several ranks, BatchNorm in the key encoder */
@@ -469,6 +470,15 @@ static int hooks_after_step(pretrainer *p) {
     return rc;
 }
 
+/* The query encoder's BatchNorm statistics are per rank: rank 0's become
+ * everybody's (on a GPU, through host memory). */
+static int share_bn_stats(pretrainer *p) {
+    visc_model *q = p->query;
+    if (p->world == 1 || q->buffers.total == 0) return 0;
+    return visc_gpu_broadcast(p->dist, p->gpu, q->buffers.data, p->gpu ? q->dev_buffers : NULL,
+                              q->buffers.total * sizeof(float));
+}
+
 /* Rank 0 writes the checkpoint and the query encoder's model files, after
  * collecting the ranks' loader cursors; every rank learns the outcome. */
 static int save_all(pretrainer *p, int is_best) {
@@ -477,10 +487,7 @@ static int save_all(pretrainer *p, int is_best) {
         visc_dist_allgather(p->dist, &p->state.sample_pos, p->state.rank_pos, sizeof(int64_t)))
         return -1;
     /* BatchNorm statistics: rank 0's are the model's (as in visc train) */
-    if (p->world > 1 && p->query->buffers.total &&
-        visc_dist_broadcast(p->dist, p->query->buffers.data,
-                            p->query->buffers.total * sizeof(float), 0))
-        return -1;
+    if (share_bn_stats(p)) return -1;
     /* on the GPU: the encoders and the optimizer's state come back first */
     if (p->gpu && (visc_model_download(p->query) || (p->key && visc_model_download(p->key)) ||
                    visc_gpu_optim_download(p->gpu_opt, &p->opt)))
@@ -590,10 +597,7 @@ static int run_epochs(pretrainer *p) {
         }
         double train_time = visc_now() - t0;
         /* the online classifier on the validation set (rank 0's BN statistics) */
-        if (p->world > 1 && p->query->buffers.total &&
-            visc_dist_broadcast(p->dist, p->query->buffers.data,
-                                p->query->buffers.total * sizeof(float), 0))
-            return -1;
+        if (share_bn_stats(p)) return -1;
         visc_eval_result r;
         if (visc_evaluate_shard(p->query, p->val, NULL, 0.0f, p->dist, &r)) return -1;
         p->state.epoch++;
@@ -767,27 +771,40 @@ static int setup(pretrainer *p) {
     /* the head's input gradient, or MoCo's logits: one buffer */
     p->scratch = visc_alloc_aligned(scratch * sizeof(float), "scratch");
 
-    if (p->world > 1) {
-        size_t bucket = (size_t)((c->bucket_cap_mb >= 0 ? c->bucket_cap_mb : 25.0f) * 1048576.0f);
-        p->gsync = visc_grad_sync_new(p->dist, &q->params, q->grads, bucket);
-        p->head_gsync = visc_grad_sync_new(p->dist, &p->head.params, p->head.grads, 0);
-        /* buckets all-reduced during backward; not with two backward
-         * passes per step (symmetric MoCo), whose sum is what counts */
-        if (!(p->moco && c->ssl.symmetric)) {
-            q->grad_ready = visc_grad_sync_ready;
-            q->grad_ready_ctx = p->gsync;
-        }
-        if (c->sync_bn) {
-            if (!q->set_bn_sync && !p->head.batchnorm)
-                return visc_set_error("--sync-bn: neither %s nor the projection head has "
-                                      "BatchNorm layers",
-                                      q->cfg.arch);
-            if (q->set_bn_sync) q->set_bn_sync(q, bn_sync_allreduce, p->dist);
-            if (p->key && p->key->set_bn_sync)
-                p->key->set_bn_sync(p->key, bn_sync_allreduce, p->dist);
-            if (p->head.batchnorm)
-                visc_batchnorm2d_set_sync(&p->head.bn, bn_sync_allreduce, p->dist);
-        }
+    if (p->world > 1 && c->sync_bn) {
+        if (!q->set_bn_sync && !p->head.batchnorm)
+            return visc_set_error("--sync-bn: neither %s nor the projection head has "
+                                  "BatchNorm layers",
+                                  q->cfg.arch);
+        if (q->set_bn_sync) q->set_bn_sync(q, bn_sync_allreduce, p->dist);
+        if (p->key && p->key->set_bn_sync) p->key->set_bn_sync(p->key, bn_sync_allreduce, p->dist);
+        if (p->head.batchnorm) visc_batchnorm2d_set_sync(&p->head.bn, bn_sync_allreduce, p->dist);
+    }
+    return 0;
+}
+
+/* Several processes: the query encoder's gradients (where they are, on
+ * the GPU too) and the head's averaged over the ranks. */
+static int setup_grad_sync(pretrainer *p) {
+    const visc_train_config *c = p->c;
+    visc_model *q = p->query;
+    if (p->world == 1) return 0;
+    size_t bucket = (size_t)((c->bucket_cap_mb >= 0 ? c->bucket_cap_mb : 25.0f) * 1048576.0f);
+    visc_grad_transport on_gpu = {0};
+    if (p->gpu) {
+        p->comm =
+            visc_gpu_comm_open(p->gpu, p->dist, c->gpu_allreduce, q->dev_grads, q->params.total);
+        if (!p->comm) return -1;
+        on_gpu = visc_gpu_comm_transport(p->comm);
+    }
+    p->gsync = visc_grad_sync_new(p->dist, &q->params, p->gpu ? q->dev_grads : q->grads, bucket,
+                                  p->gpu ? &on_gpu : NULL);
+    p->head_gsync = visc_grad_sync_new(p->dist, &p->head.params, p->head.grads, 0, NULL);
+    /* buckets all-reduced during backward; not with two backward passes
+     * per step (symmetric MoCo), whose sum is what counts */
+    if (!(p->moco && c->ssl.symmetric)) {
+        q->grad_ready = visc_grad_sync_ready;
+        q->grad_ready_ctx = p->gsync;
     }
     return 0;
 }
@@ -797,7 +814,7 @@ static int setup(pretrainer *p) {
  * the GPU yet is refused before any GPU is opened. */
 static int open_gpu(pretrainer *p) {
     int index;
-    if (visc_gpu_run_device(p->c, p->world, &index)) return -1;
+    if (visc_gpu_run_device(p->c, p->dist, &index)) return -1;
     if (index < 0) return 0;
     p->gpu = visc_gpu_open(index);
     if (!p->gpu || visc_gpu_memory_used(p->gpu, &p->gpu_mem_base)) return -1;
@@ -819,6 +836,7 @@ static void pretrainer_free(pretrainer *p) {
     if (p->log) fclose(p->log);
     visc_grad_sync_free(p->gsync);
     visc_grad_sync_free(p->head_gsync);
+    visc_gpu_comm_close(p->comm); /* before the gradients it writes are freed */
     visc_gpu_unpin(&p->pins);
     visc_loader_free(p->loader);
     visc_optimizer_free(&p->opt);
@@ -921,18 +939,18 @@ int visc_pretrain(const visc_train_config *c) {
             printf("resumed from %s at epoch %lld, step %lld\n", c->resume,
                    (long long)p.state.epoch, (long long)p.state.step);
     }
-    /* the momentum encoder ready for the first step (a fresh run, or a
-     * checkpoint of before key_step was saved) */
-    if (p.moco && p.key_step < p.state.step) advance_key(&p);
-    if (open_gpu(&p)) goto done;
-    /* (hooks come alone: `--swarm` refuses to run under mpirun) */
-    if (p.hooks && hooks_start(&p)) goto done;
     if (p.world > 1) { /* one starting point everywhere: rank 0's */
         visc_model *q = p.query;
         if (visc_dist_broadcast(p.dist, q->params.data, q->params.total * sizeof(float), 0) ||
             visc_dist_broadcast(p.dist, p.head.params.data, p.head.params.total * sizeof(float), 0))
             goto done;
     }
+    /* the momentum encoder ready for the first step (a fresh run, or a
+     * checkpoint of before key_step was saved) */
+    if (p.moco && p.key_step < p.state.step) advance_key(&p);
+    if (open_gpu(&p) || setup_grad_sync(&p)) goto done;
+    /* (hooks come alone: `--swarm` refuses to run under mpirun) */
+    if (p.hooks && hooks_start(&p)) goto done;
     if (p.rank == 0) {
         if (visc_mkdirs(c->output)) goto done;
         char path[1100];
@@ -945,11 +963,15 @@ int visc_pretrain(const visc_train_config *c) {
         p.tb = visc_tb_open(c->output);
         if (!p.tb) goto done;
         log_json(&p, "{\"type\":\"config\",\"config\":%s}", p.config_text);
+        char procs[128] = "";
+        if (p.world > 1)
+            snprintf(procs, sizeof procs, " (%d processes x %d, %s%s%s)", p.world, p.B,
+                     visc_dist_backend_name(p.dist), p.comm ? ", GPU gradients " : "",
+                     p.comm ? visc_gpu_comm_name(p.comm) : "");
         printf("pretraining %s with %s on %s: %lld images, %d epochs of %lld steps, batch %d%s; "
                "lr %g (%s, wd %g), temperature %g",
                c->model.arch, p.moco ? "MoCo v2" : "SimCLR", c->data_dir, (long long)p.train->size,
-               c->epochs, (long long)p.steps_per_epoch, c->batch_size,
-               p.world > 1 ? " (split over the processes)" : "", (double)c->lr, c->opt,
+               c->epochs, (long long)p.steps_per_epoch, c->batch_size, procs, (double)c->lr, c->opt,
                (double)c->weight_decay, (double)c->ssl.temperature);
         if (p.moco)
             printf(", bank %lld, momentum %g%s", (long long)c->ssl.bank_size,
@@ -960,7 +982,7 @@ int visc_pretrain(const visc_train_config *c) {
     double t0 = visc_now();
     int r = run_epochs(&p);
     if (r < 0) goto done;
-    if (p.gpu) visc_gpu_print_memory(p.gpu, p.gpu_mem_base);
+    if (p.gpu && p.rank == 0) visc_gpu_print_memory(p.gpu, p.gpu_mem_base);
     if (r == 0 && p.rank == 0) {
         printf("done: online classifier best val top1 %.2f%% in %.0fs; the query encoder is "
                "%s/model_last.safetensors\n",

@@ -54,6 +54,7 @@ void visc_train_config_defaults(visc_train_config *c) {
     snprintf(c->output, sizeof c->output, "runs/train");
     snprintf(c->precision, sizeof c->precision, "fp32");
     snprintf(c->device, sizeof c->device, "cpu");
+    snprintf(c->gpu_allreduce, sizeof c->gpu_allreduce, "auto");
 }
 
 /* A step's loss and top-1 count, until they join the epoch's sums: at once
@@ -96,6 +97,7 @@ typedef struct {
     visc_dist *dist;
     int rank, world;
     visc_grad_sync *gsync; /* world > 1: gradient averaging during backward */
+    visc_gpu_comm *comm;   /* ... of gradients on a GPU */
     /* --device cuda: the GPU the model and the optimizer's step are on */
     visc_cuda *gpu;
     visc_precision precision; /* of the linear layers' products, where they run */
@@ -359,10 +361,12 @@ static int save_all(trainer *t, int is_best) {
 }
 
 /* BatchNorm running statistics are per rank (each saw its own batches):
- * rank 0's are the model's, as with DDP's broadcast_buffers. */
-static int share_buffers(trainer *t, float *buffers) {
+ * rank 0's are the model's, as with DDP's broadcast_buffers. host: the
+ * buffers' host copy; dev: their device copy on a GPU (NULL on the CPU),
+ * which crosses through host. */
+static int share_buffers(trainer *t, float *host, float *dev) {
     if (t->world == 1 || t->model->buffers.total == 0) return 0;
-    return visc_dist_broadcast(t->dist, buffers, t->model->buffers.total * sizeof(float), 0);
+    return visc_gpu_broadcast(t->dist, t->gpu, host, dev, t->model->buffers.total * sizeof(float));
 }
 
 /* Evaluates with the EMA weights swapped in (on the GPU, its device
@@ -370,7 +374,7 @@ static int share_buffers(trainer *t, float *buffers) {
  * then swaps back. */
 static int evaluate_ema(trainer *t, visc_eval_result *r) {
     visc_model *m = t->model;
-    if (share_buffers(t, t->ema_buffers)) return -1;
+    if (share_buffers(t, t->ema_buffers, t->gpu ? t->dev_ema_buffers : NULL)) return -1;
     float **params = t->gpu ? &m->dev_params : &m->params.data;
     float **buffers = t->gpu ? &m->dev_buffers : &m->buffers.data;
     float *p = *params, *b = *buffers;
@@ -418,7 +422,7 @@ static int evaluate_at_step(trainer *t, visc_progress *bar) {
     if (t->c->eval_interval <= 0 || t->state.step == t->last_eval_step) return 0;
     t->last_eval_step = t->state.step;
     visc_eval_result r;
-    if (share_buffers(t, t->model->buffers.data) ||
+    if (share_buffers(t, t->model->buffers.data, t->model->dev_buffers) ||
         visc_evaluate_shard(t->model, t->val, &t->aug, t->c->label_smoothing, t->dist, &r))
         return -1;
     if (t->rank == 0 && !bar->tty)
@@ -540,7 +544,7 @@ static int run_epochs(trainer *t) {
         double train_time = visc_now() - t0;
         report_bad_samples(t, epoch);
         visc_eval_result r;
-        if (share_buffers(t, m->buffers.data) ||
+        if (share_buffers(t, m->buffers.data, m->dev_buffers) ||
             visc_evaluate_shard(m, t->val, &t->aug, c->label_smoothing, t->dist, &r))
             return -1;
         t->state.epoch++;
@@ -611,7 +615,7 @@ static int share_weights(trainer *t) {
     visc_model *m = t->model;
     if (t->world == 1) return 0;
     if (visc_dist_broadcast(t->dist, m->params.data, m->params.total * sizeof(float), 0) ||
-        share_buffers(t, m->buffers.data))
+        share_buffers(t, m->buffers.data, NULL))
         return -1;
     if (t->ema_params &&
         visc_dist_broadcast(t->dist, t->ema_params, m->params.total * sizeof(float), 0))
@@ -624,7 +628,7 @@ static int share_weights(trainer *t) {
  * What is not on the GPU yet is refused here, before any GPU is opened. */
 static int open_gpu(trainer *t) {
     int index;
-    if (visc_gpu_run_device(t->c, t->world, &index)) return -1;
+    if (visc_gpu_run_device(t->c, t->dist, &index)) return -1;
     if (index < 0) return 0;
     t->gpu = visc_gpu_open(index);
     if (!t->gpu || visc_gpu_memory_used(t->gpu, &t->gpu_mem_base)) return -1;
@@ -651,6 +655,7 @@ static int open_gpu(trainer *t) {
 
 static void trainer_free(trainer *t) {
     visc_grad_sync_free(t->gsync);
+    visc_gpu_comm_close(t->comm); /* before the gradients it writes are freed */
     if (t->tb) visc_tb_close(t->tb);
     if (t->log) fclose(t->log);
     visc_optimizer_free(&t->opt);
@@ -890,7 +895,15 @@ int visc_train(const visc_train_config *c) {
     }
     if (t.world > 1) {
         size_t bucket = (size_t)((c->bucket_cap_mb >= 0 ? c->bucket_cap_mb : 25.0f) * 1048576.0f);
-        t.gsync = visc_grad_sync_new(t.dist, &m->params, m->grads, bucket);
+        visc_grad_transport on_gpu = {0};
+        if (t.gpu) { /* the buckets are averaged where the gradients are */
+            t.comm =
+                visc_gpu_comm_open(t.gpu, t.dist, c->gpu_allreduce, m->dev_grads, m->params.total);
+            if (!t.comm) goto done;
+            on_gpu = visc_gpu_comm_transport(t.comm);
+        }
+        t.gsync = visc_grad_sync_new(t.dist, &m->params, t.gpu ? m->dev_grads : m->grads, bucket,
+                                     t.gpu ? &on_gpu : NULL);
         m->grad_ready = visc_grad_sync_ready;
         m->grad_ready_ctx = t.gsync;
         if (c->sync_bn) {
@@ -924,10 +937,11 @@ int visc_train(const visc_train_config *c) {
         t.tb = visc_tb_open(c->output);
         if (!t.tb) goto done;
         log_json(&t, "{\"type\":\"config\",\"config\":%s}", t.config_text);
-        char procs[96] = "";
+        char procs[128] = "";
         if (t.world > 1)
-            snprintf(procs, sizeof procs, " (%d processes x %d, %s)", t.world, B,
-                     visc_dist_backend_name(t.dist));
+            snprintf(procs, sizeof procs, " (%d processes x %d, %s%s%s)", t.world, B,
+                     visc_dist_backend_name(t.dist), t.comm ? ", GPU gradients " : "",
+                     t.comm ? visc_gpu_comm_name(t.comm) : "");
         printf("training %s (%.2fM parameters, %.1f MFLOP/image forward, %.0f MiB of "
                "activations%s) on %s: %lld train / "
                "%lld test images, %d epochs of %lld steps, batch %d%s, %d threads%s%s%s%s\n",
@@ -947,7 +961,7 @@ int visc_train(const visc_train_config *c) {
                "(%.1f%% of the run)\n",
                visc_dist_wait_seconds(t.dist),
                100.0 * visc_dist_wait_seconds(t.dist) / (visc_now() - t0));
-    if (t.gpu) visc_gpu_print_memory(t.gpu, t.gpu_mem_base);
+    if (t.gpu && t.rank == 0) visc_gpu_print_memory(t.gpu, t.gpu_mem_base);
     if (r == 0 && t.rank == 0) {
         printf("done: best val top1 %.2f%% in %.0fs; checkpoints and logs in %s/\n",
                t.state.best_top1, visc_now() - t0, c->output);

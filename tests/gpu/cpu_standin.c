@@ -18,6 +18,7 @@
  * model checks of test_cuda_model.c, held to zero difference) and
  * tests/gpu/visc_standin (the whole program: tests/e2e_gpu_standin.sh). */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,9 @@ struct visc_cuda {
         size_t bytes;
     } * allocs;
     int num_allocs, cap_allocs;
+    /* the registries above: the process group's communication thread
+     * copies gradients while the main thread computes (comm.cu's calls) */
+    pthread_mutex_t mu;
 };
 
 int visc_cuda_device_count(void) { return 1; }
@@ -94,7 +98,9 @@ visc_cuda *visc_cuda_open(int dev) {
         visc_set_error("no device %d", dev);
         return NULL;
     }
-    return visc_calloc(1, sizeof(visc_cuda), "stand-in GPU");
+    visc_cuda *ctx = visc_calloc(1, sizeof(visc_cuda), "stand-in GPU");
+    pthread_mutex_init(&ctx->mu, NULL);
+    return ctx;
 }
 
 void visc_cuda_close(visc_cuda *ctx) {
@@ -109,6 +115,7 @@ void visc_cuda_close(visc_cuda *ctx) {
     for (int i = 0; i < ctx->num_pool; i++) visc_pool2d_destroy(&ctx->pool[i].op);
     for (int i = 0; i < ctx->num_patch; i++) visc_conv2d_destroy(&ctx->patch[i].op);
     free(ctx->allocs);
+    pthread_mutex_destroy(&ctx->mu);
     if (ctx->num_pinned)
         visc_die("stand-in: %d host region%s still page-locked when the GPU is closed",
                  ctx->num_pinned, ctx->num_pinned == 1 ? " is" : "s are");
@@ -118,9 +125,7 @@ void visc_cuda_close(visc_cuda *ctx) {
 /* Registering changes nothing on the host; the bookkeeping checks that the
  * program keeps to what the CUDA runtime demands (cudaErrorHostMemory-
  * AlreadyRegistered, cudaErrorHostMemoryNotRegistered). */
-int visc_cuda_host_register(visc_cuda *ctx, void *p, size_t bytes) {
-    const char *c = p;
-    if (!p || bytes == 0) return visc_set_error("page-locking host memory: an empty region");
+static int register_locked(visc_cuda *ctx, const char *c, size_t bytes) {
     for (int i = 0; i < ctx->num_pinned; i++)
         if (c < ctx->pinned[i].p + ctx->pinned[i].bytes && ctx->pinned[i].p < c + bytes)
             return visc_set_error("page-locking host memory: already registered");
@@ -131,12 +136,23 @@ int visc_cuda_host_register(visc_cuda *ctx, void *p, size_t bytes) {
     return 0;
 }
 
+int visc_cuda_host_register(visc_cuda *ctx, void *p, size_t bytes) {
+    if (!p || bytes == 0) return visc_set_error("page-locking host memory: an empty region");
+    pthread_mutex_lock(&ctx->mu);
+    int rc = register_locked(ctx, p, bytes);
+    pthread_mutex_unlock(&ctx->mu);
+    return rc;
+}
+
 int visc_cuda_host_unregister(visc_cuda *ctx, void *p) {
+    pthread_mutex_lock(&ctx->mu);
     for (int i = 0; i < ctx->num_pinned; i++)
         if (ctx->pinned[i].p == p) {
             ctx->pinned[i] = ctx->pinned[--ctx->num_pinned];
+            pthread_mutex_unlock(&ctx->mu);
             return 0;
         }
+    pthread_mutex_unlock(&ctx->mu);
     return visc_set_error("unlocking host memory: not registered");
 }
 
@@ -161,6 +177,7 @@ int visc_cuda_memory_used(visc_cuda *ctx, size_t *used) {
 void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes) {
     float *p = visc_alloc_aligned(bytes ? bytes : 1, "stand-in device memory");
     for (size_t i = 0; i < bytes / sizeof(float); i++) p[i] = __builtin_nanf("");
+    pthread_mutex_lock(&ctx->mu);
     if (ctx->num_allocs == ctx->cap_allocs) {
         ctx->cap_allocs = ctx->cap_allocs ? 2 * ctx->cap_allocs : 256;
         ctx->allocs = realloc(ctx->allocs, (size_t)ctx->cap_allocs * sizeof *ctx->allocs);
@@ -168,24 +185,32 @@ void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes) {
     }
     ctx->allocs[ctx->num_allocs].p = (const char *)p;
     ctx->allocs[ctx->num_allocs++].bytes = bytes;
+    pthread_mutex_unlock(&ctx->mu);
     return p;
 }
 
 void visc_cuda_free(visc_cuda *ctx, void *p) {
+    pthread_mutex_lock(&ctx->mu);
     for (int i = 0; i < ctx->num_allocs; i++)
         if (ctx->allocs[i].p == p) {
             ctx->allocs[i] = ctx->allocs[--ctx->num_allocs];
             break;
         }
+    pthread_mutex_unlock(&ctx->mu);
     visc_free_aligned(p);
 }
 
 /* Stops the program unless [p, p + bytes) lies in one device allocation. */
-static void on_device(const visc_cuda *ctx, const void *p, size_t bytes, const char *what) {
+static void on_device(visc_cuda *ctx, const void *p, size_t bytes, const char *what) {
     const char *c = p;
     if (bytes == 0) return;
+    pthread_mutex_lock(&ctx->mu);
     for (int i = 0; i < ctx->num_allocs; i++)
-        if (c >= ctx->allocs[i].p && c + bytes <= ctx->allocs[i].p + ctx->allocs[i].bytes) return;
+        if (c >= ctx->allocs[i].p && c + bytes <= ctx->allocs[i].p + ctx->allocs[i].bytes) {
+            pthread_mutex_unlock(&ctx->mu);
+            return;
+        }
+    pthread_mutex_unlock(&ctx->mu);
     visc_die("stand-in: %s: %zu bytes at %p are not device memory (a host pointer where the GPU "
              "needs its own would fault there)",
              what, bytes, p);
@@ -268,6 +293,96 @@ int visc_cuda_upload_async(visc_cuda *ctx, void *dst, const void *src, size_t by
     memcpy(dst, src, bytes);
     return 0;
 }
+
+/* ---- gradients between GPUs (comm.cu) ----
+ * Through host memory: the process group's communication thread calls
+ * the copies, while the main thread goes on with backward; the stand-in
+ * checks what CUDA would fault at or stage silently (device memory on one
+ * side, page-locked memory from visc_cuda_host_alloc on the other). Its
+ * kernels run when they are called, so a bucket is final by the time its
+ * event is recorded. NCCL is not there: "auto" takes the host path. */
+int visc_cuda_comm_init(visc_cuda *ctx) {
+    (void)ctx;
+    return 0;
+}
+
+static void page_locked(visc_cuda *ctx, const void *p, size_t bytes, const char *what) {
+    const char *c = p;
+    pthread_mutex_lock(&ctx->mu);
+    for (int i = 0; i < ctx->num_pinned; i++)
+        if (c >= ctx->pinned[i].p && c + bytes <= ctx->pinned[i].p + ctx->pinned[i].bytes) {
+            pthread_mutex_unlock(&ctx->mu);
+            return;
+        }
+    pthread_mutex_unlock(&ctx->mu);
+    visc_die("stand-in: %s: %zu bytes at %p are not page-locked host memory", what, bytes, p);
+}
+
+int visc_cuda_comm_download(visc_cuda *ctx, void *host, const void *dev, size_t bytes,
+                            visc_cuda_event *after) {
+    (void)after;
+    on_device(ctx, dev, bytes, "gradient download");
+    page_locked(ctx, host, bytes, "gradient download");
+    memcpy(host, dev, bytes);
+    return 0;
+}
+
+int visc_cuda_comm_upload(visc_cuda *ctx, void *dev, const void *host, size_t bytes) {
+    on_device(ctx, dev, bytes, "gradient upload");
+    page_locked(ctx, host, bytes, "gradient upload");
+    memcpy(dev, host, bytes);
+    return 0;
+}
+
+void *visc_cuda_host_alloc(visc_cuda *ctx, size_t bytes) {
+    void *p = visc_alloc_aligned(bytes ? bytes : 1, "stand-in page-locked memory");
+    if (visc_cuda_host_register(ctx, p, bytes ? bytes : 1)) {
+        visc_free_aligned(p);
+        return NULL;
+    }
+    return p;
+}
+
+void visc_cuda_host_free(visc_cuda *ctx, void *p) {
+    if (!p) return;
+    if (visc_cuda_host_unregister(ctx, p)) visc_die("stand-in: %s", visc_last_error());
+    visc_free_aligned(p);
+}
+
+int visc_cuda_event_query(visc_cuda *ctx, visc_cuda_event *e) {
+    (void)ctx, (void)e;
+    return 1;
+}
+
+int visc_cuda_device_id(visc_cuda *ctx, char *buf, size_t len) {
+    snprintf(buf, len, "stand-in:%d", ctx->device);
+    return 0;
+}
+
+static int no_nccl(void) { return visc_set_error("the stand-in GPU has no NCCL"); }
+int visc_cuda_nccl_load(void) { return no_nccl(); }
+int visc_cuda_nccl_unique_id(unsigned char id[VISC_NCCL_ID_BYTES]) {
+    (void)id;
+    return no_nccl();
+}
+int visc_cuda_nccl_open(visc_cuda *ctx, const unsigned char id[VISC_NCCL_ID_BYTES], int world,
+                        int rank) {
+    (void)ctx, (void)id, (void)world, (void)rank;
+    return no_nccl();
+}
+int visc_cuda_nccl_allreduce(visc_cuda *ctx, float *buf, size_t count, float scale) {
+    (void)ctx, (void)buf, (void)count, (void)scale;
+    return no_nccl();
+}
+int visc_cuda_nccl_join(visc_cuda *ctx, visc_cuda_event *done) {
+    (void)ctx, (void)done;
+    return no_nccl();
+}
+int visc_cuda_nccl_check(visc_cuda *ctx) {
+    (void)ctx;
+    return 0;
+}
+void visc_cuda_nccl_abort(visc_cuda *ctx) { (void)ctx; }
 
 int visc_cuda_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
     on_device(ctx, src, bytes, "download");

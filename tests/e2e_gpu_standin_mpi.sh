@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Several processes, each with its model on a GPU (`mpirun -np 2 visc train
+# --device cuda`), on the stand-in GPU (tests/gpu/visc_standin, see
+# e2e_gpu_standin.sh): the gradient buckets are averaged where they are
+# (src/gpu/comm.c), here through host memory, since the stand-in has no
+# NCCL: the process group's communication thread waits for each bucket,
+# downloads it into page-locked memory (the stand-in stops at any other),
+# the MPI backend reduces it, and it is uploaded again, all while the main
+# thread goes on with backward. The stand-in's kernels are the CPU's
+# layers, so 2 ranks on the stand-in must end exactly where the same 2
+# ranks end on the CPU (e2e_mpi.sh shows that those end where 1 process
+# with the whole batch ends):
+#   - a ResNet on image data (bytes on the bus), SGD with an EMA of the
+#     weights, evaluated on the device every few steps (BatchNorm
+#     statistics shared from rank 0 through host memory): the same model,
+#     checkpoint, EMA and logged numbers, bit for bit;
+#   - a ViT with AdamW and --clip-grad, in 25 KB buckets (many buckets in
+#     flight during backward) and in one bucket after backward
+#     (--bucket-cap-mb 0): the CPU's bits;
+#   - resume across devices: 3 steps on the CPU's 2 ranks and 3 on the
+#     stand-in GPU's, and the other way, equal the 6 straight;
+#   - `visc pretrain`: MoCo v2 (keys gathered from both ranks into the
+#     bank, shuffle-BN of the key encoder) and SimCLR (negatives from both
+#     ranks): the CPU's checkpoints, bit for bit;
+#   - refused in one line on every rank: --sync-bn on the GPU, NCCL where
+#     there is none (--gpu-allreduce nccl), a bad --gpu-allreduce;
+#   - a rank that hangs (SIGSTOP) makes the other give up within
+#     --dist-timeout, with one line naming the all-reduce.
+set -euo pipefail
+V=${VISC:-build/visc}
+source tests/lib.sh
+build=$(dirname "$V")
+G=$build/tests/gpu/visc_standin
+tmp=$(mktemp -d)
+cleanup() {
+    pkill -CONT -f "$tmp/" 2>/dev/null || true
+    pkill -KILL -f "$tmp/" 2>/dev/null || true
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+export VISC_CACHE_DIR="$tmp/cache" OMP_WAIT_POLICY=passive
+# visc_standin lives in build/tests/gpu/: the MPI plugin is in build/
+export VISC_DIST_PLUGIN_DIR=$build
+# (as e2e_mpi.sh: Open MPI's components cannot be leak-checked)
+MPI=(env "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+     mpirun --allow-run-as-root --oversubscribe -np 2)
+fail() { echo "FAIL: $*"; exit 1; }
+# A checkpoint's tensors and trainer state without the config text (which
+# names the device), and a hash of its data (e2e_gpu_standin.sh's).
+tensors() {
+    python3 - "$1" <<'PY'
+import hashlib, json, struct, sys
+data = open(sys.argv[1], 'rb').read()
+n = struct.unpack('<Q', data[:8])[0]
+head = json.loads(data[8:8 + n])
+head.get('__metadata__', {}).pop('visc_config', None)
+print(json.dumps(head, sort_keys=True))
+print(hashlib.sha256(data[8 + n:]).hexdigest())
+PY
+}
+logged() { grep -E '"type":"(train|val_step|val|val_ema)"' "$1" | sed -E 's/,"(img_per_s|time|epoch_time_s)":[0-9.]*//g'; }
+# same NAME ARGS...: 2 CPU ranks and 2 stand-in GPU ranks, the same files
+same() {
+    local name=$1
+    shift
+    "${MPI[@]}" "$V" "$@" --output "$tmp/$name-cpu" >"$tmp/$name-cpu.log" 2>&1 ||
+        { cat "$tmp/$name-cpu.log"; fail "$name: the CPU run failed"; }
+    "${MPI[@]}" "$G" "$@" --device cuda --output "$tmp/$name-gpu" >"$tmp/$name-gpu.log" 2>&1 ||
+        { cat "$tmp/$name-gpu.log"; fail "$name: the stand-in GPU run failed"; }
+    grep -q "2 processes x [0-9]*, mpi, GPU gradients through host memory" "$tmp/$name-gpu.log" ||
+        fail "$name: no process line naming the GPU all-reduce"
+    cmp <(tensors "$tmp/$name-cpu/checkpoint_last.safetensors") \
+        <(tensors "$tmp/$name-gpu/checkpoint_last.safetensors") ||
+        fail "$name: the checkpoints differ"
+    diff <(logged "$tmp/$name-cpu/log.jsonl") <(logged "$tmp/$name-gpu/log.jsonl") ||
+        fail "$name: the logged numbers differ"
+}
+
+cifar_subset "$tmp/data" 20 10
+res=(train --data "imagenet:$tmp/data" --model resnet14 --width 16 --input-size 32 --crop-pct 1
+     --workers 1 --threads 1 --epochs 2 --batch-size 20 --print-freq 2 --no-progress
+     --eval-interval 5 --lr 0.05 --model-ema-decay 0.9 --max-steps 12)
+same resnet "${res[@]}"
+grep -q "(batches as bytes)" "$tmp/resnet-gpu.log" || fail "image data did not cross as bytes"
+grep -q '"type":"val_ema"' "$tmp/resnet-gpu/log.jsonl" || fail "no EMA evaluation logged"
+echo "resnet14, 2 ranks on the stand-in GPU, SGD + EMA, evaluated twice: the CPU ranks' checkpoint and logs, bit for bit"
+
+vit=(train --model vit_femto_patch4_28 --opt adamw --lr 0.002 --wd 0.05 --clip-grad 1 --epochs 1
+     --batch-size 32 --print-freq 2 --no-progress --threads 1 --max-steps 6)
+same vit-buckets "${vit[@]}" --bucket-cap-mb 0.025
+same vit-one-bucket "${vit[@]}" --bucket-cap-mb 0
+echo "vit_femto_patch4_28, 2 ranks, AdamW + clipping, 25 KB buckets and one bucket: the CPU ranks', bit for bit"
+
+# resume across devices, 2 ranks each: 3 steps on one, 3 on the other
+# equal the 6 straight on the CPU
+for first in cpu gpu; do
+    [ $first = cpu ] && { A=$V; B=$G; dev_a=cpu; dev_b=cuda; } || { A=$G; B=$V; dev_a=cuda; dev_b=cpu; }
+    "${MPI[@]}" "$A" "${vit[@]}" --bucket-cap-mb 0 --max-steps 3 --device $dev_a \
+        --output "$tmp/x-$first" >/dev/null 2>&1 || fail "resume: the first half on $dev_a"
+    "${MPI[@]}" "$B" "${vit[@]}" --bucket-cap-mb 0 --device $dev_b --output "$tmp/x-$first" \
+        --resume "$tmp/x-$first/checkpoint_last.safetensors" >/dev/null 2>&1 ||
+        fail "resume: the second half on $dev_b"
+    cmp <(tensors "$tmp/vit-one-bucket-cpu/checkpoint_last.safetensors") \
+        <(tensors "$tmp/x-$first/checkpoint_last.safetensors") ||
+        fail "3 steps on $dev_a + 3 on $dev_b differ from 6 straight"
+done
+echo "2 ranks, 3 steps on the CPU then 3 on the stand-in GPU, and the other way: the 6 straight steps, bit for bit"
+
+# self-supervised pretraining with 2 ranks
+# (one epoch of 10 steps: the online classifier is evaluated at its end
+# with rank 0's BatchNorm statistics, shared through host memory)
+ssl=(pretrain --data "imagenet:$tmp/data" --model resnet14 --width 16 --input-size 32
+     --crop-pct 1 --workers 1 --threads 1 --epochs 1 --batch-size 20 --print-freq 2
+     --no-progress --lr 0.05 --seed 3)
+same moco "${ssl[@]}" --method mocov2 --bank-size 200
+same simclr "${ssl[@]}" --method simclr
+echo "MoCo v2 (gathered keys, shuffle-BN) and SimCLR (gathered negatives), 2 ranks: the CPU ranks' checkpoints, bit for bit"
+
+# refused in one line on every rank
+refused() { # PATTERN ARGS...
+    local pattern=$1 rc=0
+    shift
+    "${MPI[@]}" "$G" "${vit[@]}" --max-steps 1 --device cuda --output "$tmp/refused" "$@" \
+        >/dev/null 2>"$tmp/refused.err" || rc=$?
+    [ $rc -ne 0 ] || fail "$* was not refused"
+    grep -q -- "$pattern" "$tmp/refused.err" || { cat "$tmp/refused.err"; fail "no '$pattern'"; }
+}
+refused "--sync-bn (BatchNorm statistics over the ranks) is not on the GPU yet" --sync-bn
+refused "--gpu-allreduce nccl: the stand-in GPU has no NCCL" --gpu-allreduce nccl
+refused "--gpu-allreduce: expected auto, nccl or host, got 'gloo'" --gpu-allreduce gloo
+echo "--sync-bn, NCCL without NCCL and a bad --gpu-allreduce: refused in one line"
+
+# a rank that hangs: the other gives up after --dist-timeout
+start=$(date +%s)
+"${MPI[@]}" "$G" "${vit[@]}" --max-steps 100000 --epochs 1 --device cuda --dist-timeout 5 \
+    --output "$tmp/hang" >"$tmp/hang.log" 2>&1 &
+job=$!
+for _ in $(seq 100); do
+    grep -q "^epoch 1/1 2/" "$tmp/hang.log" 2>/dev/null && break
+    sleep 0.2
+done
+rank1=""
+for p in $(pgrep -f "$tmp/hang"); do
+    grep -qz '^OMPI_COMM_WORLD_RANK=1$' "/proc/$p/environ" 2>/dev/null && rank1=$p
+done
+[ -n "$rank1" ] || fail "rank 1 not found"
+kill -STOP "$rank1"
+rc=0
+wait $job || rc=$?
+took=$(($(date +%s) - start))
+[ $rc -ne 0 ] || fail "the job ended well with a hung rank"
+[ $took -lt 60 ] || fail "the job took ${took}s to give up"
+grep -q "did not complete within 5 s: a peer process died or hangs" "$tmp/hang.log" ||
+    { cat "$tmp/hang.log"; fail "no timeout message"; }
+echo "a hung rank: the job failed after ${took}s with '$(grep -o '[a-z-]* did not complete within 5 s' "$tmp/hang.log" | head -1)'"
