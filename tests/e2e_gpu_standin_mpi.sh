@@ -22,8 +22,11 @@
 #   - `visc pretrain`: MoCo v2 (keys gathered from both ranks into the
 #     bank, shuffle-BN of the key encoder) and SimCLR (negatives from both
 #     ranks): the CPU's checkpoints, bit for bit;
-#   - refused in one line on every rank: --sync-bn on the GPU, NCCL where
-#     there is none (--gpu-allreduce nccl), a bad --gpu-allreduce;
+#   - the ResNet again with --sync-bn (each BatchNorm's sums reduced over
+#     the ranks between its passes, the device's sums through the host),
+#     SimCLR with it too: the same;
+#   - refused in one line on every rank: NCCL where there is none
+#     (--gpu-allreduce nccl), a bad --gpu-allreduce;
 #   - a rank that hangs (SIGSTOP) makes the other give up within
 #     --dist-timeout, with one line naming the all-reduce.
 set -euo pipefail
@@ -85,6 +88,13 @@ grep -q "(batches as bytes)" "$tmp/resnet-gpu.log" || fail "image data did not c
 grep -q '"type":"val_ema"' "$tmp/resnet-gpu/log.jsonl" || fail "no EMA evaluation logged"
 echo "resnet14, 2 ranks on the stand-in GPU, SGD + EMA, evaluated twice: the CPU ranks' checkpoint and logs, bit for bit"
 
+# --sync-bn: every BatchNorm's sums reduced over the ranks between its
+# passes (the device's sums come to the host and go back)
+same resnet-syncbn "${res[@]}" --sync-bn
+! cmp -s "$tmp/resnet-gpu/model_last.safetensors" "$tmp/resnet-syncbn-gpu/model_last.safetensors" ||
+    fail "--sync-bn changed nothing"
+echo "the same with --sync-bn: the CPU ranks' checkpoint and logs, bit for bit"
+
 vit=(train --model vit_femto_patch4_28 --opt adamw --lr 0.002 --wd 0.05 --clip-grad 1 --epochs 1
      --batch-size 32 --print-freq 2 --no-progress --threads 1 --max-steps 6)
 same vit-buckets "${vit[@]}" --bucket-cap-mb 0.025
@@ -113,8 +123,8 @@ ssl=(pretrain --data "imagenet:$tmp/data" --model resnet14 --width 16 --input-si
      --crop-pct 1 --workers 1 --threads 1 --epochs 1 --batch-size 20 --print-freq 2
      --no-progress --lr 0.05 --seed 3)
 same moco "${ssl[@]}" --method mocov2 --bank-size 200
-same simclr "${ssl[@]}" --method simclr
-echo "MoCo v2 (gathered keys, shuffle-BN) and SimCLR (gathered negatives), 2 ranks: the CPU ranks' checkpoints, bit for bit"
+same simclr "${ssl[@]}" --method simclr --sync-bn
+echo "MoCo v2 (gathered keys, shuffle-BN) and SimCLR (gathered negatives, --sync-bn), 2 ranks: the CPU ranks' checkpoints, bit for bit"
 
 # refused in one line on every rank
 refused() { # PATTERN ARGS...
@@ -125,10 +135,9 @@ refused() { # PATTERN ARGS...
     [ $rc -ne 0 ] || fail "$* was not refused"
     grep -q -- "$pattern" "$tmp/refused.err" || { cat "$tmp/refused.err"; fail "no '$pattern'"; }
 }
-refused "--sync-bn (BatchNorm statistics over the ranks) is not on the GPU yet" --sync-bn
 refused "--gpu-allreduce nccl: the stand-in GPU has no NCCL" --gpu-allreduce nccl
 refused "--gpu-allreduce: expected auto, nccl or host, got 'gloo'" --gpu-allreduce gloo
-echo "--sync-bn, NCCL without NCCL and a bad --gpu-allreduce: refused in one line"
+echo "NCCL without NCCL and a bad --gpu-allreduce: refused in one line"
 
 # a rank that hangs: the other gives up after --dist-timeout
 start=$(date +%s)

@@ -366,6 +366,26 @@ int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, fl
                                  float *dgamma, float *dbeta, const float *dout, const float *in,
                                  const float *out, const float *gamma, const float *save_mean,
                                  const float *save_rstd);
+/* Synchronized statistics (SyncBN), as visc_batchnorm2d_sync_* (nn.h) in
+ * the same order with the same acc (2C + 1 doubles on the host): each
+ * pass copies what it needs of acc to the device and what it produces
+ * back, so that the caller reduces acc over the processes between them;
+ * the passes that fill acc return once it is there. */
+int visc_cuda_bn_sync_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
+                           const float *in);
+int visc_cuda_bn_sync_sqdev(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
+                            float *save_mean, const float *in);
+int visc_cuda_bn_sync_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, const double *acc,
+                             float *out, float *save_mean, float *save_rstd, const float *in,
+                             const float *gamma, const float *beta, float *running_mean,
+                             float *running_var);
+int visc_cuda_bn_sync_grad_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
+                                float *dgamma, float *dbeta, const float *dout, const float *in,
+                                const float *out, const float *save_mean, const float *save_rstd);
+int visc_cuda_bn_sync_grad_input(visc_cuda *ctx, const visc_cuda_bn_shape *s, const double *acc,
+                                 float *din, const float *dout, const float *in, const float *out,
+                                 const float *gamma, const float *save_mean,
+                                 const float *save_rstd);
 
 /* ---- pool.cu: NCHW fp32, as src/nn/pool2d.c, global_pool.c, eltwise.c ----
  * Max pooling keeps the CPU's tie rule (the first maximum in window order

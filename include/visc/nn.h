@@ -83,6 +83,30 @@ void visc_batchnorm2d_backward(visc_batchnorm2d *b, float *din, float *dgamma, f
  * dy and dy * (x - mean) over them too; dgamma and dbeta stay this
  * process's share (the gradient all-reduce adds them up). fn NULL: off. */
 void visc_batchnorm2d_set_sync(visc_batchnorm2d *b, visc_bn_sync_fn fn, void *ctx);
+/* The synchronized path's passes, for a device that reduces between them
+ * (gpu/layers.c): acc holds 2C + 1 doubles (b->impl once synchronized).
+ *   forward   sums: acc[0..C) the channels' sums, acc[C] the count;
+ *             (reduce acc[0..C]) sqdev: save_mean, acc[C+1..2C] the squared
+ *             deviations around it; (reduce acc[C+1..2C]) finish: the
+ *             statistics, running statistics and out;
+ *   backward  grad_sums: dgamma, dbeta (this process's), acc[0..C) sum dy,
+ *             acc[C..2C) sum dy (x - mean), acc[2C] the count; (reduce
+ *             acc[0..2C]) grad_input: din. */
+void visc_batchnorm2d_sync_sums(const visc_batchnorm2d *b, double *acc, const float *in);
+void visc_batchnorm2d_sync_sqdev(const visc_batchnorm2d *b, double *acc, float *save_mean,
+                                 const float *in);
+void visc_batchnorm2d_sync_finish(const visc_batchnorm2d *b, const double *acc, float *out,
+                                  float *save_mean, float *save_rstd, const float *in,
+                                  const float *gamma, const float *beta, float *running_mean,
+                                  float *running_var);
+void visc_batchnorm2d_sync_grad_sums(const visc_batchnorm2d *b, double *acc, float *dgamma,
+                                     float *dbeta, const float *dout, const float *in,
+                                     const float *out, const float *save_mean,
+                                     const float *save_rstd);
+void visc_batchnorm2d_sync_grad_input(const visc_batchnorm2d *b, const double *acc, float *din,
+                                      const float *dout, const float *in, const float *out,
+                                      const float *gamma, const float *save_mean,
+                                      const float *save_rstd);
 void visc_batchnorm2d_destroy(visc_batchnorm2d *b);
 
 /* ---- pool2d.c: max and average pooling (square kernel), PyTorch semantics ----

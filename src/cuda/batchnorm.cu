@@ -171,3 +171,186 @@ int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, fl
                                                              gamma, save_mean, save_rstd);
     return visc_cuda_launched("batchnorm backward");
 }
+
+/* ---- synchronized statistics (SyncBN): the passes of visc_batchnorm2d_sync_*
+ * with the host reducing between them. acc lives on the host; each pass
+ * copies the part it needs to the context's buffer of 2C + 1 doubles and
+ * what it produces back, waiting for the copies (a reduction over the
+ * processes comes next). ---- */
+
+__global__ void __launch_bounds__(BN_THREADS)
+    bn_sync_sums_kernel(visc_cuda_bn_shape s, double *acc, const float *in) {
+    __shared__ double buf[BN_THREADS];
+    const int c = blockIdx.x;
+    const size_t M = (size_t)s.N * s.HW;
+    double a = 0;
+    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) a += in[bn_at(s, c, m)];
+    const double sum = block_sum(a, buf);
+    if (threadIdx.x == 0) acc[c] = sum;
+}
+
+__global__ void __launch_bounds__(BN_THREADS)
+    bn_sync_sqdev_kernel(visc_cuda_bn_shape s, double *acc, float *save_mean, const float *in) {
+    __shared__ double buf[BN_THREADS];
+    const int c = blockIdx.x;
+    const size_t M = (size_t)s.N * s.HW;
+    const float fmean = (float)(acc[c] / acc[s.C]);
+    double a = 0;
+    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
+        const float d = __fsub_rn(in[bn_at(s, c, m)], fmean);
+        a += (double)d * d;
+    }
+    const double ss = block_sum(a, buf);
+    if (threadIdx.x == 0) {
+        save_mean[c] = fmean;
+        acc[s.C + 1 + c] = ss;
+    }
+}
+
+/* As bn_forward_train_kernel's second half, from the reduced sums. */
+__global__ void __launch_bounds__(BN_THREADS)
+    bn_sync_finish_kernel(visc_cuda_bn_shape s, const double *acc, float *out, float *save_mean,
+                          float *save_rstd, const float *in, const float *gamma, const float *beta,
+                          float *running_mean, float *running_var) {
+    const int c = blockIdx.x;
+    const size_t M = (size_t)s.N * s.HW;
+    const double Md = acc[s.C], mean = acc[c] / Md;
+    const float fmean = (float)mean;
+    const double dm = mean - (double)fmean;
+    double var = acc[s.C + 1 + c] / Md - dm * dm;
+    if (var < 0) var = 0;
+    const double rstd = 1.0 / sqrt(var + (double)s.eps);
+    if (threadIdx.x == 0) {
+        save_mean[c] = fmean;
+        save_rstd[c] = (float)rstd;
+        const double unbiased = Md > 1 ? var * Md / (Md - 1) : var;
+        if (running_mean) {
+            running_mean[c] = (float)((1.0 - s.momentum) * running_mean[c] + s.momentum * mean);
+            running_var[c] = (float)((1.0 - s.momentum) * running_var[c] + s.momentum * unbiased);
+        }
+    }
+    const float scale = (float)(gamma[c] * rstd), shift = beta[c];
+    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
+        const size_t a = bn_at(s, c, m);
+        out[a] = bn_affine(in[a], fmean, scale, shift, s.relu);
+    }
+}
+
+__global__ void __launch_bounds__(BN_THREADS)
+    bn_sync_grad_sums_kernel(visc_cuda_bn_shape s, double *acc, float *dgamma, float *dbeta,
+                             const float *dout, const float *in, const float *out,
+                             const float *save_mean, const float *save_rstd) {
+    __shared__ double buf[BN_THREADS];
+    const int c = blockIdx.x;
+    const size_t M = (size_t)s.N * s.HW;
+    const float mean = save_mean[c];
+    double a1 = 0, a2 = 0;
+    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
+        const size_t a = bn_at(s, c, m);
+        const float dy = bn_dy(s, dout, out, a);
+        a1 += dy;
+        a2 += (double)dy * __fsub_rn(in[a], mean);
+    }
+    const double sum_dy = block_sum(a1, buf), sum_dy_xc = block_sum(a2, buf);
+    if (threadIdx.x == 0) {
+        dbeta[c] = (float)sum_dy;
+        dgamma[c] = (float)(sum_dy_xc * (double)save_rstd[c]);
+        acc[c] = sum_dy;
+        acc[s.C + c] = sum_dy_xc;
+    }
+}
+
+__global__ void __launch_bounds__(BN_THREADS)
+    bn_sync_grad_input_kernel(visc_cuda_bn_shape s, const double *acc, float *din,
+                              const float *dout, const float *in, const float *out,
+                              const float *gamma, const float *save_mean, const float *save_rstd) {
+    const int c = blockIdx.x;
+    const size_t M = (size_t)s.N * s.HW;
+    const double rstd = save_rstd[c], Md = acc[2 * s.C];
+    const float mean = save_mean[c], k = (float)(gamma[c] * rstd);
+    const float mean_dy = (float)(acc[c] / Md), c2 = (float)(acc[s.C + c] / Md * rstd * rstd);
+    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
+        const size_t a = bn_at(s, c, m);
+        const float dy = bn_dy(s, dout, out, a);
+        din[a] =
+            __fmul_rn(k, __fsub_rn(__fsub_rn(dy, mean_dy), __fmul_rn(__fsub_rn(in[a], mean), c2)));
+    }
+}
+
+/* The context's buffer for acc (2C + 1 doubles), grown on first use of a
+ * larger layer. */
+static double *bn_acc(visc_cuda *ctx, int C) {
+    const size_t bytes = (2 * (size_t)C + 1) * sizeof(double);
+    if (ctx->bn_acc_bytes >= bytes) return ctx->bn_acc;
+    if (visc_cuda_sync(ctx)) return NULL; /* queued kernels may still read the old one */
+    cudaFree(ctx->bn_acc);
+    ctx->bn_acc = (double *)visc_cuda_alloc(ctx, bytes);
+    ctx->bn_acc_bytes = ctx->bn_acc ? bytes : 0;
+    return ctx->bn_acc;
+}
+
+/* acc[from, from + n) between the host and the device's buffer. */
+static int acc_copy(visc_cuda *ctx, double *dst, const double *src, int n, cudaMemcpyKind kind) {
+    if (visc_cuda_check(cudaMemcpyAsync(dst, src, (size_t)n * sizeof(double), kind, ctx->stream),
+                        "SyncBN sums"))
+        return -1;
+    return kind == cudaMemcpyDeviceToHost ? visc_cuda_sync(ctx) : 0;
+}
+
+int visc_cuda_bn_sync_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
+                           const float *in) {
+    double *d = bn_check(s) ? NULL : bn_acc(ctx, s->C);
+    if (!d) return -1;
+    bn_sync_sums_kernel<<<s->C, BN_THREADS, 0, ctx->stream>>>(*s, d, in);
+    if (visc_cuda_launched("SyncBN sums") ||
+        acc_copy(ctx, acc, d, s->C, cudaMemcpyDeviceToHost))
+        return -1;
+    acc[s->C] = (double)s->N * s->HW;
+    return 0;
+}
+
+int visc_cuda_bn_sync_sqdev(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
+                            float *save_mean, const float *in) {
+    double *d = bn_check(s) ? NULL : bn_acc(ctx, s->C);
+    if (!d || acc_copy(ctx, d, acc, s->C + 1, cudaMemcpyHostToDevice)) return -1;
+    bn_sync_sqdev_kernel<<<s->C, BN_THREADS, 0, ctx->stream>>>(*s, d, save_mean, in);
+    if (visc_cuda_launched("SyncBN squared deviations")) return -1;
+    return acc_copy(ctx, acc + s->C + 1, d + s->C + 1, s->C, cudaMemcpyDeviceToHost);
+}
+
+int visc_cuda_bn_sync_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, const double *acc,
+                             float *out, float *save_mean, float *save_rstd, const float *in,
+                             const float *gamma, const float *beta, float *running_mean,
+                             float *running_var) {
+    double *d = bn_check(s) ? NULL : bn_acc(ctx, s->C);
+    if (!d || acc_copy(ctx, d, acc, 2 * s->C + 1, cudaMemcpyHostToDevice)) return -1;
+    bn_sync_finish_kernel<<<s->C, BN_THREADS, 0, ctx->stream>>>(
+        *s, d, out, save_mean, save_rstd, in, gamma, beta, running_mean, running_var);
+    return visc_cuda_launched("SyncBN forward");
+}
+
+int visc_cuda_bn_sync_grad_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
+                                float *dgamma, float *dbeta, const float *dout, const float *in,
+                                const float *out, const float *save_mean, const float *save_rstd) {
+    double *d = bn_check(s) ? NULL : bn_acc(ctx, s->C);
+    if (!d) return -1;
+    if (s->relu && !out) return visc_set_error("batchnorm backward: the fused ReLU needs `out`");
+    bn_sync_grad_sums_kernel<<<s->C, BN_THREADS, 0, ctx->stream>>>(*s, d, dgamma, dbeta, dout, in,
+                                                                   out, save_mean, save_rstd);
+    if (visc_cuda_launched("SyncBN gradient sums") ||
+        acc_copy(ctx, acc, d, 2 * s->C, cudaMemcpyDeviceToHost))
+        return -1;
+    acc[2 * s->C] = (double)s->N * s->HW;
+    return 0;
+}
+
+int visc_cuda_bn_sync_grad_input(visc_cuda *ctx, const visc_cuda_bn_shape *s, const double *acc,
+                                 float *din, const float *dout, const float *in, const float *out,
+                                 const float *gamma, const float *save_mean,
+                                 const float *save_rstd) {
+    double *d = bn_check(s) ? NULL : bn_acc(ctx, s->C);
+    if (!d || acc_copy(ctx, d, acc, 2 * s->C + 1, cudaMemcpyHostToDevice)) return -1;
+    bn_sync_grad_input_kernel<<<s->C, BN_THREADS, 0, ctx->stream>>>(*s, d, din, dout, in, out,
+                                                                    gamma, save_mean, save_rstd);
+    return visc_cuda_launched("SyncBN backward");
+}

@@ -29,6 +29,8 @@ struct visc_cuda {
     struct visc_conv_state *conv; /* cuDNN handle, plans, workspace (conv.cu), or NULL */
     struct visc_attn_state *attn; /* attention backward's workspace (attention.cu), or NULL */
     struct visc_nccl_state *nccl; /* NCCL's communicator and stream (comm.cu), or NULL */
+    double *bn_acc; /* SyncBN's sums between the passes (batchnorm.cu), or NULL */
+    size_t bn_acc_bytes;
 };
 /* Frees ctx->conv (conv.cu), ctx->attn (attention.cu), ctx->comm_stream and ctx->nccl (comm.cu). */
 void visc_conv_state_free(visc_cuda *ctx);

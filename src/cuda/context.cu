@@ -79,6 +79,7 @@ void visc_cuda_close(visc_cuda *ctx) {
     visc_conv_state_free(ctx);
     visc_attn_state_free(ctx);
     cudaFree(ctx->scratch);
+    cudaFree(ctx->bn_acc);
     cudaFree(ctx->workspace);
     if (ctx->lt) visc_lt.destroy(ctx->lt);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);

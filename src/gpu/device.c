@@ -35,11 +35,7 @@ int visc_gpu_run_device(const visc_train_config *c, const visc_dist *d, int *ind
         return visc_set_error("--gpu-allreduce: expected auto, nccl or host, got '%s'", how);
     if (*index < 0) return 0;
     const int world = visc_dist_world(d);
-    const char *missing = c->hooks ? "a swarm"
-                          : world > 1 && c->sync_bn
-                              ? "--sync-bn (BatchNorm statistics over the ranks)"
-                              : NULL;
-    if (missing) return visc_set_error("--device cuda: %s is not on the GPU yet", missing);
+    if (c->hooks) return visc_set_error("--device cuda: a swarm is not on the GPU yet");
     if (world > 1 && !strcmp(c->device, "cuda")) {
         /* each rank its own GPU while there are enough */
         *index = visc_dist_local_rank(d);

@@ -89,7 +89,6 @@ void visc_gpu_conv2d_backward(visc_cuda *ctx, const visc_conv2d *c, float *din, 
 }
 
 static visc_cuda_bn_shape bn_shape(const visc_batchnorm2d *b) {
-    if (b->sync) visc_die("cuda: synchronized BatchNorm is not on the GPU yet");
     visc_cuda_bn_shape s = {.N = b->N,
                             .C = b->C,
                             .HW = b->HW,
@@ -105,6 +104,16 @@ void visc_gpu_batchnorm2d_forward_train(visc_cuda *ctx, const visc_batchnorm2d *
                                         const float *gamma, const float *beta, float *running_mean,
                                         float *running_var) {
     const visc_cuda_bn_shape s = bn_shape(b);
+    if (b->sync) { /* SyncBN: the sums reduced over the processes between the passes */
+        double *acc = b->impl;
+        RUN(visc_cuda_bn_sync_sums(ctx, &s, acc, in));
+        b->sync(b->sync_ctx, acc, b->C + 1);
+        RUN(visc_cuda_bn_sync_sqdev(ctx, &s, acc, save_mean, in));
+        b->sync(b->sync_ctx, acc + b->C + 1, b->C);
+        RUN(visc_cuda_bn_sync_finish(ctx, &s, acc, out, save_mean, save_rstd, in, gamma, beta,
+                                     running_mean, running_var));
+        return;
+    }
     RUN(visc_cuda_batchnorm_forward_train(ctx, &s, out, save_mean, save_rstd, in, gamma, beta,
                                           running_mean, running_var));
 }
@@ -121,6 +130,16 @@ void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, fl
                                    const float *out, const float *gamma, const float *save_mean,
                                    const float *save_rstd) {
     const visc_cuda_bn_shape s = bn_shape(b);
+    if (b->sync) {
+        double *acc = b->impl;
+        RUN(visc_cuda_bn_sync_grad_sums(ctx, &s, acc, dgamma, dbeta, dout, in, out, save_mean,
+                                        save_rstd));
+        b->sync(b->sync_ctx, acc, 2 * b->C + 1);
+        if (din)
+            RUN(visc_cuda_bn_sync_grad_input(ctx, &s, acc, din, dout, in, out, gamma, save_mean,
+                                             save_rstd));
+        return;
+    }
     RUN(visc_cuda_batchnorm_backward(ctx, &s, din, dgamma, dbeta, dout, in, out, gamma, save_mean,
                                      save_rstd));
 }

@@ -259,13 +259,11 @@ static void finish_channel(const visc_batchnorm2d *b, int c, double mean, float 
 
 /* Synchronized statistics: the row path with the per-channel sums reduced
  * over the processes between the passes (sums, then squared deviations
- * around the global mean: the same two-pass accuracy as one process). */
-static void sync_forward_train(visc_batchnorm2d *b, float *out, float *save_mean, float *save_rstd,
-                               const float *in, const float *gamma, const float *beta,
-                               float *running_mean, float *running_var) {
+ * around the global mean: the same two-pass accuracy as one process). The
+ * passes are public (nn.h) for a device that reduces between them. */
+void visc_batchnorm2d_sync_sums(const visc_batchnorm2d *b, double *acc, const float *in) {
     const int N = b->N, C = b->C, HW = b->HW;
     const size_t plane = (size_t)C * HW;
-    double *acc = b->impl;
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++) {
         double s = 0;
@@ -273,7 +271,12 @@ static void sync_forward_train(visc_batchnorm2d *b, float *out, float *save_mean
         acc[c] = s;
     }
     acc[C] = (double)N * HW;
-    b->sync(b->sync_ctx, acc, C + 1);
+}
+
+void visc_batchnorm2d_sync_sqdev(const visc_batchnorm2d *b, double *acc, float *save_mean,
+                                 const float *in) {
+    const int N = b->N, C = b->C, HW = b->HW;
+    const size_t plane = (size_t)C * HW;
     const double M = acc[C];
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++) {
@@ -283,11 +286,30 @@ static void sync_forward_train(visc_batchnorm2d *b, float *out, float *save_mean
         save_mean[c] = mean;
         acc[C + 1 + c] = ss;
     }
-    b->sync(b->sync_ctx, acc + C + 1, C);
+}
+
+void visc_batchnorm2d_sync_finish(const visc_batchnorm2d *b, const double *acc, float *out,
+                                  float *save_mean, float *save_rstd, const float *in,
+                                  const float *gamma, const float *beta, float *running_mean,
+                                  float *running_var) {
+    const int C = b->C;
+    const double M = acc[C];
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++)
-        finish_channel(b, c, acc[c] / M, save_mean[c], acc[C + 1 + c], M, out, in, gamma, beta,
-                       save_mean, save_rstd, running_mean, running_var);
+        finish_channel(b, c, acc[c] / M, (float)(acc[c] / M), acc[C + 1 + c], M, out, in, gamma,
+                       beta, save_mean, save_rstd, running_mean, running_var);
+}
+
+static void sync_forward_train(visc_batchnorm2d *b, float *out, float *save_mean, float *save_rstd,
+                               const float *in, const float *gamma, const float *beta,
+                               float *running_mean, float *running_var) {
+    double *acc = b->impl;
+    visc_batchnorm2d_sync_sums(b, acc, in);
+    b->sync(b->sync_ctx, acc, b->C + 1);
+    visc_batchnorm2d_sync_sqdev(b, acc, save_mean, in);
+    b->sync(b->sync_ctx, acc + b->C + 1, b->C);
+    visc_batchnorm2d_sync_finish(b, acc, out, save_mean, save_rstd, in, gamma, beta, running_mean,
+                                 running_var);
 }
 
 void visc_batchnorm2d_forward_train(visc_batchnorm2d *b, float *out, float *save_mean,
@@ -373,13 +395,14 @@ row_grad_input(float *din, const float *dout, const float *out, const float *x, 
 }
 
 /* The row path with sum dy and sum dy * (x - mean) reduced over the
- * processes; M is the global count. */
-static void sync_backward(visc_batchnorm2d *b, float *din, float *dgamma, float *dbeta,
-                          const float *dout, const float *in, const float *out, const float *gamma,
-                          const float *save_mean, const float *save_rstd) {
+ * processes; M is the global count. The parameter gradients are this
+ * process's (the gradient all-reduce averages them with the rest). */
+void visc_batchnorm2d_sync_grad_sums(const visc_batchnorm2d *b, double *acc, float *dgamma,
+                                     float *dbeta, const float *dout, const float *in,
+                                     const float *out, const float *save_mean,
+                                     const float *save_rstd) {
     const int N = b->N, C = b->C, HW = b->HW, relu = b->relu;
     const size_t plane = (size_t)C * HW;
-    double *acc = b->impl;
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++) {
         double sum_dy = 0, sum_dy_xc = 0;
@@ -394,8 +417,14 @@ static void sync_backward(visc_batchnorm2d *b, float *din, float *dgamma, float 
         acc[C + c] = sum_dy_xc;
     }
     acc[2 * C] = (double)N * HW;
-    b->sync(b->sync_ctx, acc, 2 * C + 1);
-    if (!din) return;
+}
+
+void visc_batchnorm2d_sync_grad_input(const visc_batchnorm2d *b, const double *acc, float *din,
+                                      const float *dout, const float *in, const float *out,
+                                      const float *gamma, const float *save_mean,
+                                      const float *save_rstd) {
+    const int N = b->N, C = b->C, HW = b->HW, relu = b->relu;
+    const size_t plane = (size_t)C * HW;
     const double M = acc[2 * C];
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < C; c++) {
@@ -409,6 +438,16 @@ static void sync_backward(visc_batchnorm2d *b, float *din, float *dgamma, float 
                            save_mean[c], k, mean_dy, c2, relu);
         }
     }
+}
+
+static void sync_backward(visc_batchnorm2d *b, float *din, float *dgamma, float *dbeta,
+                          const float *dout, const float *in, const float *out, const float *gamma,
+                          const float *save_mean, const float *save_rstd) {
+    double *acc = b->impl;
+    visc_batchnorm2d_sync_grad_sums(b, acc, dgamma, dbeta, dout, in, out, save_mean, save_rstd);
+    b->sync(b->sync_ctx, acc, 2 * b->C + 1);
+    if (din)
+        visc_batchnorm2d_sync_grad_input(b, acc, din, dout, in, out, gamma, save_mean, save_rstd);
 }
 
 void visc_batchnorm2d_backward(visc_batchnorm2d *b, float *din, float *dgamma, float *dbeta,

@@ -544,6 +544,53 @@ int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, fl
     return 0;
 }
 
+/* SyncBN's passes: the CPU's, with its acc (host memory on both sides) */
+int visc_cuda_bn_sync_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
+                           const float *in) {
+    const visc_batchnorm2d *b = bn_for(ctx, s);
+    if (!b) return -1;
+    visc_batchnorm2d_sync_sums(b, acc, in);
+    return 0;
+}
+
+int visc_cuda_bn_sync_sqdev(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
+                            float *save_mean, const float *in) {
+    const visc_batchnorm2d *b = bn_for(ctx, s);
+    if (!b) return -1;
+    visc_batchnorm2d_sync_sqdev(b, acc, save_mean, in);
+    return 0;
+}
+
+int visc_cuda_bn_sync_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, const double *acc,
+                             float *out, float *save_mean, float *save_rstd, const float *in,
+                             const float *gamma, const float *beta, float *running_mean,
+                             float *running_var) {
+    const visc_batchnorm2d *b = bn_for(ctx, s);
+    if (!b) return -1;
+    visc_batchnorm2d_sync_finish(b, acc, out, save_mean, save_rstd, in, gamma, beta, running_mean,
+                                 running_var);
+    return 0;
+}
+
+int visc_cuda_bn_sync_grad_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
+                                float *dgamma, float *dbeta, const float *dout, const float *in,
+                                const float *out, const float *save_mean, const float *save_rstd) {
+    const visc_batchnorm2d *b = bn_for(ctx, s);
+    if (!b) return -1;
+    visc_batchnorm2d_sync_grad_sums(b, acc, dgamma, dbeta, dout, in, out, save_mean, save_rstd);
+    return 0;
+}
+
+int visc_cuda_bn_sync_grad_input(visc_cuda *ctx, const visc_cuda_bn_shape *s, const double *acc,
+                                 float *din, const float *dout, const float *in, const float *out,
+                                 const float *gamma, const float *save_mean,
+                                 const float *save_rstd) {
+    const visc_batchnorm2d *b = bn_for(ctx, s);
+    if (!b) return -1;
+    visc_batchnorm2d_sync_grad_input(b, acc, din, dout, in, out, gamma, save_mean, save_rstd);
+    return 0;
+}
+
 /* ---- pooling, elementwise, linear ---- */
 static visc_pool2d *pool_for(visc_cuda *ctx, int N, int C, int H, int W, int k, int s, int pad) {
     const int key[7] = {N, C, H, W, k, s, pad};

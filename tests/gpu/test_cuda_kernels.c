@@ -28,7 +28,9 @@
  *                      TF32); bf16 outputs that + 2e-4 x the sum of |terms|
  *                      and rtol 8e-3, the operands rounded to bf16 first
  *   batch norm         fp32 as above against visc_batchnorm2d (also in
- *                      channels-last, transposed in and out)
+ *                      channels-last, transposed in and out); SyncBN's
+ *                      passes on two halves of a batch against it on the
+ *                      whole batch
  *   max pooling (values, argmax, gradient), global average pooling, ReLU,
  *   sums (add, the residual add + ReLU), top-1 / top-5 counts: bit-identical.
  *   linear layer       against double-precision products of the same
@@ -1043,6 +1045,117 @@ static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offs
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* SyncBN's passes (visc_cuda_bn_sync_*) on two halves of a batch, their
+ * sums added between the passes as two processes' would be: the halves'
+ * results must be the CPU's BatchNorm over the whole batch (outputs,
+ * saved and running statistics, din; dgamma and dbeta as the halves'
+ * sum). */
+static void check_batchnorm_sync(int N, int C, int HW, int relu) {
+    char name[200], tag[96];
+    const size_t n = (size_t)N * C * HW, half = n / 2;
+    float *x = random_floats(n, -1.5f, 1.5f), *dy = random_floats(n, -1, 1);
+    float *gamma = random_floats((size_t)C, 0.5f, 1.5f), *beta = random_floats((size_t)C, -1, 1);
+    float *rm = random_floats((size_t)C, -0.5f, 0.5f), *rv = random_floats((size_t)C, 0.5f, 2);
+    float *rm_gpu = malloc(sizeof(float) * C), *rv_gpu = malloc(sizeof(float) * C);
+    memcpy(rm_gpu, rm, sizeof(float) * C);
+    memcpy(rv_gpu, rv, sizeof(float) * C);
+    float *out = malloc(sizeof(float) * n), *dx = malloc(sizeof(float) * n);
+    float *mean = malloc(sizeof(float) * C), *rstd = malloc(sizeof(float) * C);
+    float *dg = malloc(sizeof(float) * C), *db = malloc(sizeof(float) * C);
+    visc_batchnorm2d bn;
+    visc_batchnorm2d_init(&bn, N, C, HW, 1e-5f, 0.1f, relu);
+    visc_batchnorm2d_forward_train(&bn, out, mean, rstd, x, gamma, beta, rm, rv);
+    visc_batchnorm2d_backward(&bn, dx, dg, db, dy, x, out, gamma, mean, rstd);
+    visc_batchnorm2d_destroy(&bn);
+
+    const visc_cuda_bn_shape s = {N / 2, C, HW, 1, relu, 1e-5f, 0.1f};
+    const size_t accn = 2 * (size_t)C + 1;
+    double *acc[2] = {calloc(accn, sizeof(double)), calloc(accn, sizeof(double))};
+    float *d_x[2], *d_dy[2], *d_out[2], *d_dx[2], *d_mean[2], *d_rstd[2], *d_dg[2], *d_db[2];
+    float *d_rm[2], *d_rv[2];
+    float *d_g = up(gamma, sizeof(float) * C), *d_b = up(beta, sizeof(float) * C);
+    for (int h = 0; h < 2; h++) {
+        d_x[h] = up(x + h * half, sizeof(float) * half);
+        d_dy[h] = up(dy + h * half, sizeof(float) * half);
+        d_out[h] = dev(sizeof(float) * half), d_dx[h] = dev(sizeof(float) * half);
+        d_mean[h] = dev(sizeof(float) * C), d_rstd[h] = dev(sizeof(float) * C);
+        d_dg[h] = dev(sizeof(float) * C), d_db[h] = dev(sizeof(float) * C);
+        d_rm[h] = up(rm_gpu, sizeof(float) * C), d_rv[h] = up(rv_gpu, sizeof(float) * C);
+    }
+    /* (the reduction: each half's acc[lo, hi) becomes the two halves' sum) */
+#define REDUCE(lo, hi)                                                                             \
+    for (size_t i = (lo); i < (hi); i++) acc[0][i] = acc[1][i] = acc[0][i] + acc[1][i]
+    for (int h = 0; h < 2; h++)
+        launched(visc_cuda_bn_sync_sums(ctx, &s, acc[h], d_x[h]), "SyncBN sums");
+    REDUCE(0, (size_t)C + 1);
+    for (int h = 0; h < 2; h++)
+        launched(visc_cuda_bn_sync_sqdev(ctx, &s, acc[h], d_mean[h], d_x[h]),
+                 "SyncBN squared deviations");
+    REDUCE((size_t)C + 1, accn);
+    for (int h = 0; h < 2; h++)
+        launched(visc_cuda_bn_sync_finish(ctx, &s, acc[h], d_out[h], d_mean[h], d_rstd[h], d_x[h],
+                                          d_g, d_b, d_rm[h], d_rv[h]),
+                 "SyncBN forward");
+    float *d_out_cpu[2] = {up(out, sizeof(float) * half), up(out + half, sizeof(float) * half)};
+    for (int h = 0; h < 2; h++)
+        launched(visc_cuda_bn_sync_grad_sums(ctx, &s, acc[h], d_dg[h], d_db[h], d_dy[h], d_x[h],
+                                             d_out_cpu[h], d_mean[h], d_rstd[h]),
+                 "SyncBN gradient sums");
+    REDUCE(0, accn);
+#undef REDUCE
+    for (int h = 0; h < 2; h++)
+        launched(visc_cuda_bn_sync_grad_input(ctx, &s, acc[h], d_dx[h], d_dy[h], d_x[h],
+                                              d_out_cpu[h], d_g, d_mean[h], d_rstd[h]),
+                 "SyncBN backward");
+    float *h_out = malloc(sizeof(float) * n), *h_dx = malloc(sizeof(float) * n);
+    float *h_dg = calloc((size_t)C, sizeof(float)), *h_db = calloc((size_t)C, sizeof(float));
+    for (int h = 0; h < 2; h++) {
+        float *o = down(d_out[h], half), *g = down(d_dx[h], half);
+        float *pg = down(d_dg[h], (size_t)C), *pb = down(d_db[h], (size_t)C);
+        memcpy(h_out + h * half, o, sizeof(float) * half);
+        memcpy(h_dx + h * half, g, sizeof(float) * half);
+        for (int c = 0; c < C; c++) h_dg[c] += pg[c], h_db[c] += pb[c];
+        free(o), free(g), free(pg), free(pb);
+    }
+    float *h_mean = down(d_mean[1], (size_t)C), *h_rstd = down(d_rstd[1], (size_t)C);
+    float *h_rm = down(d_rm[1], (size_t)C), *h_rv = down(d_rv[1], (size_t)C);
+    snprintf(tag, sizeof tag, "SyncBN N %d (2 x %d) C %d HW %d%s", N, N / 2, C, HW,
+             relu ? " + relu" : "");
+    snprintf(name, sizeof name, "%s: training forward", tag);
+    expect_fp32(name, h_out, out, n);
+    snprintf(name, sizeof name, "%s: saved mean, rstd", tag);
+    expect_fp32(name, h_mean, mean, (size_t)C);
+    expect_fp32(name, h_rstd, rstd, (size_t)C);
+    snprintf(name, sizeof name, "%s: running mean, var", tag);
+    expect_fp32(name, h_rm, rm, (size_t)C);
+    expect_fp32(name, h_rv, rv, (size_t)C);
+    snprintf(name, sizeof name, "%s: backward din", tag);
+    expect_fp32(name, h_dx, dx, n);
+    double *abs_g = calloc((size_t)C, sizeof(double)), *abs_b = calloc((size_t)C, sizeof(double));
+    for (int b = 0; b < N; b++)
+        for (int c = 0; c < C; c++)
+            for (int i = 0; i < HW; i++) {
+                const size_t a = ((size_t)b * C + c) * HW + i;
+                const double g = relu && !(out[a] > 0) ? 0.0 : dy[a];
+                abs_b[c] += fabs(g);
+                abs_g[c] += fabs(g * ((double)x[a] - mean[c]) * rstd[c]);
+            }
+    snprintf(name, sizeof name, "%s: dgamma (the halves' sum)", tag);
+    expect_sums(name, h_dg, dg, abs_g, (size_t)C);
+    snprintf(name, sizeof name, "%s: dbeta (the halves' sum)", tag);
+    expect_sums(name, h_db, db, abs_b, (size_t)C);
+    for (int h = 0; h < 2; h++) {
+        void *dfree[] = {d_x[h],  d_dy[h], d_out[h], d_dx[h], d_mean[h],   d_rstd[h],
+                         d_dg[h], d_db[h], d_rm[h],  d_rv[h], d_out_cpu[h]};
+        for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+        free(acc[h]);
+    }
+    visc_cuda_free(ctx, d_g), visc_cuda_free(ctx, d_b);
+    void *hfree[] = {x,  dy, gamma, beta, rm,   rv,   rm_gpu, rv_gpu, out,  dx,   mean,  rstd,
+                     dg, db, h_out, h_dx, h_dg, h_db, h_mean, h_rstd, h_rm, h_rv, abs_g, abs_b};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 /* ---- pooling and ReLU: bit-identical ---- */
 /* Inputs from {0, 1, 2, 3} make ties in nearly every window, so the
  * first-maximum rule shows; nan_every > 0 puts a NaN at every such index. */
@@ -1981,6 +2094,8 @@ static void group_batchnorm(void) {
     check_batchnorm(16, 512, 4 * 4, 1, 1, 0.0f);  /* the CPU's small-plane path */
     check_batchnorm(32, 256, 2 * 2, 0, 0, 0.0f);  /* small planes, channels-last */
     check_batchnorm(4, 32, 17 * 17, 0, 1, 50.0f); /* |mean| >> std: the centred variance */
+    check_batchnorm_sync(8, 64, 28 * 28, 1);      /* SyncBN over two halves */
+    check_batchnorm_sync(16, 128, 7 * 7, 0);
 }
 static void group_pool(void) {
     check_maxpool(4, 64, 112, 112, 3, 2, 1, 0, 0); /* ResNet's stem pooling */
