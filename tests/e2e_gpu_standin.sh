@@ -29,7 +29,9 @@
 #     checkpoint with its optimizer state, the config's device aside);
 #   - the GPU evaluates the saved model to the loss and accuracy the CPU
 #     gets (also ending on a short batch);
-#   - `visc pretrain --device cuda`: MoCo v2 (the momentum encoder updated
+#   - `visc pretrain --device cuda`: the views as bytes on the bus, each
+#     normalized on the device into the encoder that reads it; MoCo v2 (the
+#     momentum encoder updated
 #     on the device; also --symmetric, two backward passes) and SimCLR (with
 #     SGD, and with its default LARS and --clip-grad), and
 #     a MoCo run resumed on the other device: the CPU's checkpoint;
@@ -226,7 +228,10 @@ for run in "moco" "moco --symmetric" "simclr --opt sgd --lr 0.1" "simclr --clip-
     "$V" pretrain "${ssl[@]}" --method $method $extra --max-steps 12 --output "$tmp/p-cpu-$name" >/dev/null
     # shellcheck disable=SC2086
     "$G" pretrain "${ssl[@]}" --method $method $extra --max-steps 12 --device cuda \
-        --output "$tmp/p-gpu-$name" >/dev/null
+        --output "$tmp/p-gpu-$name" >"$tmp/p-gpu-$name.log"
+    # both views cross as bytes and are normalized on the device, each into
+    # the encoder that reads it
+    grep -q '(batches as bytes)$' <(grep '^pretraining' "$tmp/p-gpu-$name.log")
     cmp "$tmp/p-cpu-$name/model_last.safetensors" "$tmp/p-gpu-$name/model_last.safetensors"
     cmp <(tensors "$tmp/p-cpu-$name/checkpoint_last.safetensors") \
         <(tensors "$tmp/p-gpu-$name/checkpoint_last.safetensors")

@@ -20,7 +20,8 @@
 #   - resume across devices: 3 steps on the CPU's 2 ranks and 3 on the
 #     stand-in GPU's, and the other way, equal the 6 straight;
 #   - `visc pretrain`: MoCo v2 (keys gathered from both ranks into the
-#     bank, shuffle-BN of the key encoder) and SimCLR (negatives from both
+#     bank, shuffle-BN of the key encoder over the key view's bytes) and
+#     SimCLR (negatives from both
 #     ranks): the CPU's checkpoints, bit for bit;
 #   - the ResNet again with --sync-bn (each BatchNorm's sums reduced over
 #     the ranks between its passes, the device's sums through the host),
@@ -123,6 +124,9 @@ ssl=(pretrain --data "imagenet:$tmp/data" --model resnet14 --width 16 --input-si
      --crop-pct 1 --workers 1 --threads 1 --epochs 1 --batch-size 20 --print-freq 2
      --no-progress --lr 0.05 --seed 3)
 same moco "${ssl[@]}" --method mocov2 --bank-size 200
+# shuffle-BN gathers and shuffles the key view as bytes
+grep -q '(batches as bytes)$' <(grep '^pretraining' "$tmp/moco-gpu.log") ||
+    fail "moco: the views did not cross as bytes"
 same simclr "${ssl[@]}" --method simclr --sync-bn
 echo "MoCo v2 (gathered keys, shuffle-BN) and SimCLR (gathered negatives, --sync-bn), 2 ranks: the CPU ranks' checkpoints, bit for bit"
 

@@ -302,7 +302,11 @@ visc_grad_transport visc_gpu_comm_transport(visc_gpu_comm *c) {
 void visc_gpu_comm_close(visc_gpu_comm *c) {
     if (!c) return;
     if (c->watchdog_started) {
+        /* The joins still running first, under the watchdog's clock: the
+         * GPU is closed next, and its streams would wait for ever on an
+         * all-reduce whose peer is gone (the watchdog ends the job then). */
         pthread_mutex_lock(&c->mu);
+        while (c->watch_tail < c->watch_head) pthread_cond_wait(&c->cv, &c->mu);
         c->stop = 1;
         pthread_cond_broadcast(&c->cv);
         pthread_mutex_unlock(&c->mu);

@@ -135,7 +135,8 @@ typedef struct {
     visc_ntxent ntx;       /* SimCLR */
     int shuffle_bn;        /* MoCo, several ranks, BatchNorm in the key encoder */
     float *z, *znorm, *dz, *kz, *knorm, *scratch, *gathered;
-    float *probs, *dlogits, *xall, *xk, *kall;
+    float *probs, *dlogits, *kall;
+    void *xall, *xk;                 /* shuffle-BN's images: floats, or bytes (byte_batches) */
     float *grad_acc, *head_grad_acc; /* MoCo --symmetric: the first pass's gradients */
     /* --device cuda: the encoders (both of MoCo's) and the query encoder's
      * optimizer step are on the GPU; the projection heads, the losses and
@@ -149,6 +150,13 @@ typedef struct {
     visc_gpu_optim *gpu_opt;
     visc_gpu_pins pins;  /* the loader's batch memory, page-locked */
     float *dev_grad_acc; /* --symmetric on the GPU: the first pass's encoder gradients */
+    /* The loader delivers bytes (image data on a GPU): the batch crosses
+     * the bus as such beside the previous step's kernels (stage), and each
+     * view is normalized on the device into the encoder that reads it. */
+    int byte_batches;
+    visc_gpu_stage *stage;
+    uint8_t *dev_batch; /* this step's batch on the device (both views) */
+    uint8_t *dev_xk;    /* shuffle-BN: the key encoder's shuffled images */
     int32_t *labels, *perm;
     const int32_t *batch_labels; /* this step's labels (the online classifier's) */
     step_stats *stats;           /* this step's numbers */
@@ -210,23 +218,49 @@ static int update(pretrainer *p, float loss) {
     return 0;
 }
 
-/* MoCo's keys for this rank's images x (one view), normalized, into kz.
+/* Images of the batch as model m's input: `views` view blocks from view
+ * `view` on (B images each). The host's floats; or, on a GPU with byte
+ * batches, the bytes already on the device normalized into m's input
+ * buffer (which forward then takes as it is). */
+static const float *batch_input(pretrainer *p, visc_model *m, const visc_batch *batch, int view,
+                                int views) {
+    const size_t img = (size_t)m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
+    const size_t at = (size_t)view * p->B * img;
+    if (!p->dev_batch) return batch->x + at;
+    visc_gpu_normalize_bytes(p->gpu, m->input, p->dev_batch + at, (size_t)views * p->B, img / 3,
+                             p->train->byte_mean, p->train->byte_std);
+    return m->input;
+}
+
+/* MoCo's keys for this rank's images of view `view`, normalized, into kz.
  * With shuffle-BN the key encoder sees a batch drawn across all ranks
  * (the same permutation everywhere, from the seed and step), so that its
- * BatchNorm statistics cannot tell which keys belong to which queries. */
-static int moco_keys(pretrainer *p, const float *x, int view, float *kz) {
+ * BatchNorm statistics cannot tell which keys belong to which queries;
+ * byte batches are shuffled as bytes (a quarter of the floats). */
+static int moco_keys(pretrainer *p, const visc_batch *batch, int view, float *kz) {
     visc_model *k = p->key;
     const int B = p->B, D = p->head.out;
     const size_t img = (size_t)k->cfg.in_channels * k->cfg.image_size * k->cfg.image_size;
-    const float *in = x;
+    const float *in;
     if (p->shuffle_bn) {
-        if (visc_dist_allgather(p->dist, x, p->xall, (size_t)B * img * sizeof(float))) return -1;
+        const size_t elem = p->byte_batches ? 1 : sizeof(float), bytes = img * elem;
+        const char *x = p->byte_batches ? (const char *)(batch->x8 + (size_t)view * B * img)
+                                        : (const char *)(batch->x + (size_t)view * B * img);
+        if (visc_dist_allgather(p->dist, x, p->xall, (size_t)B * bytes)) return -1;
         visc_rng_permutation(p->perm, B * p->world, p->c->seed, VISC_STREAM_SSL,
                              2 * (uint64_t)p->state.step + (uint64_t)view);
         for (int i = 0; i < B; i++)
-            memcpy(p->xk + (size_t)i * img, p->xall + (size_t)p->perm[p->rank * B + i] * img,
-                   img * sizeof(float));
+            memcpy((char *)p->xk + (size_t)i * bytes,
+                   (const char *)p->xall + (size_t)p->perm[p->rank * B + i] * bytes, bytes);
         in = p->xk;
+        if (p->byte_batches) {
+            visc_gpu_upload(p->gpu, p->dev_xk, p->xk, (size_t)B * img);
+            visc_gpu_normalize_bytes(p->gpu, k->input, p->dev_xk, (size_t)B, img / 3,
+                                     p->train->byte_mean, p->train->byte_std);
+            in = k->input;
+        }
+    } else {
+        in = batch_input(p, k, batch, view, 1);
     }
     k->forward(k, in, 1);
     visc_proj_head_forward(&p->key_head, k->features, 1);
@@ -243,16 +277,16 @@ static int moco_keys(pretrainer *p, const float *x, int view, float *kz) {
     return 0;
 }
 
-/* The query side of one pair: queries from images x, InfoNCE against keys
+/* The query side of one pair: queries from the view's images, InfoNCE against keys
  * kz and the bank as it was before this step, and backward with the loss
  * weighted by `weight` into the query encoder's and head's gradients. The
  * online classifier's gradient goes along when dlogits is given. Returns
  * the (unweighted) loss. */
-static float moco_query_pass(pretrainer *p, const float *x, const float *kz, float weight,
-                             const float *dlogits) {
+static float moco_query_pass(pretrainer *p, const visc_batch *batch, int view, const float *kz,
+                             float weight, const float *dlogits) {
     visc_model *q = p->query;
     const int B = p->B, D = p->head.out;
-    q->forward(q, x, 1);
+    q->forward(q, batch_input(p, q, batch, view, 1), 1);
     visc_proj_head_forward(&p->head, q->features, 1);
     visc_l2_normalize_forward(p->z, p->znorm, p->head.output, B, D);
     float loss = visc_infonce_forward_backward(p->dz, p->z, kz, &p->bank, B, p->c->ssl.temperature,
@@ -277,12 +311,10 @@ static int moco_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
     const visc_train_config *c = p->c;
     visc_model *q = p->query;
     const int B = p->B, D = p->head.out;
-    const size_t img = (size_t)q->cfg.in_channels * q->cfg.image_size * q->cfg.image_size;
-    const float *x0 = batch->x, *x1 = batch->x + (size_t)B * img;
     const int symmetric = c->ssl.symmetric;
 
-    if (moco_keys(p, x0, 0, p->kz)) return -1;
-    if (symmetric && moco_keys(p, x1, 1, p->kz + (size_t)B * D)) return -1;
+    if (moco_keys(p, batch, 0, p->kz)) return -1;
+    if (symmetric && moco_keys(p, batch, 1, p->kz + (size_t)B * D)) return -1;
 
     p->batch_labels = batch->y;
     p->stats = st;
@@ -291,15 +323,15 @@ static int moco_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
         visc_grad_sync_begin(p->gsync);
     }
     if (!symmetric) {
-        st->loss = moco_query_pass(p, x1, p->kz, 1.0f, p->dlogits);
+        st->loss = moco_query_pass(p, batch, 1, p->kz, 1.0f, p->dlogits);
     } else {
         /* two backward passes: the first one's gradients are kept aside
          * (no bucket is all-reduced during them: see setup) */
-        float a = moco_query_pass(p, x1, p->kz, 0.5f, p->dlogits);
+        float a = moco_query_pass(p, batch, 1, p->kz, 0.5f, p->dlogits);
         if (p->gpu) visc_gpu_copy(p->gpu, p->dev_grad_acc, q->dev_grads, q->params.total);
         else memcpy(p->grad_acc, q->grads, q->params.total * sizeof(float));
         memcpy(p->head_grad_acc, p->head.grads, p->head.params.total * sizeof(float));
-        float b = moco_query_pass(p, x0, p->kz + (size_t)B * D, 0.5f, NULL);
+        float b = moco_query_pass(p, batch, 0, p->kz + (size_t)B * D, 0.5f, NULL);
         if (p->gpu)
             visc_gpu_add(p->gpu, q->dev_grads, q->dev_grads, p->dev_grad_acc, q->params.total);
         else visc_add_inplace(q->grads, p->grad_acc, q->params.total);
@@ -319,7 +351,7 @@ static int simclr_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
     visc_model *q = p->query;
     const int B = p->B, D = p->head.out;
 
-    q->forward(q, batch->x, 1);
+    q->forward(q, batch_input(p, q, batch, 0, 2), 1);
     visc_proj_head_forward(&p->head, q->features, 1);
     visc_l2_normalize_forward(p->z, p->znorm, p->head.output, 2 * B, D);
 
@@ -544,8 +576,11 @@ static int run_epochs(pretrainer *p) {
             p->query->noise_seed = (uint64_t)key[0] << 32 | key[1];
             step_stats st;
             p->stepped = 0;
+            /* byte batches cross beside the previous step's kernels */
+            if (p->stage) p->dev_batch = visc_gpu_stage_put(p->stage, batch.x8, batch.y, p->B);
             int rc = p->moco ? moco_step(p, &batch, &st) : simclr_step(p, &batch, &st);
-            if (rc) return -1;
+            /* the step is queued: the loader may have the batch's memory back */
+            if (rc || (p->stage && visc_gpu_stage_end(p->stage))) return -1;
             if (!isfinite(st.loss))
                 return visc_set_error("loss is %s at step %lld: pretraining diverged; lower --lr",
                                       isnan(st.loss) ? "NaN" : "infinite",
@@ -712,6 +747,9 @@ static int setup(pretrainer *p) {
                              .seed = c->seed,
                              .on_bad = strcmp(c->on_bad_image, "error") ? VISC_ON_BAD_SKIP
                                                                         : VISC_ON_BAD_ERROR};
+    /* On a GPU the views cross the bus as bytes, a quarter of the floats
+     * (the recipes of pretraining have a byte form: they do not erase). */
+    p->byte_batches = lc.bytes = gpu_index >= 0 && p->train->get_bytes && p->train->channels == 3;
     p->loader = visc_loader_new(p->train, &lc);
     if (!p->loader) return -1;
     p->steps_per_epoch = visc_loader_batches(p->loader);
@@ -759,8 +797,9 @@ static int setup(pretrainer *p) {
         size_t logits = (size_t)B * (size_t)(c->ssl.bank_size + 1);
         if (logits > scratch) scratch = logits;
         if (p->shuffle_bn) {
-            p->xall = visc_alloc_aligned((size_t)p->world * B * img * sizeof(float), "shuffle-BN");
-            p->xk = visc_alloc_aligned((size_t)B * img * sizeof(float), "shuffle-BN");
+            const size_t elem = p->byte_batches ? 1 : sizeof(float);
+            p->xall = visc_alloc_aligned((size_t)p->world * B * img * elem, "shuffle-BN");
+            p->xk = visc_alloc_aligned((size_t)B * img * elem, "shuffle-BN");
             p->kall = visc_alloc_aligned((size_t)p->world * B * D * sizeof(float), "shuffle-BN");
             p->perm = visc_calloc((size_t)p->world * B, sizeof(int32_t), "shuffle-BN");
         }
@@ -828,6 +867,13 @@ static int open_gpu(pretrainer *p) {
     p->gpu_opt = visc_gpu_optim_create(p->gpu, &p->opt);
     if (!p->gpu_opt) return -1;
     visc_gpu_pin_loader(p->gpu, p->loader, &p->pins);
+    if (!p->byte_batches) return 0;
+    const visc_model_config *mc = &p->query->cfg;
+    const size_t img = (size_t)mc->in_channels * mc->image_size * mc->image_size;
+    /* both views of a batch as one staged batch of 2B images */
+    p->stage = visc_gpu_stage_create(p->gpu, 2 * p->B, mc->num_classes, img, 0);
+    if (!p->stage) return -1;
+    if (p->shuffle_bn && !(p->dev_xk = visc_gpu_alloc(p->gpu, (size_t)p->B * img))) return -1;
     return 0;
 }
 
@@ -850,6 +896,8 @@ static void pretrainer_free(pretrainer *p) {
         visc_model_destroy(p->key);
     }
     visc_gpu_free(p->gpu, p->dev_grad_acc);
+    visc_gpu_free(p->gpu, p->dev_xk);
+    visc_gpu_stage_free(p->stage);
     visc_gpu_optim_free(p->gpu_opt);
     visc_gpu_close(p->gpu); /* after the models: they free their GPU memory into it */
     if (p->bank.bank) visc_memory_bank_free(&p->bank);
@@ -976,8 +1024,8 @@ int visc_pretrain(const visc_train_config *c) {
         if (p.moco)
             printf(", bank %lld, momentum %g%s", (long long)c->ssl.bank_size,
                    (double)c->ssl.momentum, c->ssl.momentum_cosine ? " (cosine to 1)" : "");
-        printf("%s%s%s\n", p.precision == VISC_PRECISION_BF16 ? ", bf16 matmuls" : "",
-               p.gpu ? ", on " : "", p.gpu ? c->device : "");
+        printf("%s%s%s%s\n", p.precision == VISC_PRECISION_BF16 ? ", bf16 matmuls" : "",
+               p.gpu ? ", on " : "", p.gpu ? c->device : "", p.stage ? " (batches as bytes)" : "");
     }
     double t0 = visc_now();
     int r = run_epochs(&p);
