@@ -60,19 +60,6 @@ small=(--data "imagenet:$tmp/data" --model resnet14 --width 16 --input-size 32 -
        --workers 2)
 common=("${small[@]}" --epochs 2 --batch-size 20 --print-freq 0 --no-progress --threads 2
         --eval-interval 10)
-# A checkpoint's header (tensor names, shapes, offsets; the trainer state)
-# without the config text, which names the device, and a hash of its data.
-tensors() {
-    python3 - "$1" <<'PY'
-import hashlib, json, struct, sys
-data = open(sys.argv[1], 'rb').read()
-n = struct.unpack('<Q', data[:8])[0]
-head = json.loads(data[8:8 + n])
-head.get('__metadata__', {}).pop('visc_config', None)
-print(json.dumps(head, sort_keys=True))
-print(hashlib.sha256(data[8 + n:]).hexdigest())
-PY
-}
 # (each 5 steps a "train" record: the losses and top-1 counts the GPU kept
 # on the device and read back in one run)
 for opt in sgd adamw; do

@@ -45,23 +45,7 @@ trap cleanup EXIT
 export VISC_CACHE_DIR="$tmp/cache" OMP_WAIT_POLICY=passive
 # visc_standin lives in build/tests/gpu/: the MPI plugin is in build/
 export VISC_DIST_PLUGIN_DIR=$build
-# (as e2e_mpi.sh: Open MPI's components cannot be leak-checked)
-MPI=(env "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-     mpirun --allow-run-as-root --oversubscribe -np 2)
 fail() { echo "FAIL: $*"; exit 1; }
-# A checkpoint's tensors and trainer state without the config text (which
-# names the device), and a hash of its data (e2e_gpu_standin.sh's).
-tensors() {
-    python3 - "$1" <<'PY'
-import hashlib, json, struct, sys
-data = open(sys.argv[1], 'rb').read()
-n = struct.unpack('<Q', data[:8])[0]
-head = json.loads(data[8:8 + n])
-head.get('__metadata__', {}).pop('visc_config', None)
-print(json.dumps(head, sort_keys=True))
-print(hashlib.sha256(data[8 + n:]).hexdigest())
-PY
-}
 logged() { grep -E '"type":"(train|val_step|val|val_ema)"' "$1" | sed -E 's/,"(img_per_s|time|epoch_time_s)":[0-9.]*//g'; }
 # same NAME ARGS...: 2 CPU ranks and 2 stand-in GPU ranks, the same files
 same() {
@@ -152,11 +136,7 @@ for _ in $(seq 100); do
     grep -q "^epoch 1/1 2/" "$tmp/hang.log" 2>/dev/null && break
     sleep 0.2
 done
-rank1=""
-for p in $(pgrep -f "$tmp/hang"); do
-    grep -qz '^OMPI_COMM_WORLD_RANK=1$' "/proc/$p/environ" 2>/dev/null && rank1=$p
-done
-[ -n "$rank1" ] || fail "rank 1 not found"
+rank1=$(rank1_of "$tmp/hang") || fail "rank 1 not found"
 kill -STOP "$rank1"
 rc=0
 wait $job || rc=$?

@@ -30,21 +30,9 @@ cleanup() {
 }
 trap cleanup EXIT
 export VISC_CACHE_DIR="$tmp/cache" OMP_WAIT_POLICY=passive
-# Under AddressSanitizer (tools/ci/asan.sh) the MPI runs go without leak
-# detection: Open MPI's components are dlclose'd at MPI_Finalize, so the
-# few allocations they keep cannot even be named by LeakSanitizer. The
-# single-process runs below keep it on.
-MPI=(env "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
-     mpirun --allow-run-as-root --oversubscribe -np 2)
+# (MPI from lib.sh: the MPI runs without leak detection; the
+# single-process runs below keep it on)
 fail() { echo "FAIL: $*"; exit 1; }
-# rank1_of OUTDIR: the pid of rank 1 of the job writing to OUTDIR
-rank1_of() {
-    local p
-    for p in $(pgrep -f "$1"); do
-        grep -qz '^OMPI_COMM_WORLD_RANK=1$' "/proc/$p/environ" 2>/dev/null && { echo "$p"; return 0; }
-    done
-    return 1
-}
 
 # --- equivalence: 1 process x batch B against 2 processes x B/2 ---
 equiv() { # name rtol train-args...

@@ -18,3 +18,34 @@ cifar_subset() {
         done
     done
 }
+
+# tensors FILE: a checkpoint's header (tensor names, shapes, offsets; the
+# trainer state) without the config text, which names the device, and a
+# hash of its data: what two runs on different devices must share.
+tensors() {
+    python3 - "$1" <<'PY'
+import hashlib, json, struct, sys
+data = open(sys.argv[1], 'rb').read()
+n = struct.unpack('<Q', data[:8])[0]
+head = json.loads(data[8:8 + n])
+head.get('__metadata__', {}).pop('visc_config', None)
+print(json.dumps(head, sort_keys=True))
+print(hashlib.sha256(data[8 + n:]).hexdigest())
+PY
+}
+
+# "${MPI[@]}" CMD...: CMD as 2 ranks on this machine. Under AddressSanitizer
+# (tools/ci/asan.sh) the MPI runs go without leak detection: Open MPI's
+# components are dlclose'd at MPI_Finalize, so the few allocations they
+# keep cannot even be named by LeakSanitizer.
+MPI=(env "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0"
+     mpirun --allow-run-as-root --oversubscribe -np 2)
+
+# rank1_of PATTERN: the pid of rank 1 of the job whose command line has PATTERN
+rank1_of() {
+    local p
+    for p in $(pgrep -f "$1"); do
+        grep -qz '^OMPI_COMM_WORLD_RANK=1$' "/proc/$p/environ" 2>/dev/null && { echo "$p"; return 0; }
+    done
+    return 1
+}

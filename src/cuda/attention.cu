@@ -30,7 +30,7 @@
 #define PER_LANE (MAX_D / 32)
 
 struct visc_attn_state {
-    float *buf; /* delta, the dhead_scale row partials, dS */
+    void *buf; /* delta, the dhead_scale row partials, dS */
     size_t bytes;
 };
 
@@ -49,13 +49,7 @@ static float *attn_workspace(visc_cuda *ctx, size_t bytes) {
             return NULL;
         }
     }
-    visc_attn_state *s = ctx->attn;
-    if (s->bytes >= bytes) return s->buf;
-    if (visc_cuda_sync(ctx)) return NULL; /* queued kernels may still read the old one */
-    cudaFree(s->buf);
-    s->buf = (float *)visc_cuda_alloc(ctx, bytes);
-    s->bytes = s->buf ? bytes : 0;
-    return s->buf;
+    return (float *)visc_cuda_grow(ctx, &ctx->attn->buf, &ctx->attn->bytes, bytes);
 }
 
 /* The score of (i, j) from the raw product q_i . k_j, in the CPU's order:

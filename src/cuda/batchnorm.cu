@@ -43,23 +43,16 @@ __device__ __forceinline__ float bn_affine(float x, float mean, float scale, flo
     return relu ? (y > 0 ? y : 0.0f) : y;
 }
 
-__global__ void __launch_bounds__(BN_THREADS)
-    bn_forward_train_kernel(visc_cuda_bn_shape s, float *out, float *save_mean, float *save_rstd,
-                            const float *in, const float *gamma, const float *beta,
-                            float *running_mean, float *running_var) {
-    __shared__ double buf[BN_THREADS];
-    const int c = blockIdx.x;
+/* Channel c's statistics from its mean (double) and the squared
+ * deviations ss around its float rounding over Md values (all processes'
+ * with SyncBN), as the CPU's finish_channel: the saved and running
+ * statistics (thread 0), then the block's share of out. */
+__device__ void bn_finish_channel(const visc_cuda_bn_shape &s, int c, double mean, double ss,
+                                  double Md, float *out, float *save_mean, float *save_rstd,
+                                  const float *in, const float *gamma, const float *beta,
+                                  float *running_mean, float *running_var) {
     const size_t M = (size_t)s.N * s.HW;
-    double acc = 0;
-    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) acc += in[bn_at(s, c, m)];
-    const double Md = (double)M, mean = block_sum(acc, buf) / Md;
     const float fmean = (float)mean;
-    acc = 0;
-    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
-        const float d = __fsub_rn(in[bn_at(s, c, m)], fmean);
-        acc += (double)d * d;
-    }
-    const double ss = block_sum(acc, buf);
     const double dm = mean - (double)fmean;
     double var = ss / Md - dm * dm;
     if (var < 0) var = 0;
@@ -78,6 +71,38 @@ __global__ void __launch_bounds__(BN_THREADS)
         const size_t a = bn_at(s, c, m);
         out[a] = bn_affine(in[a], fmean, scale, shift, s.relu);
     }
+}
+
+/* sum over the block of (x - fmean)^2 for channel c's values here */
+__device__ double bn_sqdev(const visc_cuda_bn_shape &s, int c, float fmean, const float *in,
+                           double *buf) {
+    const size_t M = (size_t)s.N * s.HW;
+    double acc = 0;
+    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
+        const float d = __fsub_rn(in[bn_at(s, c, m)], fmean);
+        acc += (double)d * d;
+    }
+    return block_sum(acc, buf);
+}
+
+/* sum over the block of channel c's values here */
+__device__ double bn_sum(const visc_cuda_bn_shape &s, int c, const float *in, double *buf) {
+    const size_t M = (size_t)s.N * s.HW;
+    double acc = 0;
+    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) acc += in[bn_at(s, c, m)];
+    return block_sum(acc, buf);
+}
+
+__global__ void __launch_bounds__(BN_THREADS)
+    bn_forward_train_kernel(visc_cuda_bn_shape s, float *out, float *save_mean, float *save_rstd,
+                            const float *in, const float *gamma, const float *beta,
+                            float *running_mean, float *running_var) {
+    __shared__ double buf[BN_THREADS];
+    const int c = blockIdx.x;
+    const double Md = (double)s.N * s.HW, mean = bn_sum(s, c, in, buf) / Md;
+    const double ss = bn_sqdev(s, c, (float)mean, in, buf);
+    bn_finish_channel(s, c, mean, ss, Md, out, save_mean, save_rstd, in, gamma, beta, running_mean,
+                      running_var);
 }
 
 __global__ void bn_forward_eval_kernel(visc_cuda_bn_shape s, float *out, const float *in,
@@ -99,14 +124,11 @@ __device__ __forceinline__ float bn_dy(const visc_cuda_bn_shape &s, const float 
     return s.relu ? (out[a] > 0 ? g : 0.0f) : g;
 }
 
-__global__ void __launch_bounds__(BN_THREADS)
-    bn_backward_kernel(visc_cuda_bn_shape s, float *din, float *dgamma, float *dbeta,
-                       const float *dout, const float *in, const float *out, const float *gamma,
-                       const float *save_mean, const float *save_rstd) {
-    __shared__ double buf[BN_THREADS];
-    const int c = blockIdx.x;
+/* The block's sums of dy and dy (x - mean) over channel c's values here. */
+__device__ void bn_grad_sums(const visc_cuda_bn_shape &s, int c, const float *dout,
+                             const float *in, const float *out, float mean, double *buf,
+                             double *sum_dy, double *sum_dy_xc) {
     const size_t M = (size_t)s.N * s.HW;
-    const float mean = save_mean[c];
     double a1 = 0, a2 = 0;
     for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
         const size_t a = bn_at(s, c, m);
@@ -114,15 +136,17 @@ __global__ void __launch_bounds__(BN_THREADS)
         a1 += dy;
         a2 += (double)dy * __fsub_rn(in[a], mean);
     }
-    const double sum_dy = block_sum(a1, buf), sum_dy_xc = block_sum(a2, buf);
-    const double rstd = save_rstd[c], Md = (double)M;
-    if (threadIdx.x == 0) {
-        dbeta[c] = (float)sum_dy;
-        dgamma[c] = (float)(sum_dy_xc * rstd);
-    }
-    if (!din) return;
-    /* din = k (dy - mean(dy) - (x - mean) c2); every read of element a
-     * comes before its write, so din may alias dout. */
+    *sum_dy = block_sum(a1, buf);
+    *sum_dy_xc = block_sum(a2, buf);
+}
+
+/* din = k (dy - mean(dy) - (x - mean) c2) over channel c's values here,
+ * from the sums over Md values; every read of element a comes before its
+ * write, so din may alias dout. */
+__device__ void bn_grad_input(const visc_cuda_bn_shape &s, int c, double sum_dy, double sum_dy_xc,
+                              double Md, float *din, const float *dout, const float *in,
+                              const float *out, const float *gamma, float mean, double rstd) {
+    const size_t M = (size_t)s.N * s.HW;
     const float k = (float)(gamma[c] * rstd), mean_dy = (float)(sum_dy / Md);
     const float c2 = (float)(sum_dy_xc / Md * rstd * rstd);
     for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
@@ -131,6 +155,24 @@ __global__ void __launch_bounds__(BN_THREADS)
         din[a] =
             __fmul_rn(k, __fsub_rn(__fsub_rn(dy, mean_dy), __fmul_rn(__fsub_rn(in[a], mean), c2)));
     }
+}
+
+__global__ void __launch_bounds__(BN_THREADS)
+    bn_backward_kernel(visc_cuda_bn_shape s, float *din, float *dgamma, float *dbeta,
+                       const float *dout, const float *in, const float *out, const float *gamma,
+                       const float *save_mean, const float *save_rstd) {
+    __shared__ double buf[BN_THREADS];
+    const int c = blockIdx.x;
+    double sum_dy, sum_dy_xc;
+    bn_grad_sums(s, c, dout, in, out, save_mean[c], buf, &sum_dy, &sum_dy_xc);
+    const double rstd = save_rstd[c];
+    if (threadIdx.x == 0) {
+        dbeta[c] = (float)sum_dy;
+        dgamma[c] = (float)(sum_dy_xc * rstd);
+    }
+    if (din)
+        bn_grad_input(s, c, sum_dy, sum_dy_xc, (double)s.N * s.HW, din, dout, in, out, gamma,
+                      save_mean[c], rstd);
 }
 
 static int bn_check(const visc_cuda_bn_shape *s) {
@@ -181,59 +223,30 @@ int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, fl
 __global__ void __launch_bounds__(BN_THREADS)
     bn_sync_sums_kernel(visc_cuda_bn_shape s, double *acc, const float *in) {
     __shared__ double buf[BN_THREADS];
-    const int c = blockIdx.x;
-    const size_t M = (size_t)s.N * s.HW;
-    double a = 0;
-    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) a += in[bn_at(s, c, m)];
-    const double sum = block_sum(a, buf);
-    if (threadIdx.x == 0) acc[c] = sum;
+    const double sum = bn_sum(s, blockIdx.x, in, buf);
+    if (threadIdx.x == 0) acc[blockIdx.x] = sum;
 }
 
 __global__ void __launch_bounds__(BN_THREADS)
     bn_sync_sqdev_kernel(visc_cuda_bn_shape s, double *acc, float *save_mean, const float *in) {
     __shared__ double buf[BN_THREADS];
     const int c = blockIdx.x;
-    const size_t M = (size_t)s.N * s.HW;
     const float fmean = (float)(acc[c] / acc[s.C]);
-    double a = 0;
-    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
-        const float d = __fsub_rn(in[bn_at(s, c, m)], fmean);
-        a += (double)d * d;
-    }
-    const double ss = block_sum(a, buf);
+    const double ss = bn_sqdev(s, c, fmean, in, buf);
     if (threadIdx.x == 0) {
         save_mean[c] = fmean;
         acc[s.C + 1 + c] = ss;
     }
 }
 
-/* As bn_forward_train_kernel's second half, from the reduced sums. */
 __global__ void __launch_bounds__(BN_THREADS)
     bn_sync_finish_kernel(visc_cuda_bn_shape s, const double *acc, float *out, float *save_mean,
                           float *save_rstd, const float *in, const float *gamma, const float *beta,
                           float *running_mean, float *running_var) {
     const int c = blockIdx.x;
-    const size_t M = (size_t)s.N * s.HW;
-    const double Md = acc[s.C], mean = acc[c] / Md;
-    const float fmean = (float)mean;
-    const double dm = mean - (double)fmean;
-    double var = acc[s.C + 1 + c] / Md - dm * dm;
-    if (var < 0) var = 0;
-    const double rstd = 1.0 / sqrt(var + (double)s.eps);
-    if (threadIdx.x == 0) {
-        save_mean[c] = fmean;
-        save_rstd[c] = (float)rstd;
-        const double unbiased = Md > 1 ? var * Md / (Md - 1) : var;
-        if (running_mean) {
-            running_mean[c] = (float)((1.0 - s.momentum) * running_mean[c] + s.momentum * mean);
-            running_var[c] = (float)((1.0 - s.momentum) * running_var[c] + s.momentum * unbiased);
-        }
-    }
-    const float scale = (float)(gamma[c] * rstd), shift = beta[c];
-    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
-        const size_t a = bn_at(s, c, m);
-        out[a] = bn_affine(in[a], fmean, scale, shift, s.relu);
-    }
+    const double Md = acc[s.C];
+    bn_finish_channel(s, c, acc[c] / Md, acc[s.C + 1 + c], Md, out, save_mean, save_rstd, in,
+                      gamma, beta, running_mean, running_var);
 }
 
 __global__ void __launch_bounds__(BN_THREADS)
@@ -242,16 +255,8 @@ __global__ void __launch_bounds__(BN_THREADS)
                              const float *save_mean, const float *save_rstd) {
     __shared__ double buf[BN_THREADS];
     const int c = blockIdx.x;
-    const size_t M = (size_t)s.N * s.HW;
-    const float mean = save_mean[c];
-    double a1 = 0, a2 = 0;
-    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
-        const size_t a = bn_at(s, c, m);
-        const float dy = bn_dy(s, dout, out, a);
-        a1 += dy;
-        a2 += (double)dy * __fsub_rn(in[a], mean);
-    }
-    const double sum_dy = block_sum(a1, buf), sum_dy_xc = block_sum(a2, buf);
+    double sum_dy, sum_dy_xc;
+    bn_grad_sums(s, c, dout, in, out, save_mean[c], buf, &sum_dy, &sum_dy_xc);
     if (threadIdx.x == 0) {
         dbeta[c] = (float)sum_dy;
         dgamma[c] = (float)(sum_dy_xc * (double)save_rstd[c]);
@@ -265,28 +270,15 @@ __global__ void __launch_bounds__(BN_THREADS)
                               const float *dout, const float *in, const float *out,
                               const float *gamma, const float *save_mean, const float *save_rstd) {
     const int c = blockIdx.x;
-    const size_t M = (size_t)s.N * s.HW;
-    const double rstd = save_rstd[c], Md = acc[2 * s.C];
-    const float mean = save_mean[c], k = (float)(gamma[c] * rstd);
-    const float mean_dy = (float)(acc[c] / Md), c2 = (float)(acc[s.C + c] / Md * rstd * rstd);
-    for (size_t m = threadIdx.x; m < M; m += BN_THREADS) {
-        const size_t a = bn_at(s, c, m);
-        const float dy = bn_dy(s, dout, out, a);
-        din[a] =
-            __fmul_rn(k, __fsub_rn(__fsub_rn(dy, mean_dy), __fmul_rn(__fsub_rn(in[a], mean), c2)));
-    }
+    bn_grad_input(s, c, acc[c], acc[s.C + c], acc[2 * s.C], din, dout, in, out, gamma,
+                  save_mean[c], save_rstd[c]);
 }
 
 /* The context's buffer for acc (2C + 1 doubles), grown on first use of a
  * larger layer. */
 static double *bn_acc(visc_cuda *ctx, int C) {
     const size_t bytes = (2 * (size_t)C + 1) * sizeof(double);
-    if (ctx->bn_acc_bytes >= bytes) return ctx->bn_acc;
-    if (visc_cuda_sync(ctx)) return NULL; /* queued kernels may still read the old one */
-    cudaFree(ctx->bn_acc);
-    ctx->bn_acc = (double *)visc_cuda_alloc(ctx, bytes);
-    ctx->bn_acc_bytes = ctx->bn_acc ? bytes : 0;
-    return ctx->bn_acc;
+    return (double *)visc_cuda_grow(ctx, &ctx->bn_acc, &ctx->bn_acc_bytes, bytes);
 }
 
 /* acc[from, from + n) between the host and the device's buffer. */

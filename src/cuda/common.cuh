@@ -29,7 +29,7 @@ struct visc_cuda {
     struct visc_conv_state *conv; /* cuDNN handle, plans, workspace (conv.cu), or NULL */
     struct visc_attn_state *attn; /* attention backward's workspace (attention.cu), or NULL */
     struct visc_nccl_state *nccl; /* NCCL's communicator and stream (comm.cu), or NULL */
-    double *bn_acc; /* SyncBN's sums between the passes (batchnorm.cu), or NULL */
+    void *bn_acc; /* SyncBN's sums between the passes (batchnorm.cu), or NULL */
     size_t bn_acc_bytes;
 };
 /* Frees ctx->conv (conv.cu), ctx->attn (attention.cu), ctx->comm_stream and ctx->nccl (comm.cu). */
@@ -76,6 +76,10 @@ static inline int visc_cuda_launched(const char *kernel) {
 }
 /* At least `bytes` of device scratch (kept for the next call); NULL with the error set. */
 void *visc_cuda_scratch(visc_cuda *ctx, size_t bytes);
+/* A device buffer *buf of *have bytes grown to at least `bytes` (a larger
+ * shape's first use), waiting first for the queued kernels that may still
+ * read the old one: the scratch and the kernels' own workspaces. */
+void *visc_cuda_grow(visc_cuda *ctx, void **buf, size_t *have, size_t bytes);
 /* Room in the scratch for n <= VISC_CUDA_BF16_COPIES bf16 copies of
  * counts[i] elements, each starting 16-byte aligned (cuBLASLt's and cuDNN's
  * fastest kernels want that): copies[i] gets the i-th. It is the scratch,

@@ -207,14 +207,17 @@ int visc_cuda_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes)
     return visc_cuda_sync(ctx);
 }
 
+void *visc_cuda_grow(visc_cuda *ctx, void **buf, size_t *have, size_t bytes) {
+    if (*have >= bytes) return *buf;
+    if (visc_cuda_sync(ctx)) return NULL; /* queued kernels may still read the old one */
+    cudaFree(*buf);
+    *buf = visc_cuda_alloc(ctx, bytes);
+    *have = *buf ? bytes : 0;
+    return *buf;
+}
+
 void *visc_cuda_scratch(visc_cuda *ctx, size_t bytes) {
-    if (ctx->scratch_bytes >= bytes) return ctx->scratch;
-    /* The old buffer may still be read by queued kernels. */
-    if (visc_cuda_sync(ctx)) return NULL;
-    cudaFree(ctx->scratch);
-    ctx->scratch = visc_cuda_alloc(ctx, bytes);
-    ctx->scratch_bytes = ctx->scratch ? bytes : 0;
-    return ctx->scratch;
+    return visc_cuda_grow(ctx, &ctx->scratch, &ctx->scratch_bytes, bytes);
 }
 
 int visc_cuda_bf16_scratch(visc_cuda *ctx, uint16_t **copies, const size_t *counts, int n) {

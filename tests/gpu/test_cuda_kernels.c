@@ -946,6 +946,30 @@ static void check_conv(const char *what, int N, int C, int H, int W, int K, int 
 }
 
 /* ---- batch normalization ---- */
+/* dgamma and dbeta (column sums over N x HW) against the CPU's, each
+ * within 1e-5 of the sum of its terms' magnitudes. */
+static void expect_bn_param_grads(const char *tag, const float *h_dg, const float *h_db,
+                                  const float *dg, const float *db, const float *x, const float *dy,
+                                  const float *out, const float *mean, const float *rstd, int N,
+                                  int C, int HW, int relu) {
+    char name[200];
+    double *abs_g = calloc((size_t)C, sizeof(double)), *abs_b = calloc((size_t)C, sizeof(double));
+    for (int b = 0; b < N; b++)
+        for (int c = 0; c < C; c++)
+            for (int i = 0; i < HW; i++) {
+                const size_t a = ((size_t)b * C + c) * HW + i;
+                const double g = relu && !(out[a] > 0) ? 0.0 : dy[a];
+                abs_b[c] += fabs(g);
+                abs_g[c] += fabs(g * ((double)x[a] - mean[c]) * rstd[c]);
+            }
+    snprintf(name, sizeof name, "%s: dgamma", tag);
+    expect_sums(name, h_dg, dg, abs_g, (size_t)C);
+    snprintf(name, sizeof name, "%s: dbeta", tag);
+    expect_sums(name, h_db, db, abs_b, (size_t)C);
+    free(abs_g);
+    free(abs_b);
+}
+
 /* The CPU's layer on NCHW; the GPU on NCHW or channels-last (inputs
  * transposed in, outputs back). Backward runs on the CPU's forward
  * results on both sides, so a ReLU mask of a value near 0 cannot differ. */
@@ -1023,25 +1047,13 @@ static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offs
     expect_fp32(name, h_rv, rv, (size_t)C);
     snprintf(name, sizeof name, "%s: backward din", tag);
     expect_fp32(name, h_dx, dx, n);
-    double *abs_g = calloc((size_t)C, sizeof(double)), *abs_b = calloc((size_t)C, sizeof(double));
-    for (int b = 0; b < N; b++)
-        for (int c = 0; c < C; c++)
-            for (int i = 0; i < HW; i++) {
-                const size_t a = ((size_t)b * C + c) * HW + i;
-                const double g = relu && !(out[a] > 0) ? 0.0 : dy[a];
-                abs_b[c] += fabs(g);
-                abs_g[c] += fabs(g * ((double)x[a] - mean[c]) * rstd[c]);
-            }
-    snprintf(name, sizeof name, "%s: dgamma", tag);
-    expect_sums(name, h_dg, dg, abs_g, (size_t)C);
-    snprintf(name, sizeof name, "%s: dbeta", tag);
-    expect_sums(name, h_db, db, abs_b, (size_t)C);
+    expect_bn_param_grads(tag, h_dg, h_db, dg, db, x, dy, out, mean, rstd, N, C, HW, relu);
     void *dfree[] = {d_x,        d_dy,  d_out_cpu, d_g,  d_b,    d_rm,   d_rv, d_mean_cpu,
                      d_rstd_cpu, d_out, d_eval,    d_dx, d_mean, d_rstd, d_dg, d_db};
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
-    void *hfree[] = {x,      dy,   gamma,  beta,   rm,   rv,   rm0,  rv0,  out,   eval,
-                     dx,     mean, rstd,   dg,     db,   t,    tx,   tdy,  tout,  h_out,
-                     h_eval, h_dx, h_mean, h_rstd, h_rm, h_rv, h_dg, h_db, abs_g, abs_b};
+    void *hfree[] = {x,      dy,   gamma,  beta,   rm,   rv,   rm0,  rv0, out,  eval,
+                     dx,     mean, rstd,   dg,     db,   t,    tx,   tdy, tout, h_out,
+                     h_eval, h_dx, h_mean, h_rstd, h_rm, h_rv, h_dg, h_db};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
@@ -1131,19 +1143,7 @@ static void check_batchnorm_sync(int N, int C, int HW, int relu) {
     expect_fp32(name, h_rv, rv, (size_t)C);
     snprintf(name, sizeof name, "%s: backward din", tag);
     expect_fp32(name, h_dx, dx, n);
-    double *abs_g = calloc((size_t)C, sizeof(double)), *abs_b = calloc((size_t)C, sizeof(double));
-    for (int b = 0; b < N; b++)
-        for (int c = 0; c < C; c++)
-            for (int i = 0; i < HW; i++) {
-                const size_t a = ((size_t)b * C + c) * HW + i;
-                const double g = relu && !(out[a] > 0) ? 0.0 : dy[a];
-                abs_b[c] += fabs(g);
-                abs_g[c] += fabs(g * ((double)x[a] - mean[c]) * rstd[c]);
-            }
-    snprintf(name, sizeof name, "%s: dgamma (the halves' sum)", tag);
-    expect_sums(name, h_dg, dg, abs_g, (size_t)C);
-    snprintf(name, sizeof name, "%s: dbeta (the halves' sum)", tag);
-    expect_sums(name, h_db, db, abs_b, (size_t)C);
+    expect_bn_param_grads(tag, h_dg, h_db, dg, db, x, dy, out, mean, rstd, N, C, HW, relu);
     for (int h = 0; h < 2; h++) {
         void *dfree[] = {d_x[h],  d_dy[h], d_out[h], d_dx[h], d_mean[h],   d_rstd[h],
                          d_dg[h], d_db[h], d_rm[h],  d_rv[h], d_out_cpu[h]};
@@ -1151,8 +1151,8 @@ static void check_batchnorm_sync(int N, int C, int HW, int relu) {
         free(acc[h]);
     }
     visc_cuda_free(ctx, d_g), visc_cuda_free(ctx, d_b);
-    void *hfree[] = {x,  dy, gamma, beta, rm,   rv,   rm_gpu, rv_gpu, out,  dx,   mean,  rstd,
-                     dg, db, h_out, h_dx, h_dg, h_db, h_mean, h_rstd, h_rm, h_rv, abs_g, abs_b};
+    void *hfree[] = {x,    dy, gamma, beta,  rm,   rv,   rm_gpu, rv_gpu, out,    dx,   mean,
+                     rstd, dg, db,    h_out, h_dx, h_dg, h_db,   h_mean, h_rstd, h_rm, h_rv};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
