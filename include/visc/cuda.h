@@ -173,8 +173,9 @@ int visc_cuda_nccl_open(visc_cuda *ctx, const unsigned char id[VISC_NCCL_ID_BYTE
 /* Queues, after the kernels queued so far, the sum over the ranks of buf
  * [count] (device floats, in place), then buf *= scale (1: not). */
 int visc_cuda_nccl_allreduce(visc_cuda *ctx, float *buf, size_t count, float scale);
-/* Records `done` after the all-reduces queued so far and makes every
- * kernel queued from now on wait for it. */
+/* Records `done` after the all-reduces queued so far (a point to watch)... */
+int visc_cuda_nccl_mark(visc_cuda *ctx, visc_cuda_event *done);
+/* ... and makes every kernel queued from now on wait for it. */
 int visc_cuda_nccl_join(visc_cuda *ctx, visc_cuda_event *done);
 /* NCCL's asynchronous error (a peer gone, a network failure): 0, or -1 with it. */
 int visc_cuda_nccl_check(visc_cuda *ctx);

@@ -190,14 +190,15 @@ int visc_cuda_nccl_allreduce(visc_cuda *ctx, float *buf, size_t count, float sca
     return visc_cuda_launched("all-reduce scaling");
 }
 
-int visc_cuda_nccl_join(visc_cuda *ctx, visc_cuda_event *done) {
+int visc_cuda_nccl_mark(visc_cuda *ctx, visc_cuda_event *done) {
     visc_nccl_state *n = ctx->nccl;
-    if (!n) return visc_set_error("NCCL join without a communicator");
-    return visc_cuda_check(cudaEventRecord(done->e, n->stream), "recording an event") ||
-                   visc_cuda_check(cudaStreamWaitEvent(ctx->stream, done->e, 0),
-                                   "ordering the kernels after an all-reduce")
-               ? -1
-               : 0;
+    if (!n) return visc_set_error("NCCL mark without a communicator");
+    return visc_cuda_check(cudaEventRecord(done->e, n->stream), "recording an event");
+}
+
+int visc_cuda_nccl_join(visc_cuda *ctx, visc_cuda_event *done) {
+    return visc_cuda_check(cudaStreamWaitEvent(ctx->stream, done->e, 0),
+                           "ordering the kernels after an all-reduce");
 }
 
 int visc_cuda_nccl_check(visc_cuda *ctx) {
@@ -240,6 +241,7 @@ int visc_cuda_nccl_open(visc_cuda *ctx, const unsigned char id[VISC_NCCL_ID_BYTE
 int visc_cuda_nccl_allreduce(visc_cuda *ctx, float *buf, size_t count, float scale) {
     return no_nccl();
 }
+int visc_cuda_nccl_mark(visc_cuda *ctx, visc_cuda_event *done) { return no_nccl(); }
 int visc_cuda_nccl_join(visc_cuda *ctx, visc_cuda_event *done) { return no_nccl(); }
 int visc_cuda_nccl_check(visc_cuda *ctx) { return 0; }
 void visc_cuda_nccl_abort(visc_cuda *ctx) {}

@@ -177,8 +177,8 @@ static int64_t nccl_start(void *ctx, float *buf, size_t count, float scale) {
 }
 
 /* The kernels queued from now on wait for every bucket started so far;
- * the watchdog follows the join. Nothing here waits for the GPU, unless
- * WATCH joins are still running. */
+ * the watchdog follows that point from before the kernels wait on it.
+ * Nothing here waits for the GPU, unless WATCH joins are still running. */
 static int nccl_wait(void *ctx, int64_t ticket) {
     visc_gpu_comm *c = ctx;
     if (ticket < c->joined) return 0;
@@ -186,12 +186,13 @@ static int nccl_wait(void *ctx, int64_t ticket) {
     while (c->watch_head - c->watch_tail == WATCH) pthread_cond_wait(&c->cv, &c->mu);
     watched *w = &c->watch[c->watch_head % WATCH];
     pthread_mutex_unlock(&c->mu);
-    if (visc_cuda_nccl_join(c->ctx, w->done)) return -1;
+    if (visc_cuda_nccl_mark(c->ctx, w->done)) return -1;
     w->since = visc_now();
     pthread_mutex_lock(&c->mu);
     c->watch_head++;
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
+    if (visc_cuda_nccl_join(c->ctx, w->done)) return -1;
     c->joined = c->started;
     return 0;
 }

@@ -20,12 +20,14 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../src/models/swin_window.h"
 #include "../../src/models/talking_heads.h"
 #include "../../src/nn/linear_bf16.h"
+#include "standin.h"
 #include "visc/cuda.h"
 #include "visc/nn.h"
 #include "visc/transforms.h"
@@ -114,6 +116,7 @@ void visc_cuda_close(visc_cuda *ctx) {
     for (int i = 0; i < ctx->num_bn; i++) visc_batchnorm2d_destroy(&ctx->bn[i].op);
     for (int i = 0; i < ctx->num_pool; i++) visc_pool2d_destroy(&ctx->pool[i].op);
     for (int i = 0; i < ctx->num_patch; i++) visc_conv2d_destroy(&ctx->patch[i].op);
+    standin_nccl_close();
     free(ctx->allocs);
     pthread_mutex_destroy(&ctx->mu);
     if (ctx->num_pinned)
@@ -230,15 +233,6 @@ int visc_cuda_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
  * and that memory stays as it was until the program has waited for the
  * copy's event (a loader refilling the batch before its copy ran would
  * send the GPU another batch). */
-#define MAX_IN_FLIGHT 8
-struct visc_cuda_event {
-    struct {
-        const unsigned char *src;
-        size_t bytes;
-        uint64_t hash;
-    } in_flight[MAX_IN_FLIGHT];
-    int count;
-};
 
 static uint64_t fnv1a(const unsigned char *p, size_t n) {
     uint64_t h = 0xcbf29ce484222325ull;
@@ -257,7 +251,8 @@ void visc_cuda_event_destroy(visc_cuda *ctx, visc_cuda_event *e) {
 }
 
 int visc_cuda_event_record(visc_cuda *ctx, visc_cuda_event *e) {
-    (void)ctx, (void)e;
+    (void)ctx;
+    e->nccl_seq = 0; /* the kernels' work: done when it is recorded */
     return 0;
 }
 
@@ -284,8 +279,9 @@ int visc_cuda_upload_async(visc_cuda *ctx, void *dst, const void *src, size_t by
         visc_die("stand-in: asynchronous upload of %zu bytes at %p from memory that is not "
                  "page-locked",
                  bytes, src);
-    if (done->count == MAX_IN_FLIGHT)
-        visc_die("stand-in: %d copies queued on one event and never waited for", MAX_IN_FLIGHT);
+    if (done->count == STANDIN_MAX_IN_FLIGHT)
+        visc_die("stand-in: %d copies queued on one event and never waited for",
+                 STANDIN_MAX_IN_FLIGHT);
     done->in_flight[done->count].src = src;
     done->in_flight[done->count].bytes = bytes;
     done->in_flight[done->count].hash = fnv1a(src, bytes);
@@ -300,7 +296,7 @@ int visc_cuda_upload_async(visc_cuda *ctx, void *dst, const void *src, size_t by
  * checks what CUDA would fault at or stage silently (device memory on one
  * side, page-locked memory from visc_cuda_host_alloc on the other). Its
  * kernels run when they are called, so a bucket is final by the time its
- * event is recorded. NCCL is not there: "auto" takes the host path. */
+ * event is recorded. NCCL's part is standin_nccl.c. */
 int visc_cuda_comm_init(visc_cuda *ctx) {
     (void)ctx;
     return 0;
@@ -349,40 +345,22 @@ void visc_cuda_host_free(visc_cuda *ctx, void *p) {
     visc_free_aligned(p);
 }
 
+/* Kernels and copies are done when they return; NCCL's work is done when
+ * the stand-in NCCL's thread has run it (standin_nccl.c). */
 int visc_cuda_event_query(visc_cuda *ctx, visc_cuda_event *e) {
-    (void)ctx, (void)e;
-    return 1;
-}
-
-int visc_cuda_device_id(visc_cuda *ctx, char *buf, size_t len) {
-    snprintf(buf, len, "stand-in:%d", ctx->device);
-    return 0;
-}
-
-static int no_nccl(void) { return visc_set_error("the stand-in GPU has no NCCL"); }
-int visc_cuda_nccl_load(void) { return no_nccl(); }
-int visc_cuda_nccl_unique_id(unsigned char id[VISC_NCCL_ID_BYTES]) {
-    (void)id;
-    return no_nccl();
-}
-int visc_cuda_nccl_open(visc_cuda *ctx, const unsigned char id[VISC_NCCL_ID_BYTES], int world,
-                        int rank) {
-    (void)ctx, (void)id, (void)world, (void)rank;
-    return no_nccl();
-}
-int visc_cuda_nccl_allreduce(visc_cuda *ctx, float *buf, size_t count, float scale) {
-    (void)ctx, (void)buf, (void)count, (void)scale;
-    return no_nccl();
-}
-int visc_cuda_nccl_join(visc_cuda *ctx, visc_cuda_event *done) {
-    (void)ctx, (void)done;
-    return no_nccl();
-}
-int visc_cuda_nccl_check(visc_cuda *ctx) {
     (void)ctx;
+    return standin_nccl_done(e);
+}
+
+/* Each process's stand-in GPU is its own memory: its own device, unless
+ * VISC_STANDIN_SHARED_GPU=1 says the processes share one (as two ranks on
+ * one real GPU would). */
+int visc_cuda_device_id(visc_cuda *ctx, char *buf, size_t len) {
+    const char *shared = getenv("VISC_STANDIN_SHARED_GPU");
+    if (shared && !strcmp(shared, "1")) snprintf(buf, len, "stand-in:%d", ctx->device);
+    else snprintf(buf, len, "stand-in:%d:%ld", ctx->device, (long)getpid());
     return 0;
 }
-void visc_cuda_nccl_abort(visc_cuda *ctx) { (void)ctx; }
 
 int visc_cuda_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
     on_device(ctx, src, bytes, "download");
