@@ -35,6 +35,8 @@
 #     on the device; also --symmetric, two backward passes) and SimCLR (with
 #     SGD, and with its default LARS and --clip-grad), and
 #     a MoCo run resumed on the other device: the CPU's checkpoint;
+#   - `visc eval knn|linear --device cuda` (the backbone's features from
+#     the device): the CPU's metrics and probe model, bit for bit;
 #   - the stand-in program's own model checks (test_gpu_standin).
 # The ResNets train on 200 CIFAR-10 JPEGs and evaluate on 100 (the GPU path
 # does not depend on the data; a small set keeps the sanitizer and
@@ -238,3 +240,23 @@ echo "pretrain moco vit_pico_patch4_28 --precision bf16, 12 steps on the stand-i
     --resume "$tmp/p-x/checkpoint_last.safetensors" >/dev/null
 cmp <(tensors "$tmp/p-cpu-moco/checkpoint_last.safetensors") <(tensors "$tmp/p-x/checkpoint_last.safetensors")
 echo "pretrain moco, 7 steps on the stand-in GPU resumed for 5 on the CPU: the 12 straight, bit for bit"
+
+# the SSL benchmark's evaluations with the backbone on the stand-in GPU:
+# kNN (features extracted on the device) and the linear probe (the frozen
+# backbone's features from the device, the head trained on the host): the
+# CPU's metrics, and the probe's model file, bit for bit
+W="$tmp/p-cpu-moco/model_last.safetensors"
+ev=(--data "imagenet:$tmp/data" --model resnet14 --width 16 --input-size 32 --crop-pct 1
+    --weights "$W" --threads 2 --workers 2 --batch-size 50)
+metrics() { sed -E 's/.*"metrics":(\{[^}]*\}).*/\1/' "$1"; }
+for e in knn linear; do
+    extra=()
+    [ $e = linear ] && extra=(--epochs 2 --scale 0.35,1)
+    "$V" eval $e "${ev[@]}" "${extra[@]}" --output "$tmp/ev-$e-cpu" >/dev/null
+    "$G" eval $e "${ev[@]}" "${extra[@]}" --device cuda --output "$tmp/ev-$e-gpu" >"$tmp/ev-$e-gpu.log"
+    grep -q ' on cuda' "$tmp/ev-$e-gpu.log"
+    grep -q '"device":"cuda"' "$tmp/ev-$e-gpu/eval_$e.json"
+    [ "$(metrics "$tmp/ev-$e-cpu/eval_$e.json")" = "$(metrics "$tmp/ev-$e-gpu/eval_$e.json")" ]
+    echo "eval $e with the backbone on the stand-in GPU: the CPU's $(metrics "$tmp/ev-$e-gpu/eval_$e.json")"
+done
+cmp "$tmp/ev-linear-cpu/model_linear.safetensors" "$tmp/ev-linear-gpu/model_linear.safetensors"

@@ -23,6 +23,7 @@
 
 #include "eval.h"
 #include "options.h"
+#include "visc/gpu.h"
 #include "visc/io.h"
 #include "visc/ssl_eval.h"
 
@@ -203,6 +204,26 @@ static void common_settings(jbuf *j, const eval_args *a, int world) {
          "\"processes\":%d,\"threads\":%d,",
          c->model.image_size, (double)c->crop_pct, c->model.small_stem, c->batch_size,
          (unsigned long long)c->seed, world, visc_num_threads());
+    jstr(j, "device", c->device);
+    jstr(j, "precision", c->precision);
+}
+
+/* --precision and --device for the backbone of knn and linear: on a GPU
+ * the model moves there (its forward uploads each batch and brings the
+ * features back); the feature banks, the kNN and the probe's head stay on
+ * the host. */
+static int place_model(const visc_train_config *c, visc_dist *d, visc_model *m, visc_cuda **gpu) {
+    visc_precision p;
+    int index;
+    if (visc_parse_precision(c->precision, &p) || visc_gpu_run_device(c, d, &index)) return -1;
+    if (index < 0) {
+        visc_set_matmul_precision(p);
+        return 0;
+    }
+    visc_set_matmul_precision(VISC_PRECISION_FP32); /* the host's products: the head's */
+    if (!(*gpu = visc_gpu_open(index))) return -1;
+    visc_gpu_set_precision(*gpu, p);
+    return visc_model_to_gpu(m, *gpu);
 }
 
 static int write_json(const eval_args *a, jbuf *j) {
@@ -232,12 +253,13 @@ static int run_knn(eval_args *a, visc_dist *d) {
     visc_sample_pipeline pl[2];
     visc_dataset *bank_ds = NULL, *val_ds = NULL;
     visc_model *m = NULL;
+    visc_cuda *gpu = NULL;
     visc_feature_bank bank = {0}, val = {0};
     int rc = -1;
     if (!(bank_ds = visc_eval_open_data(c, 0, &aug[0], &tc[0], &pl[0]))) goto out;
     if (!(val_ds = visc_eval_open_data(c, 2, &aug[1], &tc[1], &pl[1]))) goto out;
     if (!(m = visc_eval_model(c, bank_ds, c->batch_size / world))) goto out;
-    if (visc_extract_features(m, bank_ds, &aug[0], 1, d, &bank) ||
+    if (place_model(c, d, m, &gpu) || visc_extract_features(m, bank_ds, &aug[0], 1, d, &bank) ||
         visc_extract_features(m, val_ds, &aug[1], 1, d, &val))
         goto out;
     double t_feat = visc_now() - t0;
@@ -258,9 +280,9 @@ static int run_knn(eval_args *a, visc_dist *d) {
     rc = 0;
     if (rank != 0) goto out;
     printf("kNN k=%d t=%g: %s on %s: top1 %.2f%% top5 %.2f%% (%lld val / %lld bank images, "
-           "%d-d features; %.1fs, features %.1fs)\n",
+           "%d-d features; %.1fs, features %.1fs%s%s)\n",
            a->k, (double)a->t, c->model.arch, data_name(c), top1, top5, (long long)sums[2],
-           (long long)bank.count, bank.dim, wall, t_feat);
+           (long long)bank.count, bank.dim, wall, t_feat, gpu ? " on " : "", gpu ? c->device : "");
     if (k_used != a->k)
         printf("note: k=%d is larger than the bank: all %d bank images vote\n", a->k, k_used);
     jbuf j = {.used = 0};
@@ -277,7 +299,8 @@ static int run_knn(eval_args *a, visc_dist *d) {
 out:
     visc_feature_bank_free(&bank);
     visc_feature_bank_free(&val);
-    if (m) visc_model_destroy(m);
+    if (m) visc_model_destroy(m); /* its GPU memory too */
+    visc_gpu_close(gpu);
     if (bank_ds) visc_dataset_free(bank_ds);
     if (val_ds) visc_dataset_free(val_ds);
     return rc;
@@ -292,11 +315,13 @@ static int run_linear(eval_args *a, visc_dist *d) {
     visc_sample_pipeline pl[2];
     visc_dataset *train_ds = NULL, *val_ds = NULL;
     visc_model *m = NULL;
+    visc_cuda *gpu = NULL;
     float *head = NULL;
     int rc = -1;
     if (!(train_ds = visc_eval_open_data(c, 1, &aug[0], &tc[0], &pl[0]))) goto out;
     if (!(val_ds = visc_eval_open_data(c, 2, &aug[1], &tc[1], &pl[1]))) goto out;
-    if (!(m = visc_eval_model(c, train_ds, c->batch_size / world))) goto out;
+    if (!(m = visc_eval_model(c, train_ds, c->batch_size / world)) || place_model(c, d, m, &gpu))
+        goto out;
     visc_linear_probe_config pc;
     visc_linear_probe_defaults(&pc);
     pc.epochs = c->epochs;
@@ -309,10 +334,10 @@ static int run_linear(eval_args *a, visc_dist *d) {
     int C = train_ds->num_classes, D = m->feature_dim;
     if (rank == 0)
         printf("linear probe of %s on %s: %lld train / %lld val images, %d-d features, %d "
-               "epochs, batch %d, SGD lr %g momentum %g wd %g, cosine per step\n",
+               "epochs, batch %d, SGD lr %g momentum %g wd %g, cosine per step%s%s\n",
                c->model.arch, data_name(c), (long long)train_ds->size, (long long)val_ds->size, D,
                pc.epochs, c->batch_size, (double)pc.lr, (double)pc.momentum,
-               (double)pc.weight_decay);
+               (double)pc.weight_decay, gpu ? ", backbone on " : "", gpu ? c->device : "");
     head = visc_malloc(((size_t)C * D + C) * sizeof(float), "probe head");
     visc_linear_probe_result r;
     if (visc_linear_probe(m, train_ds, &aug[0], val_ds, &aug[1], &pc, d, head, &r)) goto out;
@@ -352,7 +377,8 @@ static int run_linear(eval_args *a, visc_dist *d) {
     rc = write_json(a, &j);
 out:
     free(head);
-    if (m) visc_model_destroy(m);
+    if (m) visc_model_destroy(m); /* its GPU memory too */
+    visc_gpu_close(gpu);
     if (train_ds) visc_dataset_free(train_ds);
     if (val_ds) visc_dataset_free(val_ds);
     return rc;
