@@ -36,7 +36,8 @@
 #     SGD, and with its default LARS and --clip-grad), and
 #     a MoCo run resumed on the other device: the CPU's checkpoint;
 #   - `visc eval knn|linear --device cuda` (the backbone's features from
-#     the device): the CPU's metrics and probe model, bit for bit;
+#     the device): the CPU's metrics and probe model, bit for bit; `visc
+#     bench-ssl --device cuda` runs every phase there;
 #   - the stand-in program's own model checks (test_gpu_standin).
 # The ResNets train on 200 CIFAR-10 JPEGs and evaluate on 100 (the GPU path
 # does not depend on the data; a small set keeps the sanitizer and
@@ -260,3 +261,11 @@ for e in knn linear; do
     echo "eval $e with the backbone on the stand-in GPU: the CPU's $(metrics "$tmp/ev-$e-gpu/eval_$e.json")"
 done
 cmp "$tmp/ev-linear-cpu/model_linear.safetensors" "$tmp/ev-linear-gpu/model_linear.safetensors"
+# the whole benchmark chain on the stand-in GPU: every phase there
+"$G" bench-ssl --data "imagenet:$tmp/data" --model resnet14 --width 16 --input-size 32 --crop-pct 1 \
+    --epochs 1 --batch-size 20 --bank-size 100 --eval knn,linear,finetune --linear-epochs 1 \
+    --finetune-epochs 1 --eval-batch-size 50 --device cuda --no-progress --print-freq 0 \
+    --threads 2 --workers 2 --output "$tmp/bench" >/dev/null
+grep -q '^| mocov2 |' "$tmp/bench/results.md"
+[ "$(grep -l '"device":"cuda"' "$tmp/bench/eval"/eval_*.json | wc -l)" -eq 3 ]
+echo "bench-ssl --device cuda on the stand-in GPU: pretraining and kNN, linear, finetune all there"

@@ -127,6 +127,9 @@ static int run_eval(const visc_train_config *c, const bench_args *b, const char 
     if (c->no_progress) push(&l, "--no-progress", NULL);
     pushf(&l, "--crop-pct", "%g", c->crop_pct);
     pushf(&l, "--seed", "%.0f", (double)c->seed);
+    /* the evaluations where the pretraining ran, in its precision */
+    push(&l, "--device", c->device);
+    push(&l, "--precision", c->precision);
     push(&l, "--output", out);
     if (b->eval_batch) push(&l, "--batch-size", b->eval_batch);
     if (!strcmp(mode, "knn")) {
