@@ -16,7 +16,14 @@ set -uo pipefail
 boot churn
 
 steps=24
-args=(--model resnet14 --epochs 1 --batch-size 16 --opt sgd --lr 0.05 --no-progress --print-freq 1
+# Each step of the swarm spans two batches of each of the four peers
+# (target 64, batch 8), as in real swarms, whose target batch is many local
+# batches. With one batch a step (batch 16), a newcomer that had just taken
+# the state found the step's group already forming more often than not: it
+# led a group of one until the matchmaking deadline, fell behind, and took
+# the state again (a CI sanitizer run: 4 rounds, none averaged, 5 downloads).
+# The same samples a step, so the run takes as long.
+args=(--model resnet14 --epochs 1 --batch-size 8 --opt sgd --lr 0.05 --no-progress --print-freq 1
       --threads 1 --max-steps $steps --swarm --run-id churn --swarm-secret-file "$tmp/secret"
       --listen 127.0.0.1:0 --initial-peers "$boot" --target-batch-size 64 --matchmaking-time 2
       --swarm-linger 5)
@@ -61,7 +68,7 @@ for p in p4 p5; do
     [ "$((${rounds:-0} - ${failed:-0} - ${partial:-0}))" -ge 1 ] ||
         fail "newcomer $p took part in no round that averaged"
 done
-loss_goes_down p0 8 0.85
+loss_goes_down p0 16 0.85
 
 [ $fails -eq 0 ] && echo "swarm churn: all checks passed"
 exit $((fails > 0))
