@@ -31,10 +31,10 @@
 #     gets (also ending on a short batch);
 #   - `visc pretrain --device cuda`: the views as bytes on the bus, each
 #     normalized on the device into the encoder that reads it; MoCo v2 (the
-#     momentum encoder updated
-#     on the device; also --symmetric, two backward passes) and SimCLR (with
-#     SGD, and with its default LARS and --clip-grad), and
-#     a MoCo run resumed on the other device: the CPU's checkpoint;
+#     momentum encoder updated and the InfoNCE against the bank's copy
+#     taken on the device; also --symmetric, two backward passes) and
+#     SimCLR (with SGD, and with its default LARS and --clip-grad), and
+#     MoCo runs resumed on the other device, both ways: the CPU's checkpoint;
 #   - `visc eval knn|linear --device cuda` (the backbone's features from
 #     the device): the CPU's metrics and probe model, bit for bit; `visc
 #     bench-ssl --device cuda` runs every phase there;
@@ -241,6 +241,13 @@ echo "pretrain moco vit_pico_patch4_28 --precision bf16, 12 steps on the stand-i
     --resume "$tmp/p-x/checkpoint_last.safetensors" >/dev/null
 cmp <(tensors "$tmp/p-cpu-moco/checkpoint_last.safetensors") <(tensors "$tmp/p-x/checkpoint_last.safetensors")
 echo "pretrain moco, 7 steps on the stand-in GPU resumed for 5 on the CPU: the 12 straight, bit for bit"
+# and the other way: the bank the CPU left (it wrapped: 7 x 20 keys in 100
+# rows) goes to the GPU's copy with the checkpoint
+"$V" pretrain "${ssl[@]}" --max-steps 7 --output "$tmp/p-y" >/dev/null
+"$G" pretrain "${ssl[@]}" --max-steps 12 --device cuda --output "$tmp/p-y" \
+    --resume "$tmp/p-y/checkpoint_last.safetensors" >/dev/null
+cmp <(tensors "$tmp/p-cpu-moco/checkpoint_last.safetensors") <(tensors "$tmp/p-y/checkpoint_last.safetensors")
+echo "pretrain moco, 7 steps on the CPU resumed for 5 on the stand-in GPU: the 12 straight, bit for bit"
 
 # the SSL benchmark's evaluations with the backbone on the stand-in GPU:
 # kNN (features extracted on the device) and the linear probe (the frozen

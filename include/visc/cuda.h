@@ -12,6 +12,7 @@
  * layernorm.cu    visc_layernorm_* (src/nn/layernorm.c)
  * softmax_xent.cu visc_softmax_xent_*, visc_topk_correct (src/nn/loss.c,
  *                 loss_soft.c)
+ * contrastive.cu  MoCo's InfoNCE against the memory bank (src/ssl/contrastive.c)
  * gelu.cu         visc_gelu_* (src/nn/gelu.c) and the fused bias + GELU epilogue
  * optim.cu        SGD, AdamW, LARS and LAMB steps, gradient clipping, the weights'
  *                 EMA (src/optim/sgd.c, adamw.c, lars.c, lamb.c, clip.c, ema.c)
@@ -210,6 +211,20 @@ int visc_cuda_softmax_xent_soft_backward(visc_cuda *ctx, float *dlogits, const f
  * [0, K) counts in neither. */
 int visc_cuda_topk_correct(visc_cuda *ctx, int32_t *counts, const float *logits,
                            const int32_t *labels, int N, int K);
+
+/* ---- contrastive.cu: as visc_infonce_forward_backward (ssl.h) ----
+ * Queries q [n, D] against their keys k [n, D] (the positives) and the
+ * bank [K, D] (the negatives), logits scaled by 1 / t: the mean loss into
+ * *loss (one device float) and, when dq is not NULL, its gradient
+ * dq [n, D]. The products are fp32 (never TF32, whatever the context's
+ * precision: the CPU's are sgemms), the row sums in double as the CPU's,
+ * the mean in a fixed order. work: visc_cuda_infonce_work_floats(n, K)
+ * floats of device memory (the caller's, planned once). */
+static inline size_t visc_cuda_infonce_work_floats(int n, int K) {
+    return (size_t)n * ((size_t)K + 2);
+}
+int visc_cuda_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, const float *k,
+                      const float *bank, int n, int K, int D, float t, float *work);
 
 /* ---- gelu.cu: exact (erf) GELU, as visc_gelu_forward/backward ---- */
 int visc_cuda_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n);

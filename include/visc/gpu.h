@@ -114,6 +114,13 @@ void visc_gpu_normalize_bytes(visc_cuda *ctx, float *out, const uint8_t *in, siz
 void visc_gpu_softmax_xent(visc_cuda *ctx, float *loss, float *probs, float *dlogits,
                            const float *logits, const int32_t *labels, int N, int K,
                            float smoothing);
+/* visc_infonce_forward_backward on the device (MoCo's loss against a copy
+ * of the memory bank there, bank [K, D]): the mean loss into *loss (one
+ * device float) and dq [n, D] (NULL: the loss only). work holds
+ * visc_gpu_infonce_work_floats(n, K) floats of device memory. */
+size_t visc_gpu_infonce_work_floats(int n, int K);
+void visc_gpu_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, const float *k,
+                      const float *bank, int n, int K, int D, float t, float *work);
 /* As visc_clip_grad_norm (--clip-grad), on the device. */
 void visc_gpu_clip_grad_norm(visc_cuda *ctx, float *grads, size_t n, float max_norm);
 void visc_gpu_conv2d_forward(visc_cuda *ctx, const visc_conv2d *c, float *out, const float *in,

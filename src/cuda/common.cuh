@@ -87,6 +87,10 @@ void *visc_cuda_grow(visc_cuda *ctx, void **buf, size_t *have, size_t bytes);
 #define VISC_CUDA_BF16_COPIES 3
 int visc_cuda_bf16_scratch(visc_cuda *ctx, uint16_t **copies, const size_t *counts, int n);
 
+/* *loss = the mean of row_loss[0..N) (device floats), summed in double in
+ * a fixed order (softmax_xent.cu): the mean never depends on timing. */
+int visc_cuda_mean_losses(visc_cuda *ctx, float *loss, const float *row_loss, int N);
+
 /* Blocks for n independent elements at `threads` per block, capped: the
  * kernels loop over the rest (grid-stride), so any n fits. */
 static inline unsigned visc_cuda_blocks(size_t n, unsigned threads) {

@@ -63,6 +63,11 @@ __global__ void mean_kernel(float *loss, const float *row_loss, int N) {
     if (threadIdx.x == 0) *loss = (float)(part[0] / N);
 }
 
+int visc_cuda_mean_losses(visc_cuda *ctx, float *loss, const float *row_loss, int N) {
+    mean_kernel<<<1, 256, 0, ctx->stream>>>(loss, row_loss, N);
+    return visc_cuda_launched("mean loss");
+}
+
 int visc_cuda_softmax_xent_forward(visc_cuda *ctx, float *loss, float *probs, const float *logits,
                                    const int32_t *labels, int N, int K, float smoothing) {
     if (N <= 0 || K <= 0) return visc_set_error("softmax cross-entropy: bad shape [%d, %d]", N, K);
@@ -71,8 +76,7 @@ int visc_cuda_softmax_xent_forward(visc_cuda *ctx, float *loss, float *probs, co
     xent_forward_kernel<<<(N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, 32 * ROWS_PER_BLOCK, 0,
                           ctx->stream>>>(row_loss, probs, logits, labels, N, K, smoothing);
     if (visc_cuda_launched("softmax cross-entropy forward")) return -1;
-    mean_kernel<<<1, 256, 0, ctx->stream>>>(loss, row_loss, N);
-    return visc_cuda_launched("softmax cross-entropy mean");
+    return visc_cuda_mean_losses(ctx, loss, row_loss, N);
 }
 
 __global__ void xent_backward_kernel(float *dlogits, const float *probs, const int32_t *labels,
@@ -135,8 +139,7 @@ int visc_cuda_softmax_xent_soft_forward(visc_cuda *ctx, float *loss, float *prob
     soft_forward_kernel<<<(N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK, 32 * ROWS_PER_BLOCK, 0,
                           ctx->stream>>>(row_loss, probs, logits, targets, N, K);
     if (visc_cuda_launched("soft cross-entropy forward")) return -1;
-    mean_kernel<<<1, 256, 0, ctx->stream>>>(loss, row_loss, N);
-    return visc_cuda_launched("soft cross-entropy mean");
+    return visc_cuda_mean_losses(ctx, loss, row_loss, N);
 }
 
 __global__ void soft_backward_kernel(float *dlogits, const float *probs, const float *targets,

@@ -43,6 +43,13 @@ void visc_gpu_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t
     RUN(visc_cuda_ema_update(ctx, ema, params, n, decay));
 }
 
+size_t visc_gpu_infonce_work_floats(int n, int K) { return visc_cuda_infonce_work_floats(n, K); }
+
+void visc_gpu_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, const float *k,
+                      const float *bank, int n, int K, int D, float t, float *work) {
+    RUN(visc_cuda_infonce(ctx, loss, dq, q, k, bank, n, K, D, t, work));
+}
+
 void visc_gpu_softmax_xent(visc_cuda *ctx, float *loss, float *probs, float *dlogits,
                            const float *logits, const int32_t *labels, int N, int K,
                            float smoothing) {

@@ -139,8 +139,9 @@ typedef struct {
     void *xall, *xk;                 /* shuffle-BN's images: floats, or bytes (byte_batches) */
     float *grad_acc, *head_grad_acc; /* MoCo --symmetric: the first pass's gradients */
     /* --device cuda: the encoders (both of MoCo's) and the query encoder's
-     * optimizer step are on the GPU; the projection heads, the losses and
-     * the memory bank stay on the host (they are small) */
+     * optimizer step are on the GPU, and MoCo's loss (its products with the
+     * bank are the step's largest after the encoders'); the projection
+     * heads, SimCLR's loss and the bank's master copy stay on the host */
     visc_cuda *gpu;
     /* --precision of the linear layers' products: the encoders' (on the
      * GPU, which always has bf16; the heads stay in the host's, which falls
@@ -150,6 +151,12 @@ typedef struct {
     visc_gpu_optim *gpu_opt;
     visc_gpu_pins pins;  /* the loader's batch memory, page-locked */
     float *dev_grad_acc; /* --symmetric on the GPU: the first pass's encoder gradients */
+    /* MoCo on the GPU: InfoNCE there against a copy of the bank (every
+     * enqueue into the host's bank, which checkpoints save, is mirrored):
+     * the queries, one pass's keys, the queries' gradient, the loss */
+    struct {
+        float *bank, *q, *k, *dq, *loss, *work;
+    } dev_nce;
     /* The loader delivers bytes (image data on a GPU): the batch crosses
      * the bus as such beside the previous step's kernels (stage), and each
      * view is normalized on the device into the encoder that reads it. */
@@ -277,6 +284,37 @@ static int moco_keys(pretrainer *p, const visc_batch *batch, int view, float *kz
     return 0;
 }
 
+/* InfoNCE of this pass's queries p->z against keys kz and the bank as it
+ * was before this step; the queries' gradient into p->dz. On the GPU the
+ * queries and keys cross to it and the gradient comes back (n x D floats
+ * each way: the heads stay on the host). */
+static float infonce(pretrainer *p, const float *kz) {
+    const int B = p->B, D = p->head.out;
+    const float t = p->c->ssl.temperature;
+    if (!p->gpu) return visc_infonce_forward_backward(p->dz, p->z, kz, &p->bank, B, t, p->scratch);
+    const size_t bytes = (size_t)B * D * sizeof(float);
+    visc_gpu_upload(p->gpu, p->dev_nce.q, p->z, bytes);
+    visc_gpu_upload(p->gpu, p->dev_nce.k, kz, bytes);
+    visc_gpu_infonce(p->gpu, p->dev_nce.loss, p->dev_nce.dq, p->dev_nce.q, p->dev_nce.k,
+                     p->dev_nce.bank, B, (int)p->bank.size, D, t, p->dev_nce.work);
+    float loss;
+    visc_gpu_download(p->gpu, p->dz, p->dev_nce.dq, bytes);
+    visc_gpu_download(p->gpu, &loss, p->dev_nce.loss, sizeof loss);
+    return loss;
+}
+
+/* The bank's rows [from, from + n) (modulo its size) copied to the GPU's
+ * bank: what an enqueue of n keys at row `from` changed. */
+static void mirror_bank(pretrainer *p, int64_t from, int64_t n) {
+    const visc_memory_bank *mb = &p->bank;
+    const size_t row = (size_t)mb->dim * sizeof(float);
+    if (n >= mb->size) from = 0, n = mb->size;
+    int64_t first = mb->size - from < n ? mb->size - from : n;
+    visc_gpu_upload(p->gpu, p->dev_nce.bank + (size_t)from * mb->dim,
+                    mb->bank + (size_t)from * mb->dim, (size_t)first * row);
+    if (n > first) visc_gpu_upload(p->gpu, p->dev_nce.bank, mb->bank, (size_t)(n - first) * row);
+}
+
 /* The query side of one pair: queries from the view's images, InfoNCE against keys
  * kz and the bank as it was before this step, and backward with the loss
  * weighted by `weight` into the query encoder's and head's gradients. The
@@ -289,8 +327,7 @@ static float moco_query_pass(pretrainer *p, const visc_batch *batch, int view, c
     q->forward(q, batch_input(p, q, batch, view, 1), 1);
     visc_proj_head_forward(&p->head, q->features, 1);
     visc_l2_normalize_forward(p->z, p->znorm, p->head.output, B, D);
-    float loss = visc_infonce_forward_backward(p->dz, p->z, kz, &p->bank, B, p->c->ssl.temperature,
-                                               p->scratch);
+    float loss = infonce(p, kz);
     if (dlogits) online_classifier(p, p->batch_labels, B, p->stats);
     for (size_t i = 0; weight != 1.0f && i < (size_t)B * D; i++) p->dz[i] *= weight;
     visc_l2_normalize_backward(p->dz, p->dz, p->z, p->znorm, B, D);
@@ -339,8 +376,11 @@ static int moco_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
         st->loss = 0.5f * (a + b);
     }
     if (update(p, st->loss)) return -1;
-    return visc_memory_bank_enqueue_gathered(&p->bank, c->ssl.no_gather ? NULL : p->dist, p->kz,
-                                             symmetric ? 2 * B : B, p->gathered);
+    const int64_t at = p->bank.ptr, keys = symmetric ? 2 * B : B;
+    visc_dist *gather = c->ssl.no_gather ? NULL : p->dist;
+    if (visc_memory_bank_enqueue_gathered(&p->bank, gather, p->kz, keys, p->gathered)) return -1;
+    if (p->gpu) mirror_bank(p, at, keys * visc_dist_world(gather));
+    return 0;
 }
 
 /* One SimCLR step: both views through one forward (the reference
@@ -848,6 +888,21 @@ static int setup_grad_sync(pretrainer *p) {
     return 0;
 }
 
+/* MoCo's loss on the GPU: its buffers, and the bank as it is now (a
+ * resumed run's). */
+static int open_gpu_infonce(pretrainer *p) {
+    const int B = p->B, D = p->head.out, K = (int)p->bank.size;
+    const size_t rows = (size_t)B * D;
+    float **bufs[] = {&p->dev_nce.bank, &p->dev_nce.q,    &p->dev_nce.k,
+                      &p->dev_nce.dq,   &p->dev_nce.loss, &p->dev_nce.work};
+    const size_t floats[] = {(size_t)K * D, rows, rows,
+                             rows,          1,    visc_gpu_infonce_work_floats(B, K)};
+    for (int i = 0; i < 6; i++)
+        if (!(*bufs[i] = visc_gpu_alloc(p->gpu, floats[i] * sizeof(float)))) return -1;
+    mirror_bank(p, 0, K);
+    return 0;
+}
+
 /* --device cuda: the encoders move to the GPU once they are filled on the
  * host (weights, a checkpoint, the first momentum update). What is not on
  * the GPU yet is refused before any GPU is opened. */
@@ -866,6 +921,7 @@ static int open_gpu(pretrainer *p) {
     }
     p->gpu_opt = visc_gpu_optim_create(p->gpu, &p->opt);
     if (!p->gpu_opt) return -1;
+    if (p->moco && open_gpu_infonce(p)) return -1;
     visc_gpu_pin_loader(p->gpu, p->loader, &p->pins);
     if (!p->byte_batches) return 0;
     const visc_model_config *mc = &p->query->cfg;
@@ -897,6 +953,9 @@ static void pretrainer_free(pretrainer *p) {
     }
     visc_gpu_free(p->gpu, p->dev_grad_acc);
     visc_gpu_free(p->gpu, p->dev_xk);
+    float *nce[] = {p->dev_nce.bank, p->dev_nce.q,    p->dev_nce.k,
+                    p->dev_nce.dq,   p->dev_nce.loss, p->dev_nce.work};
+    for (int i = 0; i < 6; i++) visc_gpu_free(p->gpu, nce[i]);
     visc_gpu_stage_free(p->stage);
     visc_gpu_optim_free(p->gpu_opt);
     visc_gpu_close(p->gpu); /* after the models: they free their GPU memory into it */

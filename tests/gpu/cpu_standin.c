@@ -30,6 +30,7 @@
 #include "standin.h"
 #include "visc/cuda.h"
 #include "visc/nn.h"
+#include "visc/ssl.h"
 #include "visc/transforms.h"
 #include "visc/tokens.h"
 
@@ -671,6 +672,17 @@ int visc_cuda_softmax_xent_backward(visc_cuda *ctx, float *dlogits, const float 
                                     const int32_t *labels, int N, int K, float smoothing) {
     (void)ctx;
     visc_softmax_xent_backward(dlogits, probs, labels, N, K, smoothing);
+    return 0;
+}
+
+/* The CPU's loss against the bank the caller holds on the "device" (a
+ * memory bank struct over it: the CPU function reads only bank, size, dim);
+ * its scratch [n, K + 1] fits in the work buffer. */
+int visc_cuda_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, const float *k,
+                      const float *bank, int n, int K, int D, float t, float *work) {
+    (void)ctx;
+    visc_memory_bank mb = {.bank = (float *)bank, .size = K, .dim = D};
+    *loss = visc_infonce_forward_backward(dq, q, k, &mb, n, t, work);
     return 0;
 }
 

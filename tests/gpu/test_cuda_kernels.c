@@ -315,6 +315,77 @@ static void check_xent(int N, int K, float smoothing) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* Rows of unit vectors (the l2-normalized queries, keys and bank of MoCo). */
+static float *unit_rows(int rows, int D) {
+    float *x = random_floats((size_t)rows * D, -1, 1);
+    for (int i = 0; i < rows; i++) {
+        double s = 0;
+        for (int j = 0; j < D; j++) s += (double)x[(size_t)i * D + j] * x[(size_t)i * D + j];
+        for (int j = 0; j < D; j++) x[(size_t)i * D + j] = (float)(x[(size_t)i * D + j] / sqrt(s));
+    }
+    return x;
+}
+
+/* MoCo's InfoNCE against the bank, against the formula in double: row i's
+ * logits x_i0 = q_i.k_i / t, x_ij = q_i.b_j / t; loss = mean(lse - x_i0),
+ * dq_i = sum_j dx_ij c_j / t with dx = (softmax - onehot(0)) / n, c_0 = k_i
+ * and c_j = b_j. dq is held to its column sums' bound (1e-5 of the sum of
+ * the terms' magnitudes): its terms cancel. The positive stands out, as in
+ * training, with the query near its key. */
+static void check_infonce(int n, int K, int D, float t, int with_dq) {
+    char name[160];
+    float *q = unit_rows(n, D), *k = unit_rows(n, D), *bank = unit_rows(K, D);
+    for (size_t e = 0; e < (size_t)n * D; e++) k[e] = 0.3f * k[e] + q[e];
+    double *x = malloc(sizeof(double) * ((size_t)K + 1)), loss = 0;
+    double *dq_sum = calloc((size_t)n * D, sizeof(double));
+    double *abs_sum = calloc((size_t)n * D, sizeof(double));
+    for (int i = 0; i < n; i++) {
+        const float *qi = q + (size_t)i * D;
+        double mx = -INFINITY;
+        for (int j = 0; j <= K; j++) {
+            const float *c = j == 0 ? k + (size_t)i * D : bank + (size_t)(j - 1) * D;
+            double dot = 0;
+            for (int d = 0; d < D; d++) dot += (double)qi[d] * c[d];
+            x[j] = dot / t;
+            mx = fmax(mx, x[j]);
+        }
+        double sum = exp(x[0] - mx); /* the positive's */
+        for (int j = 1; j <= K; j++) sum += exp(x[j] - mx);
+        loss += mx + log(sum) - x[0];
+        for (int j = 0; j <= K; j++) {
+            const double g = (exp(x[j] - mx) / sum - (j == 0)) / n / t;
+            const float *c = j == 0 ? k + (size_t)i * D : bank + (size_t)(j - 1) * D;
+            for (int d = 0; d < D; d++) {
+                dq_sum[(size_t)i * D + d] += g * c[d];
+                abs_sum[(size_t)i * D + d] += fabs(g * c[d]);
+            }
+        }
+    }
+    const float want_loss = (float)(loss / n);
+    float *dq = malloc(sizeof(float) * n * D);
+    for (size_t e = 0; e < (size_t)n * D; e++) dq[e] = (float)dq_sum[e];
+    float *d_q = up(q, sizeof(float) * n * D), *d_k = up(k, sizeof(float) * n * D);
+    float *d_bank = up(bank, sizeof(float) * K * D), *d_loss = dev(sizeof(float));
+    float *d_dq = with_dq ? dev(sizeof(float) * n * D) : NULL;
+    float *d_work = dev(sizeof(float) * visc_cuda_infonce_work_floats(n, K));
+    launched(visc_cuda_infonce(ctx, d_loss, d_dq, d_q, d_k, d_bank, n, K, D, t, d_work), "InfoNCE");
+    float *h_loss = down(d_loss, 1);
+    snprintf(name, sizeof name, "InfoNCE %d queries, bank [%d, %d], t %g%s: loss", n, K, D, t,
+             with_dq ? "" : " (loss only)");
+    expect_close(name, h_loss, &want_loss, 1, 0.0, 1e-5);
+    float *h_dq = NULL;
+    if (with_dq) {
+        h_dq = down(d_dq, (size_t)n * D);
+        snprintf(name, sizeof name, "InfoNCE %d queries, bank [%d, %d], t %g: dq", n, K, D, t);
+        expect_sums(name, h_dq, dq, abs_sum, (size_t)n * D);
+    }
+    void *dfree[] = {d_q, d_k, d_bank, d_loss, d_dq, d_work};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++)
+        if (dfree[i]) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {q, k, bank, x, dq, dq_sum, abs_sum, h_loss, h_dq};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 /* Soft targets (mixup's: two labels mixed, and cutmix's area weights). */
 static void check_xent_soft(int N, int K) {
     char name[128];
@@ -1952,6 +2023,9 @@ static void group_xent(void) {
     check_xent(256, 10, 0.0f);
     check_xent(300, 1000, 0.1f);
     check_xent(64, 5, 0.3f); /* few classes: the off-label target s / K weighs in the gradient */
+    check_infonce(128, 16384, 128, 0.2f, 1); /* MoCo v2's head (128) and temperature */
+    check_infonce(5, 37, 9, 0.07f, 1);       /* nothing aligned, a sharp temperature */
+    check_infonce(64, 4096, 128, 0.2f, 0);
     check_xent_soft(256, 10);
     check_xent_soft(300, 1000);
     check_topk(256, 10, 0);

@@ -1,0 +1,98 @@
+/* contrastive.cu: MoCo's InfoNCE against the memory bank, the GPU twin of
+ * visc_infonce_forward_backward (src/ssl/contrastive.c). For query i with
+ * logits x_i0 = q_i . k_i / t (the positive) and x_ij = q_i . b_j / t:
+ *   loss_i = lse(x_i) - x_i0
+ *   dx_i   = (softmax(x_i) - onehot(0)) / n
+ *   dq_i   = (dx_i0 k_i + sum_j dx_ij b_j) / t
+ * The two large products (queries x bank, gradients x bank) are cuBLASLt's
+ * in fp32; one block per query row takes its positive, its softmax (sums
+ * in double, as the CPU's) and its gradient row in place of the logits.
+ * The work buffer: the negatives' logits [n, K], then the positives'
+ * gradients [n], then the per-row losses [n]. */
+#include "common.cuh"
+
+#define ROW_THREADS 256
+
+/* The block's sum (double) or maximum (float) of one value per thread, in
+ * a fixed tree: warps first, then the warps' results. Every thread gets it. */
+static __device__ double block_sum(double v, double *part) {
+    v = visc_warp_sum(v);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    double s = lane < ROW_THREADS / 32 ? part[lane] : 0.0;
+    s = visc_warp_sum(s);
+    __syncthreads(); /* part is free again */
+    return s;
+}
+
+static __device__ float block_max(float v, float *part) {
+    v = visc_warp_max(v);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    float m = lane < ROW_THREADS / 32 ? part[lane] : -INFINITY;
+    m = visc_warp_max(m);
+    __syncthreads();
+    return m;
+}
+
+/* Row i: neg holds q_i . b_j (unscaled) on entry and dx_ij on exit; gpos[i]
+ * gets dx_i0 and row_loss[i] the row's loss. */
+__global__ void infonce_row_kernel(float *neg, float *gpos, float *row_loss, const float *q,
+                                   const float *k, int K, int D, float inv_t, float inv_n) {
+    __shared__ double dpart[ROW_THREADS / 32];
+    __shared__ float fpart[ROW_THREADS / 32];
+    const int i = blockIdx.x;
+    const float *qi = q + (size_t)i * D, *ki = k + (size_t)i * D;
+    float *row = neg + (size_t)i * K;
+    double dot = 0.0;
+    for (int j = threadIdx.x; j < D; j += ROW_THREADS) dot += (double)qi[j] * ki[j];
+    const float pos = (float)block_sum(dot, dpart) * inv_t;
+    float mx = threadIdx.x == 0 ? pos : -INFINITY;
+    for (int j = threadIdx.x; j < K; j += ROW_THREADS) mx = fmaxf(mx, row[j] * inv_t);
+    mx = block_max(mx, fpart);
+    double sum = threadIdx.x == 0 ? (double)expf(pos - mx) : 0.0;
+    for (int j = threadIdx.x; j < K; j += ROW_THREADS) sum += expf(row[j] * inv_t - mx);
+    sum = block_sum(sum, dpart);
+    const float inv = (float)(1.0 / sum);
+    for (int j = threadIdx.x; j < K; j += ROW_THREADS)
+        row[j] = expf(row[j] * inv_t - mx) * inv * inv_n;
+    if (threadIdx.x == 0) {
+        gpos[i] = expf(pos - mx) * inv * inv_n - inv_n;
+        /* the maximum itself contributes exp(0) = 1: sum >= 1 */
+        row_loss[i] = (float)((double)mx + log(fmax(sum, 1.0)) - (double)pos);
+    }
+}
+
+/* dq = dq / t + (gpos_i / t) k_i: the product's share scaled, the positive's added. */
+__global__ void infonce_dq_kernel(float *dq, const float *gpos, const float *k, int n, int D,
+                                  float inv_t) {
+    const size_t total = (size_t)n * D;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
+         e += (size_t)gridDim.x * blockDim.x) {
+        const size_t i = e / (size_t)D;
+        dq[e] = dq[e] * inv_t + gpos[i] * inv_t * k[e];
+    }
+}
+
+int visc_cuda_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, const float *k,
+                      const float *bank, int n, int K, int D, float t, float *work) {
+    if (n <= 0 || K <= 0 || D <= 0 || !(t > 0))
+        return visc_set_error("InfoNCE: bad shape (%d queries, bank %d x %d, temperature %g)", n, K,
+                              D, (double)t);
+    float *neg = work, *gpos = work + (size_t)n * K, *row_loss = gpos + n;
+    const float inv_t = 1.0f / t, inv_n = 1.0f / (float)n;
+    /* neg [n, K] = q [n, D] bank^T */
+    if (visc_cuda_matmul_f32(ctx, neg, q, bank, NULL, n, K, D, 0, 1, 0.0f)) return -1;
+    infonce_row_kernel<<<n, ROW_THREADS, 0, ctx->stream>>>(neg, gpos, row_loss, q, k, K, D, inv_t,
+                                                           inv_n);
+    if (visc_cuda_launched("InfoNCE rows")) return -1;
+    if (visc_cuda_mean_losses(ctx, loss, row_loss, n)) return -1;
+    if (!dq) return 0;
+    /* dq [n, D] = dx [n, K] bank [K, D], then scaled and the positive added */
+    if (visc_cuda_matmul_f32(ctx, dq, neg, bank, NULL, n, D, K, 0, 0, 0.0f)) return -1;
+    infonce_dq_kernel<<<visc_cuda_blocks((size_t)n * D, 256), 256, 0, ctx->stream>>>(dq, gpos, k, n,
+                                                                                     D, inv_t);
+    return visc_cuda_launched("InfoNCE query gradient");
+}
