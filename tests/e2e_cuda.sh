@@ -121,6 +121,21 @@ grep -q ', bf16 matmuls, on cuda$' <(head -1 "$tmp/gpu-bf16.log")
 top1=$(grep '"type":"val"' "$tmp/gpu-bf16/log.jsonl" | tail -1 | sed 's/.*"top1":\([0-9.]*\).*/\1/')
 echo "GPU, bf16: one epoch, test top-1 $top1%"
 awk -v a="$top1" 'BEGIN { exit !(a >= 85.0) }' || { echo "FAIL: bf16 below 85% after one epoch"; exit 1; }
+# MoCo v2 on the GPU (both encoders, the momentum update, InfoNCE against
+# the bank's copy there; the 20-key bank wraps every 2 steps): 4 steps end
+# where the CPU's 4 end, the query encoder's change within 1e-3 normwise
+# (a ViT: no BatchNorm; SGD: Adam would turn the GPU's other rounding of a
+# near-zero gradient into a whole step). The base: 1 step at lr 1e-30.
+if [ $have_data -eq 1 ]; then
+    moco=("${ssl[@]}" --model vit_pico_patch4_28 --opt sgd --lr 0.05 --epochs 2 --seed 3)
+    "$V" "${moco[@]}" --lr 1e-30 --max-steps 1 --output "$tmp/moco0" >/dev/null
+    "$V" "${moco[@]}" --output "$tmp/moco-cpu" >/dev/null
+    "$V" "${moco[@]}" --device cuda --output "$tmp/moco-gpu" | tee "$tmp/moco-gpu.log"
+    grep -q ', on cuda' <(grep '^pretraining' "$tmp/moco-gpu.log")
+    "$V" diff "$tmp/moco-gpu/model_last.safetensors" "$tmp/moco-cpu/model_last.safetensors" \
+        --base "$tmp/moco0/model_last.safetensors" --rtol 1e-3 --atol 0
+    echo "GPU: MoCo v2, 4 steps: the CPU's weight change"
+fi
 # Two processes on this machine's GPU(s) (mpirun, where Open MPI is here):
 # on one GPU they share it, so the gradients go through host memory (NCCL
 # refuses two ranks on one GPU), with a note saying why; on several, NCCL.
