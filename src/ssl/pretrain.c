@@ -139,8 +139,8 @@ typedef struct {
     void *xall, *xk;                 /* shuffle-BN's images: floats, or bytes (byte_batches) */
     float *grad_acc, *head_grad_acc; /* MoCo --symmetric: the first pass's gradients */
     /* --device cuda: the encoders (both of MoCo's) and the query encoder's
-     * optimizer step are on the GPU, and MoCo's loss (its products with the
-     * bank are the step's largest after the encoders'); the projection
+     * optimizer step are on the GPU, and MoCo's loss (with a 65,536-key
+     * bank its products are as large as the projection heads'); the
      * heads, SimCLR's loss and the bank's master copy stay on the host */
     visc_cuda *gpu;
     /* --precision of the linear layers' products: the encoders' (on the
