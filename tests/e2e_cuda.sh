@@ -121,8 +121,9 @@ grep -q ', bf16 matmuls, on cuda$' <(head -1 "$tmp/gpu-bf16.log")
 top1=$(grep '"type":"val"' "$tmp/gpu-bf16/log.jsonl" | tail -1 | sed 's/.*"top1":\([0-9.]*\).*/\1/')
 echo "GPU, bf16: one epoch, test top-1 $top1%"
 awk -v a="$top1" 'BEGIN { exit !(a >= 85.0) }' || { echo "FAIL: bf16 below 85% after one epoch"; exit 1; }
-# MoCo v2 on the GPU (both encoders, the momentum update, InfoNCE against
-# the bank's copy there; the 20-key bank wraps every 2 steps): 4 steps end
+# MoCo v2 on the GPU (both encoders and heads, the momentum update, the
+# embeddings' normalization, InfoNCE against the bank's copy there; the
+# 20-key bank wraps every 2 steps): 4 steps end
 # where the CPU's 4 end, the query encoder's change within 1e-3 normwise
 # (a ViT: no BatchNorm; SGD: Adam would turn the GPU's other rounding of a
 # near-zero gradient into a whole step). The base: 1 step at lr 1e-30.

@@ -227,8 +227,8 @@ for run in "moco" "moco --symmetric" "simclr --opt sgd --lr 0.1" "simclr --clip-
         <(tensors "$tmp/p-gpu-$name/checkpoint_last.safetensors")
     echo "pretrain $run, 12 steps on the stand-in GPU: the CPU's checkpoint, bit for bit"
 done
-# --precision bf16 with a transformer encoder (its linear layers on the
-# GPU, the heads' on the host; a ResNet's convolutions would differ)
+# --precision bf16 with a transformer encoder (its linear layers and the
+# heads' on the GPU; a ResNet's convolutions would differ)
 vssl=(--model vit_pico_patch4_28 --opt adamw --lr 0.001 --max-steps 12 --precision bf16)
 "$V" pretrain "${ssl[@]}" "${vssl[@]}" --output "$tmp/p-cpu-bf16" >/dev/null 2>&1
 "$G" pretrain "${ssl[@]}" "${vssl[@]}" --device cuda --output "$tmp/p-gpu-bf16" >/dev/null 2>&1

@@ -212,8 +212,16 @@ int visc_cuda_softmax_xent_soft_backward(visc_cuda *ctx, float *dlogits, const f
 int visc_cuda_topk_correct(visc_cuda *ctx, int32_t *counts, const float *logits,
                            const int32_t *labels, int N, int K);
 
-/* ---- contrastive.cu: as visc_infonce_forward_backward (ssl.h) ----
- * Queries q [n, D] against their keys k [n, D] (the positives) and the
+/* ---- contrastive.cu: as visc_l2_normalize_* and
+ * visc_infonce_forward_backward (ssl.h) ----
+ * The rows of x [n, D] to unit length: y, and each row's norm (the sum of
+ * squares in double); backward of dy scaled by `scale` first (a loss's
+ * weight: the CPU scales dy, then normalizes it back), dx may be dy. */
+int visc_cuda_l2_normalize_forward(visc_cuda *ctx, float *y, float *norms, const float *x, int n,
+                                   int D);
+int visc_cuda_l2_normalize_backward(visc_cuda *ctx, float *dx, const float *dy, const float *y,
+                                    const float *norms, int n, int D, float scale);
+/* InfoNCE: queries q [n, D] against their keys k [n, D] (the positives) and the
  * bank [K, D] (the negatives), logits scaled by 1 / t: the mean loss into
  * *loss (one device float) and, when dq is not NULL, its gradient
  * dq [n, D]. The products are fp32 (never TF32, whatever the context's

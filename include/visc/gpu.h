@@ -114,6 +114,13 @@ void visc_gpu_normalize_bytes(visc_cuda *ctx, float *out, const uint8_t *in, siz
 void visc_gpu_softmax_xent(visc_cuda *ctx, float *loss, float *probs, float *dlogits,
                            const float *logits, const int32_t *labels, int N, int K,
                            float smoothing);
+/* visc_l2_normalize_forward/backward on the device (the contrastive
+ * embeddings); backward scales dy by `scale` first (a loss's weight), and
+ * dx may be dy. */
+void visc_gpu_l2_normalize_forward(visc_cuda *ctx, float *y, float *norms, const float *x, int n,
+                                   int D);
+void visc_gpu_l2_normalize_backward(visc_cuda *ctx, float *dx, const float *dy, const float *y,
+                                    const float *norms, int n, int D, float scale);
 /* visc_infonce_forward_backward on the device (MoCo's loss against a copy
  * of the memory bank there, bank [K, D]): the mean loss into *loss (one
  * device float) and dq [n, D] (NULL: the loss only). work holds
@@ -250,9 +257,11 @@ typedef struct visc_gpu_optim visc_gpu_optim;
 /* The step of `cpu` (its kind, settings, per-tensor decay) on the GPU, with
  * its state uploaded: NULL with the error for kinds without a GPU step. */
 visc_gpu_optim *visc_gpu_optim_create(visc_cuda *ctx, const visc_optimizer *cpu);
-/* One step of m's device parameters with its device gradients; counts it
- * in cpu->step as visc_optimizer_step does. */
-int visc_gpu_optim_step(visc_gpu_optim *o, visc_optimizer *cpu, visc_model *m, float lr);
+/* One step of the device parameters params with the device gradients
+ * grads (laid out as cpu->params: a model's dev_params and dev_grads, a
+ * projection head's); counts it in cpu->step as visc_optimizer_step does. */
+int visc_gpu_optim_step(visc_gpu_optim *o, visc_optimizer *cpu, float *params, const float *grads,
+                        float lr);
 /* The state to cpu->state (before a checkpoint). */
 int visc_gpu_optim_download(visc_gpu_optim *o, visc_optimizer *cpu);
 void visc_gpu_optim_free(visc_gpu_optim *o);

@@ -97,6 +97,12 @@ typedef struct {
     visc_batchnorm2d bn;
     float *x, *h, *a, *output; /* activations: input copy, fc1, (bn +) relu, fc2 */
     float *dh, *da, *save_mean, *save_rstd;
+    /* On a GPU (visc_proj_head_to_gpu): its context, and device copies of
+     * the parameters, gradients and buffers laid out as the host tables;
+     * the activations above are device memory then, forward's x and
+     * backward's dout and dx device pointers. NULL on the CPU. */
+    visc_cuda *cuda;
+    float *dev_params, *dev_grads, *dev_buffers;
 } visc_proj_head;
 
 /* PyTorch's default Linear initialization drawn from seed. */
@@ -105,6 +111,16 @@ void visc_proj_head_init(visc_proj_head *h, const char *prefix, int in, int hidd
 void visc_proj_head_forward(visc_proj_head *h, const float *x, int train);
 /* dx (may be NULL) from dout; parameter gradients into h->grads. */
 void visc_proj_head_backward(visc_proj_head *h, const float *dout, float *dx);
+/* The head onto ctx's GPU: its parameters and buffers as they are now, its
+ * gradients zero, its activations there. 0, or -1 with the error set. */
+int visc_proj_head_to_gpu(visc_proj_head *h, visc_cuda *ctx);
+/* A head on a GPU: its parameters and buffers back into the host tables
+ * (a checkpoint's); its gradients into h->grads, and back up from there
+ * (an all-reduce over the ranks through host memory). Nothing on the CPU;
+ * a copy that fails stops the program, as a GPU layer's kernel does. */
+void visc_proj_head_download(visc_proj_head *h);
+void visc_proj_head_download_grads(visc_proj_head *h);
+void visc_proj_head_upload_grads(visc_proj_head *h);
 void visc_proj_head_free(visc_proj_head *h);
 
 /* ---- momentum.c ---- */

@@ -1,5 +1,7 @@
-/* contrastive.cu: MoCo's InfoNCE against the memory bank, the GPU twin of
- * visc_infonce_forward_backward (src/ssl/contrastive.c). For query i with
+/* contrastive.cu: the embeddings' L2 normalization (forward and backward)
+ * and MoCo's InfoNCE against the memory bank, the GPU twins of
+ * visc_l2_normalize_* and visc_infonce_forward_backward
+ * (src/ssl/contrastive.c). For query i with
  * logits x_i0 = q_i . k_i / t (the positive) and x_ij = q_i . b_j / t:
  *   loss_i = lse(x_i) - x_i0
  *   dx_i   = (softmax(x_i) - onehot(0)) / n
@@ -95,4 +97,42 @@ int visc_cuda_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, co
     infonce_dq_kernel<<<visc_cuda_blocks((size_t)n * D, 256), 256, 0, ctx->stream>>>(dq, gpos, k, n,
                                                                                      D, inv_t);
     return visc_cuda_launched("InfoNCE query gradient");
+}
+
+/* Row i of x [n, D]: norms[i] = max(|x_i|, 1e-12) (the sum of squares in
+ * double, as the CPU's), y_i = x_i / norms[i]. */
+__global__ void l2_normalize_kernel(float *y, float *norms, const float *x, int D) {
+    __shared__ double part[ROW_THREADS / 32];
+    const size_t at = (size_t)blockIdx.x * D;
+    double s = 0.0;
+    for (int j = threadIdx.x; j < D; j += ROW_THREADS) s += (double)x[at + j] * x[at + j];
+    const float norm = (float)fmax(sqrt(block_sum(s, part)), 1e-12);
+    if (threadIdx.x == 0) norms[blockIdx.x] = norm;
+    for (int j = threadIdx.x; j < D; j += ROW_THREADS) y[at + j] = x[at + j] / norm;
+}
+
+/* g = scale dy_i; dx_i = (g - y_i (y_i . g)) / norms[i] (dx may be dy). */
+__global__ void l2_normalize_backward_kernel(float *dx, const float *dy, const float *y,
+                                             const float *norms, int D, float scale) {
+    __shared__ double part[ROW_THREADS / 32];
+    const size_t at = (size_t)blockIdx.x * D;
+    double dot = 0.0;
+    for (int j = threadIdx.x; j < D; j += ROW_THREADS) dot += (double)y[at + j] * (dy[at + j] * scale);
+    const float d = (float)block_sum(dot, part), norm = norms[blockIdx.x];
+    for (int j = threadIdx.x; j < D; j += ROW_THREADS)
+        dx[at + j] = (dy[at + j] * scale - y[at + j] * d) / norm;
+}
+
+int visc_cuda_l2_normalize_forward(visc_cuda *ctx, float *y, float *norms, const float *x, int n,
+                                   int D) {
+    if (n <= 0 || D <= 0) return visc_set_error("L2 normalize: bad shape %d x %d", n, D);
+    l2_normalize_kernel<<<n, ROW_THREADS, 0, ctx->stream>>>(y, norms, x, D);
+    return visc_cuda_launched("L2 normalize");
+}
+
+int visc_cuda_l2_normalize_backward(visc_cuda *ctx, float *dx, const float *dy, const float *y,
+                                    const float *norms, int n, int D, float scale) {
+    if (n <= 0 || D <= 0) return visc_set_error("L2 normalize backward: bad shape %d x %d", n, D);
+    l2_normalize_backward_kernel<<<n, ROW_THREADS, 0, ctx->stream>>>(dx, dy, y, norms, D, scale);
+    return visc_cuda_launched("L2 normalize backward");
 }

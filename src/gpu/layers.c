@@ -43,6 +43,16 @@ void visc_gpu_ema_update(visc_cuda *ctx, float *ema, const float *params, size_t
     RUN(visc_cuda_ema_update(ctx, ema, params, n, decay));
 }
 
+void visc_gpu_l2_normalize_forward(visc_cuda *ctx, float *y, float *norms, const float *x, int n,
+                                   int D) {
+    RUN(visc_cuda_l2_normalize_forward(ctx, y, norms, x, n, D));
+}
+
+void visc_gpu_l2_normalize_backward(visc_cuda *ctx, float *dx, const float *dy, const float *y,
+                                    const float *norms, int n, int D, float scale) {
+    RUN(visc_cuda_l2_normalize_backward(ctx, dx, dy, y, norms, n, D, scale));
+}
+
 size_t visc_gpu_infonce_work_floats(int n, int K) { return visc_cuda_infonce_work_floats(n, K); }
 
 void visc_gpu_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, const float *k,

@@ -1,9 +1,9 @@
 /* optim.c: the optimizer's step on the GPU. The CUDA backend's fused step
- * (src/cuda/optim.cu, the CPU's arithmetic) over the model's device
- * parameters and gradients, with the state (momentum, Adam's moments)
- * kept on the device in the CPU's layout: one download gives a checkpoint
- * the CPU's optimizer state, bit for bit the same as a CPU run would have
- * (the steps agree to the bit: tests/gpu). */
+ * (src/cuda/optim.cu, the CPU's arithmetic) over device parameters and
+ * gradients (a model's, a projection head's), with the state (momentum,
+ * Adam's moments) kept on the device in the CPU's layout: one download
+ * gives a checkpoint the CPU's optimizer state, bit for bit the same as a
+ * CPU run would have (the steps agree to the bit: tests/gpu). */
 #include "visc/cuda.h"
 #include <stdlib.h>
 
@@ -31,9 +31,9 @@ visc_gpu_optim *visc_gpu_optim_create(visc_cuda *ctx, const visc_optimizer *cpu)
     return o;
 }
 
-int visc_gpu_optim_step(visc_gpu_optim *o, visc_optimizer *cpu, visc_model *m, float lr) {
-    if (visc_cuda_optim_step(o->step, m->dev_params, m->dev_grads, o->state, lr, cpu->step))
-        return -1;
+int visc_gpu_optim_step(visc_gpu_optim *o, visc_optimizer *cpu, float *params, const float *grads,
+                        float lr) {
+    if (visc_cuda_optim_step(o->step, params, grads, o->state, lr, cpu->step)) return -1;
     cpu->step++;
     return 0;
 }
@@ -55,8 +55,9 @@ visc_gpu_optim *visc_gpu_optim_create(visc_cuda *ctx, const visc_optimizer *cpu)
     visc_set_error("--device cuda: this visc was built without the CUDA backend");
     return NULL;
 }
-int visc_gpu_optim_step(visc_gpu_optim *o, visc_optimizer *cpu, visc_model *m, float lr) {
-    (void)o, (void)cpu, (void)m, (void)lr;
+int visc_gpu_optim_step(visc_gpu_optim *o, visc_optimizer *cpu, float *params, const float *grads,
+                        float lr) {
+    (void)o, (void)cpu, (void)params, (void)grads, (void)lr;
     return visc_set_error("no GPU optimizer in a visc without the CUDA backend");
 }
 int visc_gpu_optim_download(visc_gpu_optim *o, visc_optimizer *cpu) {

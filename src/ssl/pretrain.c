@@ -138,25 +138,28 @@ typedef struct {
     float *probs, *dlogits, *kall;
     void *xall, *xk;                 /* shuffle-BN's images: floats, or bytes (byte_batches) */
     float *grad_acc, *head_grad_acc; /* MoCo --symmetric: the first pass's gradients */
-    /* --device cuda: the encoders (both of MoCo's) and the query encoder's
-     * optimizer step are on the GPU, and MoCo's loss (with a 65,536-key
-     * bank its products are as large as the projection heads'); the
-     * heads, SimCLR's loss and the bank's master copy stay on the host */
+    /* --device cuda: the encoders (both of MoCo's), the projection heads,
+     * the embeddings' normalization, MoCo's loss, the optimizer steps and
+     * the momentum updates are on the GPU; SimCLR's loss (cheap, and
+     * gathered over the ranks) and the bank's master copy, which
+     * checkpoints save, stay on the host */
     visc_cuda *gpu;
-    /* --precision of the linear layers' products: the encoders' (on the
-     * GPU, which always has bf16; the heads stay in the host's, which falls
-     * back to fp32 on a CPU without bf16) */
+    /* --precision of the linear layers' products (the GPU always has
+     * bf16; the host falls back to fp32 on a CPU without it) */
     visc_precision precision;
     size_t gpu_mem_base; /* device memory in use when the GPU was opened */
-    visc_gpu_optim *gpu_opt;
-    visc_gpu_pins pins;  /* the loader's batch memory, page-locked */
-    float *dev_grad_acc; /* --symmetric on the GPU: the first pass's encoder gradients */
-    /* MoCo on the GPU: InfoNCE there against a copy of the bank (every
-     * enqueue into the host's bank, which checkpoints save, is mirrored):
-     * the queries, one pass's keys, the queries' gradient, the loss */
+    visc_gpu_optim *gpu_opt, *head_gpu_opt;
+    visc_gpu_pins pins; /* the loader's batch memory, page-locked */
+    /* --symmetric on the GPU: the first pass's encoder and head gradients */
+    float *dev_grad_acc, *dev_head_grad_acc;
+    /* On the GPU: the embeddings z (rows x D), their norms and gradient;
+     * the heads' input gradient (rows x features: the encoder's backward
+     * takes it from the host); MoCo's keys (a set per view the step
+     * uses) and their norms, InfoNCE's loss and work, and its copy of the
+     * bank (every enqueue into the host's bank is mirrored) */
     struct {
-        float *bank, *q, *k, *dq, *loss, *work;
-    } dev_nce;
+        float *z, *znorm, *dz, *dfeat, *k, *knorm, *loss, *work, *bank;
+    } dev;
     /* The loader delivers bytes (image data on a GPU): the batch crosses
      * the bus as such beside the previous step's kernels (stage), and each
      * view is normalized on the device into the encoder that reads it. */
@@ -202,8 +205,12 @@ static int hooks_after_backward(pretrainer *p, float loss, int64_t *step);
  * update, at the learning rate of the global step. With step hooks the
  * hooks decide whether this batch steps, and with which gradient. */
 static int update(pretrainer *p, float loss) {
-    if (p->gsync && (visc_grad_sync_finish(p->gsync) || visc_grad_sync_finish(p->head_gsync)))
-        return -1;
+    if (p->gsync) { /* the head's gradients cross the ranks through host memory */
+        if (visc_grad_sync_finish(p->gsync)) return -1;
+        visc_proj_head_download_grads(&p->head);
+        if (visc_grad_sync_finish(p->head_gsync)) return -1;
+        visc_proj_head_upload_grads(&p->head);
+    }
     int64_t step = p->state.step;
     if (p->hooks) {
         int go = hooks_after_backward(p, loss, &step);
@@ -212,16 +219,20 @@ static int update(pretrainer *p, float loss) {
     float lr = visc_schedule_lr(&p->sched, step);
     p->stepped = 1, p->taken_step = step, p->lr = lr;
     if (p->c->clip_grad > 0) {
-        visc_model *q = p->query;
+        const visc_model *q = p->query;
         if (p->gpu) visc_gpu_clip_grad_norm(p->gpu, q->dev_grads, q->params.total, p->c->clip_grad);
         else visc_clip_grad_norm(q->grads, q->params.total, p->c->clip_grad);
     }
-    if (p->gpu_opt) {
-        if (visc_gpu_optim_step(p->gpu_opt, &p->opt, p->query, lr)) return -1;
+    visc_model *q = p->query;
+    visc_proj_head *h = &p->head;
+    if (p->gpu) {
+        if (visc_gpu_optim_step(p->gpu_opt, &p->opt, q->dev_params, q->dev_grads, lr) ||
+            visc_gpu_optim_step(p->head_gpu_opt, &p->head_opt, h->dev_params, h->dev_grads, lr))
+            return -1;
     } else {
-        visc_optimizer_step(&p->opt, p->query->params.data, p->query->grads, lr);
+        visc_optimizer_step(&p->opt, q->params.data, q->grads, lr);
+        visc_optimizer_step(&p->head_opt, h->params.data, h->grads, lr);
     }
-    visc_optimizer_step(&p->head_opt, p->head.params.data, p->head.grads, lr);
     return 0;
 }
 
@@ -239,14 +250,46 @@ static const float *batch_input(pretrainer *p, visc_model *m, const visc_batch *
     return m->input;
 }
 
-/* MoCo's keys for this rank's images of view `view`, normalized, into kz.
+/* Head h's embeddings of encoder m's features (m's batch of them),
+ * normalized, into z and their norms into norms: where h computes
+ * (device pointers on the GPU). */
+static void embed(visc_proj_head *h, const visc_model *m, float *z, float *norms) {
+    visc_proj_head_forward(h, h->cuda ? m->dev_features : m->features, 1);
+    if (h->cuda) visc_gpu_l2_normalize_forward(h->cuda, z, norms, h->output, h->batch, h->out);
+    else visc_l2_normalize_forward(z, norms, h->output, h->batch, h->out);
+}
+
+/* Backward of embed for the query side: from dz (the loss's gradient of
+ * the embeddings z, weighted by `weight`; overwritten) through the
+ * normalization and the head (its gradients) into the query encoder's
+ * (with the online classifier's, dlogits, when given). */
+static void embed_backward(pretrainer *p, float *dz, const float *z, const float *norms,
+                           float weight, const float *dlogits) {
+    visc_proj_head *h = &p->head;
+    const int rows = h->batch, D = h->out;
+    if (h->cuda) {
+        visc_gpu_l2_normalize_backward(p->gpu, dz, dz, z, norms, rows, D, weight);
+        visc_proj_head_backward(h, dz, p->dev.dfeat);
+        visc_gpu_download(p->gpu, p->scratch, p->dev.dfeat, (size_t)rows * h->in * sizeof(float));
+    } else {
+        for (size_t i = 0; weight != 1.0f && i < (size_t)rows * D; i++) dz[i] *= weight;
+        visc_l2_normalize_backward(dz, dz, z, norms, rows, D);
+        visc_proj_head_backward(h, dz, p->scratch);
+    }
+    p->query->backward_features(p->query, p->scratch, dlogits);
+}
+
+/* MoCo's keys for this rank's images of view `view`, normalized, into
+ * key set `view` (of p->kz, and of the GPU's keys there).
  * With shuffle-BN the key encoder sees a batch drawn across all ranks
  * (the same permutation everywhere, from the seed and step), so that its
  * BatchNorm statistics cannot tell which keys belong to which queries;
  * byte batches are shuffled as bytes (a quarter of the floats). */
-static int moco_keys(pretrainer *p, const visc_batch *batch, int view, float *kz) {
+static int moco_keys(pretrainer *p, const visc_batch *batch, int view) {
     visc_model *k = p->key;
     const int B = p->B, D = p->head.out;
+    const size_t set = (size_t)view * B * D, bytes_z = (size_t)B * D * sizeof(float);
+    float *kz = p->kz + set;
     const size_t img = (size_t)k->cfg.in_channels * k->cfg.image_size * k->cfg.image_size;
     const float *in;
     if (p->shuffle_bn) {
@@ -270,8 +313,12 @@ static int moco_keys(pretrainer *p, const visc_batch *batch, int view, float *kz
         in = batch_input(p, k, batch, view, 1);
     }
     k->forward(k, in, 1);
-    visc_proj_head_forward(&p->key_head, k->features, 1);
-    visc_l2_normalize_forward(kz, p->knorm, p->key_head.output, B, D);
+    if (!p->gpu) {
+        embed(&p->key_head, k, kz, p->knorm);
+    } else { /* the bank's and shuffle-BN's copy on the host */
+        embed(&p->key_head, k, p->dev.k + set, p->dev.knorm);
+        visc_gpu_download(p->gpu, kz, p->dev.k + set, bytes_z);
+    }
     if (p->shuffle_bn) {
         /* every rank's shuffled keys, then each rank takes back its own */
         if (visc_dist_allgather(p->dist, kz, p->kall, (size_t)B * D * sizeof(float))) return -1;
@@ -280,26 +327,24 @@ static int moco_keys(pretrainer *p, const visc_batch *batch, int view, float *kz
             if (g >= 0 && g < B)
                 memcpy(kz + (size_t)g * D, p->kall + (size_t)j * D, (size_t)D * sizeof(float));
         }
+        if (p->gpu) visc_gpu_upload(p->gpu, p->dev.k + set, kz, bytes_z);
     }
     return 0;
 }
 
-/* InfoNCE of this pass's queries p->z against keys kz and the bank as it
- * was before this step; the queries' gradient into p->dz. On the GPU the
- * queries and keys cross to it and the gradient comes back (n x D floats
- * each way: the heads stay on the host). */
-static float infonce(pretrainer *p, const float *kz) {
+/* InfoNCE of this pass's queries against key set `keys` and the bank as
+ * it was before this step; the queries' gradient into p->dz (on the GPU
+ * the device's, only the loss crossing the bus). */
+static float infonce(pretrainer *p, int keys) {
     const int B = p->B, D = p->head.out;
+    const size_t set = (size_t)keys * B * D;
     const float t = p->c->ssl.temperature;
-    if (!p->gpu) return visc_infonce_forward_backward(p->dz, p->z, kz, &p->bank, B, t, p->scratch);
-    const size_t bytes = (size_t)B * D * sizeof(float);
-    visc_gpu_upload(p->gpu, p->dev_nce.q, p->z, bytes);
-    visc_gpu_upload(p->gpu, p->dev_nce.k, kz, bytes);
-    visc_gpu_infonce(p->gpu, p->dev_nce.loss, p->dev_nce.dq, p->dev_nce.q, p->dev_nce.k,
-                     p->dev_nce.bank, B, (int)p->bank.size, D, t, p->dev_nce.work);
+    if (!p->gpu)
+        return visc_infonce_forward_backward(p->dz, p->z, p->kz + set, &p->bank, B, t, p->scratch);
+    visc_gpu_infonce(p->gpu, p->dev.loss, p->dev.dz, p->dev.z, p->dev.k + set, p->dev.bank, B,
+                     (int)p->bank.size, D, t, p->dev.work);
     float loss;
-    visc_gpu_download(p->gpu, p->dz, p->dev_nce.dq, bytes);
-    visc_gpu_download(p->gpu, &loss, p->dev_nce.loss, sizeof loss);
+    visc_gpu_download(p->gpu, &loss, p->dev.loss, sizeof loss);
     return loss;
 }
 
@@ -310,30 +355,52 @@ static void mirror_bank(pretrainer *p, int64_t from, int64_t n) {
     const size_t row = (size_t)mb->dim * sizeof(float);
     if (n >= mb->size) from = 0, n = mb->size;
     int64_t first = mb->size - from < n ? mb->size - from : n;
-    visc_gpu_upload(p->gpu, p->dev_nce.bank + (size_t)from * mb->dim,
-                    mb->bank + (size_t)from * mb->dim, (size_t)first * row);
-    if (n > first) visc_gpu_upload(p->gpu, p->dev_nce.bank, mb->bank, (size_t)(n - first) * row);
+    visc_gpu_upload(p->gpu, p->dev.bank + (size_t)from * mb->dim, mb->bank + (size_t)from * mb->dim,
+                    (size_t)first * row);
+    if (n > first) visc_gpu_upload(p->gpu, p->dev.bank, mb->bank, (size_t)(n - first) * row);
 }
 
-/* The query side of one pair: queries from the view's images, InfoNCE against keys
- * kz and the bank as it was before this step, and backward with the loss
- * weighted by `weight` into the query encoder's and head's gradients. The
- * online classifier's gradient goes along when dlogits is given. Returns
- * the (unweighted) loss. */
-static float moco_query_pass(pretrainer *p, const visc_batch *batch, int view, const float *kz,
+/* The query side of one pair: queries from the view's images, InfoNCE
+ * against key set `keys` and the bank as it was before this step, and
+ * backward with the loss weighted by `weight` into the query encoder's and
+ * head's gradients. The online classifier's gradient goes along when
+ * dlogits is given. Returns the (unweighted) loss. */
+static float moco_query_pass(pretrainer *p, const visc_batch *batch, int view, int keys,
                              float weight, const float *dlogits) {
     visc_model *q = p->query;
-    const int B = p->B, D = p->head.out;
+    float *z = p->gpu ? p->dev.z : p->z, *norms = p->gpu ? p->dev.znorm : p->znorm;
     q->forward(q, batch_input(p, q, batch, view, 1), 1);
-    visc_proj_head_forward(&p->head, q->features, 1);
-    visc_l2_normalize_forward(p->z, p->znorm, p->head.output, B, D);
-    float loss = infonce(p, kz);
-    if (dlogits) online_classifier(p, p->batch_labels, B, p->stats);
-    for (size_t i = 0; weight != 1.0f && i < (size_t)B * D; i++) p->dz[i] *= weight;
-    visc_l2_normalize_backward(p->dz, p->dz, p->z, p->znorm, B, D);
-    visc_proj_head_backward(&p->head, p->dz, p->scratch);
-    q->backward_features(q, p->scratch, dlogits ? p->dlogits : NULL);
+    embed(&p->head, q, z, norms);
+    float loss = infonce(p, keys);
+    if (dlogits) online_classifier(p, p->batch_labels, p->B, p->stats);
+    embed_backward(p, p->gpu ? p->dev.dz : p->dz, z, norms, weight, dlogits ? p->dlogits : NULL);
     return loss;
+}
+
+/* --symmetric: the first pass's gradients (encoder and head) kept aside,
+ * then added to the second's. */
+static void keep_grads(pretrainer *p) {
+    visc_model *q = p->query;
+    visc_proj_head *h = &p->head;
+    if (p->gpu) {
+        visc_gpu_copy(p->gpu, p->dev_grad_acc, q->dev_grads, q->params.total);
+        visc_gpu_copy(p->gpu, p->dev_head_grad_acc, h->dev_grads, h->params.total);
+    } else {
+        memcpy(p->grad_acc, q->grads, q->params.total * sizeof(float));
+        memcpy(p->head_grad_acc, h->grads, h->params.total * sizeof(float));
+    }
+}
+
+static void add_kept_grads(pretrainer *p) {
+    visc_model *q = p->query;
+    visc_proj_head *h = &p->head;
+    if (p->gpu) {
+        visc_gpu_add(p->gpu, q->dev_grads, q->dev_grads, p->dev_grad_acc, q->params.total);
+        visc_gpu_add(p->gpu, h->dev_grads, h->dev_grads, p->dev_head_grad_acc, h->params.total);
+    } else {
+        visc_add_inplace(q->grads, p->grad_acc, q->params.total);
+        visc_add_inplace(h->grads, p->head_grad_acc, h->params.total);
+    }
 }
 
 /* One MoCo v2 step. Asymmetric (the default, as the reference): queries
@@ -346,12 +413,11 @@ static float moco_query_pass(pretrainer *p, const visc_batch *batch, int view, c
  * advanced for this step after the previous one (advance_key). */
 static int moco_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
     const visc_train_config *c = p->c;
-    visc_model *q = p->query;
-    const int B = p->B, D = p->head.out;
+    const int B = p->B;
     const int symmetric = c->ssl.symmetric;
 
-    if (moco_keys(p, batch, 0, p->kz)) return -1;
-    if (symmetric && moco_keys(p, batch, 1, p->kz + (size_t)B * D)) return -1;
+    if (moco_keys(p, batch, 0)) return -1;
+    if (symmetric && moco_keys(p, batch, 1)) return -1;
 
     p->batch_labels = batch->y;
     p->stats = st;
@@ -360,19 +426,14 @@ static int moco_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
         visc_grad_sync_begin(p->gsync);
     }
     if (!symmetric) {
-        st->loss = moco_query_pass(p, batch, 1, p->kz, 1.0f, p->dlogits);
+        st->loss = moco_query_pass(p, batch, 1, 0, 1.0f, p->dlogits);
     } else {
         /* two backward passes: the first one's gradients are kept aside
          * (no bucket is all-reduced during them: see setup) */
-        float a = moco_query_pass(p, batch, 1, p->kz, 0.5f, p->dlogits);
-        if (p->gpu) visc_gpu_copy(p->gpu, p->dev_grad_acc, q->dev_grads, q->params.total);
-        else memcpy(p->grad_acc, q->grads, q->params.total * sizeof(float));
-        memcpy(p->head_grad_acc, p->head.grads, p->head.params.total * sizeof(float));
-        float b = moco_query_pass(p, batch, 0, p->kz + (size_t)B * D, 0.5f, NULL);
-        if (p->gpu)
-            visc_gpu_add(p->gpu, q->dev_grads, q->dev_grads, p->dev_grad_acc, q->params.total);
-        else visc_add_inplace(q->grads, p->grad_acc, q->params.total);
-        visc_add_inplace(p->head.grads, p->head_grad_acc, p->head.params.total);
+        float a = moco_query_pass(p, batch, 1, 0, 0.5f, p->dlogits);
+        keep_grads(p);
+        float b = moco_query_pass(p, batch, 0, 1, 0.5f, NULL);
+        add_kept_grads(p);
         st->loss = 0.5f * (a + b);
     }
     if (update(p, st->loss)) return -1;
@@ -390,10 +451,13 @@ static int simclr_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
     const visc_train_config *c = p->c;
     visc_model *q = p->query;
     const int B = p->B, D = p->head.out;
+    const size_t bytes_z = (size_t)2 * B * D * sizeof(float);
+    float *z = p->gpu ? p->dev.z : p->z, *norms = p->gpu ? p->dev.znorm : p->znorm;
+    float *dz = p->gpu ? p->dev.dz : p->dz;
 
     q->forward(q, batch_input(p, q, batch, 0, 2), 1);
-    visc_proj_head_forward(&p->head, q->features, 1);
-    visc_l2_normalize_forward(p->z, p->znorm, p->head.output, 2 * B, D);
+    embed(&p->head, q, z, norms);
+    if (p->gpu) visc_gpu_download(p->gpu, p->z, z, bytes_z);
 
     st->loss = visc_ntxent_forward_backward(&p->ntx, c->ssl.no_gather ? NULL : p->dist, p->z,
                                             p->z + (size_t)B * D, c->ssl.temperature, p->dz,
@@ -403,13 +467,12 @@ static int simclr_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
     memcpy(p->labels + B, batch->y, (size_t)B * sizeof(int32_t));
     online_classifier(p, p->labels, 2 * B, st);
 
-    visc_l2_normalize_backward(p->dz, p->dz, p->z, p->znorm, 2 * B, D);
+    if (p->gpu) visc_gpu_upload(p->gpu, dz, p->dz, bytes_z);
     if (p->gsync) {
         visc_grad_sync_begin(p->head_gsync);
         visc_grad_sync_begin(p->gsync);
     }
-    visc_proj_head_backward(&p->head, p->dz, p->scratch);
-    q->backward_features(q, p->scratch, p->dlogits);
+    embed_backward(p, dz, z, norms, 1.0f, p->dlogits);
     return update(p, st->loss);
 }
 
@@ -444,11 +507,14 @@ static void advance_key(pretrainer *p) {
     if (!p->moco) return;
     const visc_ssl_config *s = &p->c->ssl;
     float m = visc_momentum_at(s->momentum, s->momentum_cosine, p->state.step, p->total_steps);
-    if (p->gpu)
-        visc_gpu_ema_update(p->gpu, p->key->dev_params, p->query->dev_params,
-                            p->query->params.total, m);
-    else visc_ema_update(p->key->params.data, p->query->params.data, p->query->params.total, m);
-    visc_ema_update(p->key_head.params.data, p->head.params.data, p->head.params.total, m);
+    const size_t n = p->query->params.total, nh = p->head.params.total;
+    if (p->gpu) {
+        visc_gpu_ema_update(p->gpu, p->key->dev_params, p->query->dev_params, n, m);
+        visc_gpu_ema_update(p->gpu, p->key_head.dev_params, p->head.dev_params, nh, m);
+    } else {
+        visc_ema_update(p->key->params.data, p->query->params.data, n, m);
+        visc_ema_update(p->key_head.params.data, p->head.params.data, nh, m);
+    }
     p->key_step = p->state.step;
 }
 
@@ -560,10 +626,15 @@ static int save_all(pretrainer *p, int is_best) {
         return -1;
     /* BatchNorm statistics: rank 0's are the model's (as in visc train) */
     if (share_bn_stats(p)) return -1;
-    /* on the GPU: the encoders and the optimizer's state come back first */
-    if (p->gpu && (visc_model_download(p->query) || (p->key && visc_model_download(p->key)) ||
-                   visc_gpu_optim_download(p->gpu_opt, &p->opt)))
-        return -1;
+    /* on the GPU: the encoders, heads and optimizers' state come back first */
+    if (p->gpu) {
+        if (visc_model_download(p->query) || (p->key && visc_model_download(p->key)) ||
+            visc_gpu_optim_download(p->gpu_opt, &p->opt) ||
+            visc_gpu_optim_download(p->head_gpu_opt, &p->head_opt))
+            return -1;
+        visc_proj_head_download(&p->head);
+        if (p->key) visc_proj_head_download(&p->key_head);
+    }
     int64_t failed = 0;
     if (p->rank == 0) {
         char path[1100];
@@ -888,18 +959,20 @@ static int setup_grad_sync(pretrainer *p) {
     return 0;
 }
 
-/* MoCo's loss on the GPU: its buffers, and the bank as it is now (a
- * resumed run's). */
-static int open_gpu_infonce(pretrainer *p) {
-    const int B = p->B, D = p->head.out, K = (int)p->bank.size;
-    const size_t rows = (size_t)B * D;
-    float **bufs[] = {&p->dev_nce.bank, &p->dev_nce.q,    &p->dev_nce.k,
-                      &p->dev_nce.dq,   &p->dev_nce.loss, &p->dev_nce.work};
-    const size_t floats[] = {(size_t)K * D, rows, rows,
-                             rows,          1,    visc_gpu_infonce_work_floats(B, K)};
-    for (int i = 0; i < 6; i++)
+/* The embeddings' buffers on the GPU (p->dev), and for MoCo the bank as
+ * it is now (a resumed run's). */
+static int open_gpu_embeddings(pretrainer *p) {
+    const visc_proj_head *h = &p->head;
+    const size_t rows = (size_t)h->batch, D = (size_t)h->out, B = (size_t)p->B;
+    const size_t K = p->moco ? (size_t)p->bank.size : 0, sets = p->c->ssl.symmetric ? 2 : 1;
+    float **bufs[] = {&p->dev.z,     &p->dev.znorm, &p->dev.dz,   &p->dev.dfeat, &p->dev.k,
+                      &p->dev.knorm, &p->dev.loss,  &p->dev.work, &p->dev.bank};
+    const size_t work = p->moco ? visc_gpu_infonce_work_floats(p->B, (int)K) : 1;
+    const size_t floats[] = {rows * D, rows, rows * D, rows * h->in,       sets * B * D,
+                             B,        1,    work,     p->moco ? K * D : 1};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (!(*bufs[i] = visc_gpu_alloc(p->gpu, floats[i] * sizeof(float)))) return -1;
-    mirror_bank(p, 0, K);
+    if (p->moco) mirror_bank(p, 0, (int64_t)K);
     return 0;
 }
 
@@ -913,15 +986,18 @@ static int open_gpu(pretrainer *p) {
     p->gpu = visc_gpu_open(index);
     if (!p->gpu || visc_gpu_memory_used(p->gpu, &p->gpu_mem_base)) return -1;
     visc_gpu_set_precision(p->gpu, p->precision);
-    if (visc_model_to_gpu(p->query, p->gpu) || (p->key && visc_model_to_gpu(p->key, p->gpu)))
+    if (visc_model_to_gpu(p->query, p->gpu) || (p->key && visc_model_to_gpu(p->key, p->gpu)) ||
+        visc_proj_head_to_gpu(&p->head, p->gpu) ||
+        (p->key && visc_proj_head_to_gpu(&p->key_head, p->gpu)))
         return -1;
     if (p->grad_acc) {
         p->dev_grad_acc = visc_gpu_alloc(p->gpu, p->query->params.total * sizeof(float));
-        if (!p->dev_grad_acc) return -1;
+        p->dev_head_grad_acc = visc_gpu_alloc(p->gpu, p->head.params.total * sizeof(float));
+        if (!p->dev_grad_acc || !p->dev_head_grad_acc) return -1;
     }
     p->gpu_opt = visc_gpu_optim_create(p->gpu, &p->opt);
-    if (!p->gpu_opt) return -1;
-    if (p->moco && open_gpu_infonce(p)) return -1;
+    p->head_gpu_opt = p->gpu_opt ? visc_gpu_optim_create(p->gpu, &p->head_opt) : NULL;
+    if (!p->head_gpu_opt || open_gpu_embeddings(p)) return -1;
     visc_gpu_pin_loader(p->gpu, p->loader, &p->pins);
     if (!p->byte_batches) return 0;
     const visc_model_config *mc = &p->query->cfg;
@@ -952,12 +1028,14 @@ static void pretrainer_free(pretrainer *p) {
         visc_model_destroy(p->key);
     }
     visc_gpu_free(p->gpu, p->dev_grad_acc);
+    visc_gpu_free(p->gpu, p->dev_head_grad_acc);
     visc_gpu_free(p->gpu, p->dev_xk);
-    float *nce[] = {p->dev_nce.bank, p->dev_nce.q,    p->dev_nce.k,
-                    p->dev_nce.dq,   p->dev_nce.loss, p->dev_nce.work};
-    for (int i = 0; i < 6; i++) visc_gpu_free(p->gpu, nce[i]);
+    float *dev[] = {p->dev.z,     p->dev.znorm, p->dev.dz,   p->dev.dfeat, p->dev.k,
+                    p->dev.knorm, p->dev.loss,  p->dev.work, p->dev.bank};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) visc_gpu_free(p->gpu, dev[i]);
     visc_gpu_stage_free(p->stage);
     visc_gpu_optim_free(p->gpu_opt);
+    visc_gpu_optim_free(p->head_gpu_opt);
     visc_gpu_close(p->gpu); /* after the models: they free their GPU memory into it */
     if (p->bank.bank) visc_memory_bank_free(&p->bank);
     if (p->ntx.all) visc_ntxent_free(&p->ntx);

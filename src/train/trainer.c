@@ -207,7 +207,7 @@ static int train_step(trainer *t, const visc_batch *batch, float *lr_out) {
     }
     float lr = visc_schedule_lr(&t->sched, step);
     if (t->gpu_opt) {
-        if (visc_gpu_optim_step(t->gpu_opt, &t->opt, m, lr)) return -1;
+        if (visc_gpu_optim_step(t->gpu_opt, &t->opt, m->dev_params, m->dev_grads, lr)) return -1;
     } else {
         visc_optimizer_step(&t->opt, m->params.data, m->grads, lr);
     }

@@ -675,6 +675,25 @@ int visc_cuda_softmax_xent_backward(visc_cuda *ctx, float *dlogits, const float 
     return 0;
 }
 
+int visc_cuda_l2_normalize_forward(visc_cuda *ctx, float *y, float *norms, const float *x, int n,
+                                   int D) {
+    (void)ctx;
+    visc_l2_normalize_forward(y, norms, x, n, D);
+    return 0;
+}
+
+/* As the CPU's caller does it: the weight applied to the gradient (here in
+ * dx, a copy of dy unless it is dy), then normalized back in place. */
+int visc_cuda_l2_normalize_backward(visc_cuda *ctx, float *dx, const float *dy, const float *y,
+                                    const float *norms, int n, int D, float scale) {
+    (void)ctx;
+    const size_t count = (size_t)n * D;
+    if (dx != dy) memcpy(dx, dy, count * sizeof(float));
+    for (size_t i = 0; scale != 1.0f && i < count; i++) dx[i] *= scale;
+    visc_l2_normalize_backward(dx, dx, y, norms, n, D);
+    return 0;
+}
+
 /* The CPU's loss against the bank the caller holds on the "device" (a
  * memory bank struct over it: the CPU function reads only bank, size, dim);
  * its scratch [n, K + 1] fits in the work buffer. */

@@ -386,6 +386,46 @@ static void check_infonce(int n, int K, int D, float t, int with_dq) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* The embeddings' L2 normalization, against the formula in double:
+ * y = x / |x|, dx = (s dy - y (y . s dy)) / |x|; in place, as pretraining
+ * runs it, with MoCo --symmetric's weight 0.5 and an odd one. */
+static void check_l2_normalize(int n, int D, float scale) {
+    char name[128];
+    const size_t count = (size_t)n * D;
+    float *x = random_floats(count, -3, 3), *dy = random_floats(count, -1, 1);
+    float *y = malloc(sizeof(float) * count), *dx = malloc(sizeof(float) * count);
+    float *norms = malloc(sizeof(float) * n);
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * D, *gi = dy + (size_t)i * D;
+        double ss = 0, dot = 0;
+        for (int j = 0; j < D; j++) ss += (double)xi[j] * xi[j];
+        const double norm = sqrt(ss);
+        norms[i] = (float)norm;
+        for (int j = 0; j < D; j++) dot += xi[j] / norm * ((double)scale * gi[j]);
+        for (int j = 0; j < D; j++) {
+            y[(size_t)i * D + j] = (float)(xi[j] / norm);
+            dx[(size_t)i * D + j] = (float)(((double)scale * gi[j] - xi[j] / norm * dot) / norm);
+        }
+    }
+    float *d_x = up(x, sizeof(float) * count), *d_y = dev(sizeof(float) * count);
+    float *d_norms = dev(sizeof(float) * n), *d_g = up(dy, sizeof(float) * count);
+    launched(visc_cuda_l2_normalize_forward(ctx, d_y, d_norms, d_x, n, D), "L2 normalize");
+    launched(visc_cuda_l2_normalize_backward(ctx, d_g, d_g, d_y, d_norms, n, D, scale),
+             "L2 normalize backward");
+    float *h_y = down(d_y, count), *h_norms = down(d_norms, (size_t)n), *h_dx = down(d_g, count);
+    snprintf(name, sizeof name, "L2 normalize [%d, %d]: y", n, D);
+    expect_close(name, h_y, y, count, 1e-7, 1e-6);
+    snprintf(name, sizeof name, "L2 normalize [%d, %d]: norms", n, D);
+    expect_close(name, h_norms, norms, (size_t)n, 0.0, 1e-6);
+    snprintf(name, sizeof name, "L2 normalize [%d, %d] backward, scale %g: dx (in place)", n, D,
+             (double)scale);
+    expect_close(name, h_dx, dx, count, 1e-7, 1e-5);
+    void *dfree[] = {d_x, d_y, d_norms, d_g};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x, dy, y, dx, norms, h_y, h_norms, h_dx};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 /* Soft targets (mixup's: two labels mixed, and cutmix's area weights). */
 static void check_xent_soft(int N, int K) {
     char name[128];
@@ -2026,6 +2066,9 @@ static void group_xent(void) {
     check_infonce(128, 16384, 128, 0.2f, 1); /* MoCo v2's head (128) and temperature */
     check_infonce(5, 37, 9, 0.07f, 1);       /* nothing aligned, a sharp temperature */
     check_infonce(64, 4096, 128, 0.2f, 0);
+    check_l2_normalize(256, 128, 1.0f); /* MoCo v2's keys and queries */
+    check_l2_normalize(7, 300, 0.5f);   /* --symmetric's weight; more than one pass of threads */
+    check_l2_normalize(3, 5, -1.75f);
     check_xent_soft(256, 10);
     check_xent_soft(300, 1000);
     check_topk(256, 10, 0);

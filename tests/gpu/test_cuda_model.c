@@ -202,7 +202,7 @@ static void check_model(visc_cuda *ctx, const char *name, int image, int channel
                               cpu->buffers.data, LIMIT(1e-4));
         }
         visc_optimizer_step(&opt_cpu, cpu->params.data, cpu->grads, 0.1f);
-        if (visc_gpu_optim_step(gopt, &opt_gpu, gpu, 0.1f)) goto broken;
+        if (visc_gpu_optim_step(gopt, &opt_gpu, gpu->dev_params, gpu->dev_grads, 0.1f)) goto broken;
         if (step == 0 || (step == 4 && same_products)) {
             if (visc_model_download(gpu)) goto broken;
             expect_tables(arch, step == 0 ? "weights after 1 step" : "weights after 5 steps",
