@@ -219,7 +219,8 @@ int main(int argc, char **argv) {
         if (gpu && visc_gpu_sync(gpu)) visc_die("%s", visc_last_error());
         double t3 = visc_now();
         if (gopt) {
-            if (visc_gpu_optim_step(gopt, &opt, m, lr) || visc_gpu_sync(gpu))
+            if (visc_gpu_optim_step(gopt, &opt, m->dev_params, m->dev_grads, lr) ||
+                visc_gpu_sync(gpu))
                 visc_die("%s", visc_last_error());
         } else {
             visc_optimizer_step(&opt, m->params.data, m->grads, lr);

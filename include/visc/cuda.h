@@ -12,7 +12,8 @@
  * layernorm.cu    visc_layernorm_* (src/nn/layernorm.c)
  * softmax_xent.cu visc_softmax_xent_*, visc_topk_correct (src/nn/loss.c,
  *                 loss_soft.c)
- * contrastive.cu  MoCo's InfoNCE against the memory bank (src/ssl/contrastive.c)
+ * contrastive.cu  the embeddings' L2 normalization, MoCo's InfoNCE against the
+ *                 memory bank, SimCLR's NT-Xent (src/ssl/contrastive.c)
  * gelu.cu         visc_gelu_* (src/nn/gelu.c) and the fused bias + GELU epilogue
  * optim.cu        SGD, AdamW, LARS and LAMB steps, gradient clipping, the weights'
  *                 EMA (src/optim/sgd.c, adamw.c, lars.c, lamb.c, clip.c, ema.c)
@@ -212,8 +213,8 @@ int visc_cuda_softmax_xent_soft_backward(visc_cuda *ctx, float *dlogits, const f
 int visc_cuda_topk_correct(visc_cuda *ctx, int32_t *counts, const float *logits,
                            const int32_t *labels, int N, int K);
 
-/* ---- contrastive.cu: as visc_l2_normalize_* and
- * visc_infonce_forward_backward (ssl.h) ----
+/* ---- contrastive.cu: as visc_l2_normalize_*, visc_infonce_forward_backward
+ * and visc_ntxent_forward_backward (ssl.h) ----
  * The rows of x [n, D] to unit length: y, and each row's norm (the sum of
  * squares in double); backward of dy scaled by `scale` first (a loss's
  * weight: the CPU scales dy, then normalizes it back), dx may be dy. */
@@ -233,6 +234,16 @@ static inline size_t visc_cuda_infonce_work_floats(int n, int K) {
 }
 int visc_cuda_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, const float *k,
                       const float *bank, int n, int K, int D, float t, float *work);
+/* NT-Xent within one rank: z [2n, D] holds view 0 of the n samples, then
+ * view 1; each row is classified among the other 2n - 1 by its partner
+ * view, logits scaled by 1 / t. The mean loss into *loss, and when dz is
+ * not NULL its gradient [2n, D]. fp32 products, as InfoNCE's. work:
+ * visc_cuda_ntxent_work_floats(n) floats of device memory. */
+static inline size_t visc_cuda_ntxent_work_floats(int n) {
+    return (size_t)2 * n * (2 * (size_t)n + 1);
+}
+int visc_cuda_ntxent(visc_cuda *ctx, float *loss, float *dz, const float *z, int n, int D, float t,
+                     float *work);
 
 /* ---- gelu.cu: exact (erf) GELU, as visc_gelu_forward/backward ---- */
 int visc_cuda_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n);

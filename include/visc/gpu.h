@@ -128,6 +128,13 @@ void visc_gpu_l2_normalize_backward(visc_cuda *ctx, float *dx, const float *dy, 
 size_t visc_gpu_infonce_work_floats(int n, int K);
 void visc_gpu_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, const float *k,
                       const float *bank, int n, int K, int D, float t, float *work);
+/* visc_ntxent_forward_backward on the device, within one rank's batch (no
+ * gather): z [2n, D] the two views' rows, view 0 first; the mean loss into
+ * *loss (one device float) and dz [2n, D] (NULL: the loss only). work holds
+ * visc_gpu_ntxent_work_floats(n) floats of device memory. */
+size_t visc_gpu_ntxent_work_floats(int n);
+void visc_gpu_ntxent(visc_cuda *ctx, float *loss, float *dz, const float *z, int n, int D, float t,
+                     float *work);
 /* As visc_clip_grad_norm (--clip-grad), on the device. */
 void visc_gpu_clip_grad_norm(visc_cuda *ctx, float *grads, size_t n, float max_norm);
 void visc_gpu_conv2d_forward(visc_cuda *ctx, const visc_conv2d *c, float *out, const float *in,

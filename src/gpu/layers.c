@@ -60,6 +60,13 @@ void visc_gpu_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, co
     RUN(visc_cuda_infonce(ctx, loss, dq, q, k, bank, n, K, D, t, work));
 }
 
+size_t visc_gpu_ntxent_work_floats(int n) { return visc_cuda_ntxent_work_floats(n); }
+
+void visc_gpu_ntxent(visc_cuda *ctx, float *loss, float *dz, const float *z, int n, int D, float t,
+                     float *work) {
+    RUN(visc_cuda_ntxent(ctx, loss, dz, z, n, D, t, work));
+}
+
 void visc_gpu_softmax_xent(visc_cuda *ctx, float *loss, float *probs, float *dlogits,
                            const float *logits, const int32_t *labels, int N, int K,
                            float smoothing) {

@@ -139,10 +139,10 @@ typedef struct {
     void *xall, *xk;                 /* shuffle-BN's images: floats, or bytes (byte_batches) */
     float *grad_acc, *head_grad_acc; /* MoCo --symmetric: the first pass's gradients */
     /* --device cuda: the encoders (both of MoCo's), the projection heads,
-     * the embeddings' normalization, MoCo's loss, the optimizer steps and
-     * the momentum updates are on the GPU; SimCLR's loss (cheap, and
-     * gathered over the ranks) and the bank's master copy, which
-     * checkpoints save, stay on the host */
+     * the embeddings' normalization, the losses (SimCLR's of one rank's
+     * batch: a gathered one is on the host), the optimizer steps and the
+     * momentum updates are on the GPU; the bank's master copy, which
+     * checkpoints save, stays on the host */
     visc_cuda *gpu;
     /* --precision of the linear layers' products (the GPU always has
      * bf16; the host falls back to fp32 on a CPU without it) */
@@ -155,8 +155,9 @@ typedef struct {
     /* On the GPU: the embeddings z (rows x D), their norms and gradient;
      * the heads' input gradient (rows x features: the encoder's backward
      * takes it from the host); MoCo's keys (a set per view the step
-     * uses) and their norms, InfoNCE's loss and work, and its copy of the
-     * bank (every enqueue into the host's bank is mirrored) */
+     * uses) and their norms, its copy of the bank (every enqueue into the
+     * host's bank is mirrored); the loss (InfoNCE's, or NT-Xent's of one
+     * rank) and its work */
     struct {
         float *z, *znorm, *dz, *dfeat, *k, *knorm, *loss, *work, *bank;
     } dev;
@@ -446,7 +447,9 @@ static int moco_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
 
 /* One SimCLR step: both views through one forward (the reference
  * concatenates them, so BatchNorm sees 2B samples), NT-Xent over the
- * views of all ranks. */
+ * views of all ranks. On a GPU the loss of one rank's batch (one process,
+ * or --no-gather) runs there, only its value crossing the bus; a gathered
+ * loss takes the embeddings to the host and their gradient back. */
 static int simclr_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
     const visc_train_config *c = p->c;
     visc_model *q = p->query;
@@ -457,17 +460,22 @@ static int simclr_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
 
     q->forward(q, batch_input(p, q, batch, 0, 2), 1);
     embed(&p->head, q, z, norms);
-    if (p->gpu) visc_gpu_download(p->gpu, p->z, z, bytes_z);
 
-    st->loss = visc_ntxent_forward_backward(&p->ntx, c->ssl.no_gather ? NULL : p->dist, p->z,
-                                            p->z + (size_t)B * D, c->ssl.temperature, p->dz,
-                                            p->dz + (size_t)B * D);
-    if (!isfinite(st->loss) && visc_dist_broken(p->dist)) return -1;
+    if (p->gpu && p->ntx.world == 1) {
+        visc_gpu_ntxent(p->gpu, p->dev.loss, dz, z, B, D, c->ssl.temperature, p->dev.work);
+        visc_gpu_download(p->gpu, &st->loss, p->dev.loss, sizeof st->loss);
+    } else {
+        if (p->gpu) visc_gpu_download(p->gpu, p->z, z, bytes_z);
+        st->loss = visc_ntxent_forward_backward(&p->ntx, c->ssl.no_gather ? NULL : p->dist, p->z,
+                                                p->z + (size_t)B * D, c->ssl.temperature, p->dz,
+                                                p->dz + (size_t)B * D);
+        if (!isfinite(st->loss) && visc_dist_broken(p->dist)) return -1;
+        if (p->gpu) visc_gpu_upload(p->gpu, dz, p->dz, bytes_z);
+    }
     memcpy(p->labels, batch->y, (size_t)B * sizeof(int32_t));
     memcpy(p->labels + B, batch->y, (size_t)B * sizeof(int32_t));
     online_classifier(p, p->labels, 2 * B, st);
 
-    if (p->gpu) visc_gpu_upload(p->gpu, dz, p->dz, bytes_z);
     if (p->gsync) {
         visc_grad_sync_begin(p->head_gsync);
         visc_grad_sync_begin(p->gsync);
@@ -967,7 +975,9 @@ static int open_gpu_embeddings(pretrainer *p) {
     const size_t K = p->moco ? (size_t)p->bank.size : 0, sets = p->c->ssl.symmetric ? 2 : 1;
     float **bufs[] = {&p->dev.z,     &p->dev.znorm, &p->dev.dz,   &p->dev.dfeat, &p->dev.k,
                       &p->dev.knorm, &p->dev.loss,  &p->dev.work, &p->dev.bank};
-    const size_t work = p->moco ? visc_gpu_infonce_work_floats(p->B, (int)K) : 1;
+    const size_t work = p->moco             ? visc_gpu_infonce_work_floats(p->B, (int)K)
+                        : p->ntx.world == 1 ? visc_gpu_ntxent_work_floats(p->B)
+                                            : 1;
     const size_t floats[] = {rows * D, rows, rows * D, rows * h->in,       sets * B * D,
                              B,        1,    work,     p->moco ? K * D : 1};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)

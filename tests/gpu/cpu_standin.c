@@ -705,6 +705,22 @@ int visc_cuda_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, co
     return 0;
 }
 
+/* The CPU's loss of one rank (no gather), in its own buffers: the device
+ * work buffer is smaller than the CPU's scratch. */
+int visc_cuda_ntxent(visc_cuda *ctx, float *loss, float *dz, const float *z, int n, int D, float t,
+                     float *work) {
+    (void)ctx, (void)work;
+    visc_ntxent x;
+    visc_ntxent_init(&x, n, D, 1, 0);
+    const size_t view = (size_t)n * D;
+    float *g = dz ? dz : malloc(2 * view * sizeof(float));
+    VISC_ASSERT(g);
+    *loss = visc_ntxent_forward_backward(&x, NULL, z, z + view, t, g, g + view);
+    if (!dz) free(g);
+    visc_ntxent_free(&x);
+    return 0;
+}
+
 int visc_cuda_softmax_xent_soft_forward(visc_cuda *ctx, float *loss, float *probs,
                                         const float *logits, const float *targets, int N, int K) {
     (void)ctx;

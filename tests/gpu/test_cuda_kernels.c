@@ -386,6 +386,70 @@ static void check_infonce(int n, int K, int D, float t, int with_dq) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* NT-Xent within one rank, against the formula in double: z [2n, D] the
+ * two views (view 1 near view 0, as after training a little), row a's
+ * logits x_aj = z_a.z_j / t over j != a, its label the partner p = a +- n;
+ * loss = mean(lse_a - x_ap) over the 2n rows, and with
+ * g_aj = (softmax_aj - onehot(p)) / (2n t) each pair sends g_aj z_j to
+ * dz_a and g_aj z_a to dz_j. dz is held to its sums' bound, as InfoNCE's. */
+static void check_ntxent(int n, int D, float t, int with_dz) {
+    char name[160];
+    const int R = 2 * n;
+    float *z = unit_rows(R, D);
+    for (size_t e = (size_t)n * D; e < (size_t)R * D; e++)
+        z[e] = 0.4f * z[e] + z[e - (size_t)n * D];
+    double *x = malloc(sizeof(double) * R), loss = 0;
+    double *dz_sum = calloc((size_t)R * D, sizeof(double));
+    double *abs_sum = calloc((size_t)R * D, sizeof(double));
+    for (int a = 0; a < R; a++) {
+        const int partner = a < n ? a + n : a - n;
+        const float *za = z + (size_t)a * D;
+        double mx = -INFINITY, sum = 0;
+        for (int j = 0; j < R; j++) {
+            double dot = 0;
+            for (int d = 0; d < D; d++) dot += (double)za[d] * z[(size_t)j * D + d];
+            x[j] = dot / t;
+            if (j != a) mx = fmax(mx, x[j]);
+        }
+        for (int j = 0; j < R; j++)
+            if (j != a) sum += exp(x[j] - mx);
+        loss += mx + log(sum) - x[partner];
+        for (int j = 0; j < R; j++) {
+            if (j == a) continue;
+            const double g = (exp(x[j] - mx) / sum - (j == partner)) / R / t;
+            const float *zj = z + (size_t)j * D;
+            for (int d = 0; d < D; d++) {
+                dz_sum[(size_t)a * D + d] += g * zj[d];
+                abs_sum[(size_t)a * D + d] += fabs(g * zj[d]);
+                dz_sum[(size_t)j * D + d] += g * za[d];
+                abs_sum[(size_t)j * D + d] += fabs(g * za[d]);
+            }
+        }
+    }
+    const float want_loss = (float)(loss / R);
+    float *dz = malloc(sizeof(float) * R * D);
+    for (size_t e = 0; e < (size_t)R * D; e++) dz[e] = (float)dz_sum[e];
+    float *d_z = up(z, sizeof(float) * R * D), *d_loss = dev(sizeof(float));
+    float *d_dz = with_dz ? dev(sizeof(float) * R * D) : NULL;
+    float *d_work = dev(sizeof(float) * visc_cuda_ntxent_work_floats(n));
+    launched(visc_cuda_ntxent(ctx, d_loss, d_dz, d_z, n, D, t, d_work), "NT-Xent");
+    float *h_loss = down(d_loss, 1);
+    snprintf(name, sizeof name, "NT-Xent %d samples x 2 views, dim %d, t %g%s: loss", n, D, t,
+             with_dz ? "" : " (loss only)");
+    expect_close(name, h_loss, &want_loss, 1, 0.0, 1e-5);
+    float *h_dz = NULL;
+    if (with_dz) {
+        h_dz = down(d_dz, (size_t)R * D);
+        snprintf(name, sizeof name, "NT-Xent %d samples x 2 views, dim %d, t %g: dz", n, D, t);
+        expect_sums(name, h_dz, dz, abs_sum, (size_t)R * D);
+    }
+    void *dfree[] = {d_z, d_loss, d_dz, d_work};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++)
+        if (dfree[i]) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {z, x, dz, dz_sum, abs_sum, h_loss, h_dz};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 /* The embeddings' L2 normalization, against the formula in double:
  * y = x / |x|, dx = (s dy - y (y . s dy)) / |x|; in place, as pretraining
  * runs it, with MoCo --symmetric's weight 0.5 and an odd one. */
@@ -2066,6 +2130,9 @@ static void group_xent(void) {
     check_infonce(128, 16384, 128, 0.2f, 1); /* MoCo v2's head (128) and temperature */
     check_infonce(5, 37, 9, 0.07f, 1);       /* nothing aligned, a sharp temperature */
     check_infonce(64, 4096, 128, 0.2f, 0);
+    check_ntxent(256, 128, 0.1f, 1); /* SimCLR's head (128) and temperature */
+    check_ntxent(3, 7, 0.5f, 1);     /* rows shorter than a block, nothing aligned */
+    check_ntxent(200, 64, 0.2f, 0);
     check_l2_normalize(256, 128, 1.0f); /* MoCo v2's keys and queries */
     check_l2_normalize(7, 300, 0.5f);   /* --symmetric's weight; more than one pass of threads */
     check_l2_normalize(3, 5, -1.75f);
