@@ -713,10 +713,17 @@ int visc_cuda_ntxent(visc_cuda *ctx, float *loss, float *dz, const float *z, int
     visc_ntxent x;
     visc_ntxent_init(&x, n, D, 1, 0);
     const size_t view = (size_t)n * D;
-    float *g = dz ? dz : malloc(2 * view * sizeof(float));
-    VISC_ASSERT(g);
+    float *scratch = NULL, *g = dz;
+    if (!g) {
+        scratch = malloc(2 * view * sizeof(float));
+        if (!scratch) {
+            visc_ntxent_free(&x);
+            return -1;
+        }
+        g = scratch;
+    }
     *loss = visc_ntxent_forward_backward(&x, NULL, z, z + view, t, g, g + view);
-    if (!dz) free(g);
+    free(scratch);
     visc_ntxent_free(&x);
     return 0;
 }

@@ -404,15 +404,17 @@ static void check_ntxent(int n, int D, float t, int with_dz) {
     for (int a = 0; a < R; a++) {
         const int partner = a < n ? a + n : a - n;
         const float *za = z + (size_t)a * D;
-        double mx = -INFINITY, sum = 0;
+        double mx = -INFINITY;
         for (int j = 0; j < R; j++) {
             double dot = 0;
             for (int d = 0; d < D; d++) dot += (double)za[d] * z[(size_t)j * D + d];
             x[j] = dot / t;
             if (j != a) mx = fmax(mx, x[j]);
         }
+        /* the partner's term first: the sum is never empty */
+        double sum = exp(x[partner] - mx);
         for (int j = 0; j < R; j++)
-            if (j != a) sum += exp(x[j] - mx);
+            if (j != a && j != partner) sum += exp(x[j] - mx);
         loss += mx + log(sum) - x[partner];
         for (int j = 0; j < R; j++) {
             if (j == a) continue;
