@@ -34,7 +34,9 @@
 #     momentum encoder updated and the InfoNCE against the bank's copy
 #     taken on the device; also --symmetric, two backward passes) and
 #     SimCLR (with SGD, and with its default LARS and --clip-grad), and
-#     MoCo runs resumed on the other device, both ways: the CPU's checkpoint;
+#     MoCo runs resumed on the other device, both ways: the CPU's checkpoint
+#     (and the CPU's log: the losses and the online classifier's accuracy,
+#     which come back from the device);
 #   - `visc eval knn|linear --device cuda` (the backbone's features from
 #     the device): the CPU's metrics and probe model, bit for bit; `visc
 #     bench-ssl --device cuda` runs every phase there;
@@ -225,7 +227,27 @@ for run in "moco" "moco --symmetric" "simclr --opt sgd --lr 0.1" "simclr --clip-
     cmp "$tmp/p-cpu-$name/model_last.safetensors" "$tmp/p-gpu-$name/model_last.safetensors"
     cmp <(tensors "$tmp/p-cpu-$name/checkpoint_last.safetensors") \
         <(tensors "$tmp/p-gpu-$name/checkpoint_last.safetensors")
-    echo "pretrain $run, 12 steps on the stand-in GPU: the CPU's checkpoint, bit for bit"
+    # the step's numbers, read back from the device (the contrastive loss,
+    # the online classifier's loss and accuracy), and the online
+    # classifier's validation: what the CPU logged
+    [ "$(train "$tmp/p-gpu-$name/log.jsonl" | grep -c '"online_cls_loss"')" -eq 1 ]
+    diff <(train "$tmp/p-cpu-$name/log.jsonl") <(train "$tmp/p-gpu-$name/log.jsonl")
+    [ "$(evals "$tmp/p-gpu-$name/log.jsonl" | grep -c '"val_online_cls_top1"')" -eq 1 ]
+    diff <(evals "$tmp/p-cpu-$name/log.jsonl") <(evals "$tmp/p-gpu-$name/log.jsonl")
+    echo "pretrain $run, 12 steps on the stand-in GPU: the CPU's checkpoint and log, bit for bit"
+done
+# random erasing has no byte form: the views cross as floats, copied into
+# each encoder's input on the device, the labels with them
+for method in mocov2 simclr; do
+    "$V" pretrain "${ssl[@]}" --method $method --reprob 0.25 --max-steps 12 \
+        --output "$tmp/f-cpu-$method" >/dev/null
+    "$G" pretrain "${ssl[@]}" --method $method --reprob 0.25 --max-steps 12 --device cuda \
+        --output "$tmp/f-gpu-$method" >"$tmp/f-gpu-$method.log"
+    ! grep -q 'as bytes' <(grep '^pretraining' "$tmp/f-gpu-$method.log")
+    cmp <(tensors "$tmp/f-cpu-$method/checkpoint_last.safetensors") \
+        <(tensors "$tmp/f-gpu-$method/checkpoint_last.safetensors")
+    diff <(train "$tmp/f-cpu-$method/log.jsonl") <(train "$tmp/f-gpu-$method/log.jsonl")
+    echo "pretrain $method --reprob 0.25 (float batches), 12 steps on the stand-in GPU: the CPU's checkpoint and log, bit for bit"
 done
 # --precision bf16 with a transformer encoder (its linear layers and the
 # heads' on the GPU; a ResNet's convolutions would differ)

@@ -114,6 +114,10 @@ void visc_gpu_normalize_bytes(visc_cuda *ctx, float *out, const uint8_t *in, siz
 void visc_gpu_softmax_xent(visc_cuda *ctx, float *loss, float *probs, float *dlogits,
                            const float *logits, const int32_t *labels, int N, int K,
                            float smoothing);
+/* visc_topk_correct on the device: counts[0] the samples of N whose label
+ * ranks first, counts[1] within the first min(5, K) (two device int32). */
+void visc_gpu_topk_correct(visc_cuda *ctx, int32_t *counts, const float *logits,
+                           const int32_t *labels, int N, int K);
 /* visc_l2_normalize_forward/backward on the device (the contrastive
  * embeddings); backward scales dy by `scale` first (a loss's weight), and
  * dx may be dy. */
@@ -315,6 +319,9 @@ float *visc_gpu_stage_targets(visc_gpu_stage *s);
  * memory), its `count` labels and its soft targets to the device; returns
  * the batch's device copy. x stays untouched until visc_gpu_stage_end. */
 void *visc_gpu_stage_put(visc_gpu_stage *s, const void *x, const int32_t *labels, int count);
+/* This step's labels on the device (batch int32, zero past the put's
+ * count): kernels queued after put read them once their copy is done. */
+const int32_t *visc_gpu_stage_labels(const visc_gpu_stage *s);
 /* The loss of logits [batch, classes] (device) over the first `rows`
  * samples (labels with smoothing, or the soft targets), and the top-1 and
  * top-5 counts over the first `count`, kept as result `step` (0 <= step <

@@ -74,6 +74,11 @@ void visc_gpu_softmax_xent(visc_cuda *ctx, float *loss, float *probs, float *dlo
     RUN(visc_cuda_softmax_xent_backward(ctx, dlogits, probs, labels, N, K, smoothing));
 }
 
+void visc_gpu_topk_correct(visc_cuda *ctx, int32_t *counts, const float *logits,
+                           const int32_t *labels, int N, int K) {
+    RUN(visc_cuda_topk_correct(ctx, counts, logits, labels, N, K));
+}
+
 void visc_gpu_clip_grad_norm(visc_cuda *ctx, float *grads, size_t n, float max_norm) {
     RUN(visc_cuda_clip_grad_norm(ctx, grads, n, max_norm));
 }

@@ -145,6 +145,8 @@ void *visc_gpu_stage_put(visc_gpu_stage *s, const void *x, const int32_t *labels
     return s->dev_x[p];
 }
 
+const int32_t *visc_gpu_stage_labels(const visc_gpu_stage *s) { return s->dev_labels[s->pair]; }
+
 const float *visc_gpu_stage_loss(visc_gpu_stage *s, int step, const float *logits, int rows,
                                  int count, float smoothing) {
     VISC_ASSERT(step >= 0 && step < VISC_GPU_STAGE_STEPS && rows > 0 && rows <= s->batch);
@@ -209,6 +211,7 @@ void *visc_gpu_stage_put(visc_gpu_stage *s, const void *x, const int32_t *labels
     (void)s, (void)x, (void)labels, (void)count;
     visc_die("a GPU stage in a visc without the CUDA backend");
 }
+const int32_t *visc_gpu_stage_labels(const visc_gpu_stage *s) { return (void)s, NULL; }
 const float *visc_gpu_stage_loss(visc_gpu_stage *s, int step, const float *logits, int rows,
                                  int count, float smoothing) {
     (void)s, (void)step, (void)logits, (void)rows, (void)count, (void)smoothing;

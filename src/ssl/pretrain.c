@@ -114,6 +114,14 @@ typedef struct {
     int top1, count;
 } step_stats;
 
+/* On a GPU, what a step reads back, in one copy once its losses are
+ * queued: the contrastive loss (where it is computed there), the online
+ * classifier's loss and its top-1 and top-5 counts. */
+typedef struct {
+    float loss, cls_loss;
+    int32_t top1, top5;
+} gpu_results;
+
 /* Everything a step touches, allocated before the first one. */
 typedef struct {
     const visc_train_config *c;
@@ -153,13 +161,18 @@ typedef struct {
     /* --symmetric on the GPU: the first pass's encoder and head gradients */
     float *dev_grad_acc, *dev_head_grad_acc;
     /* On the GPU: the embeddings z (rows x D), their norms and gradient;
-     * the heads' input gradient (rows x features: the encoder's backward
-     * takes it from the host); MoCo's keys (a set per view the step
-     * uses) and their norms, its copy of the bank (every enqueue into the
-     * host's bank is mirrored); the loss (InfoNCE's, or NT-Xent's of one
-     * rank) and its work */
+     * the heads' input gradient (rows x features, the encoder's backward
+     * reads it there); MoCo's keys (a set per view the step uses) and
+     * their norms, its copy of the bank (every enqueue into the host's
+     * bank is mirrored); the contrastive loss's work (InfoNCE's, or
+     * NT-Xent's of one rank); the online classifier's labels,
+     * probabilities and gradient; the step's numbers (gpu_results). The
+     * encoders' input, features, logits and gradients stay there too
+     * during a step (io_on_device). */
     struct {
-        float *z, *znorm, *dz, *dfeat, *k, *knorm, *loss, *work, *bank;
+        float *z, *znorm, *dz, *dfeat, *k, *knorm, *work, *bank, *probs, *dlogits;
+        int32_t *labels;
+        gpu_results *results;
     } dev;
     /* The loader delivers bytes (image data on a GPU): the batch crosses
      * the bus as such beside the previous step's kernels (stage), and each
@@ -168,9 +181,9 @@ typedef struct {
     visc_gpu_stage *stage;
     uint8_t *dev_batch; /* this step's batch on the device (both views) */
     uint8_t *dev_xk;    /* shuffle-BN: the key encoder's shuffled images */
-    int32_t *labels, *perm;
-    const int32_t *batch_labels; /* this step's labels (the online classifier's) */
-    step_stats *stats;           /* this step's numbers */
+    int32_t *labels;    /* this step's online classifier's labels (fill_labels) */
+    int32_t *perm;
+    step_stats *stats; /* this step's numbers */
     int64_t steps_per_epoch, total_steps;
     visc_train_state state;
     /* MoCo: the global step the key encoder was last advanced for (it
@@ -189,15 +202,60 @@ typedef struct {
     char *config_text;
 } pretrainer;
 
+/* The online classifier's labels for the query encoder's batch into
+ * p->labels: the batch's (MoCo), or each label twice (SimCLR: its two
+ * views, view 0 first). Returns how many. */
+static int fill_labels(pretrainer *p, const visc_batch *batch) {
+    const size_t B = (size_t)p->B;
+    memcpy(p->labels, batch->y, B * sizeof(int32_t));
+    if (p->moco) return p->B;
+    memcpy(p->labels + B, batch->y, B * sizeof(int32_t));
+    return 2 * p->B;
+}
+
 /* The online classifier: cross-entropy of the backbone's classifier on
- * the (detached) features of n samples. */
-static void online_classifier(pretrainer *p, const int32_t *labels, int n, step_stats *st) {
+ * the (detached) features of the query encoder's batch, against
+ * p->labels. Returns its gradient of the logits, where the model is; on a
+ * GPU its loss and top-1 count stay there until read_results, and the
+ * labels came with the batch (staged), or cross now. */
+static const float *online_classifier(pretrainer *p, step_stats *st) {
     visc_model *q = p->query;
-    int K = q->cfg.num_classes, top5;
-    st->cls_loss = visc_softmax_xent_forward(p->probs, q->logits, labels, n, K, 0.0f);
-    visc_softmax_xent_backward(p->dlogits, p->probs, labels, n, K, 0.0f);
-    visc_topk_correct(q->logits, labels, n, K, &st->top1, &top5);
+    const int K = q->cfg.num_classes, n = q->cfg.batch;
     st->count = n;
+    if (p->gpu) {
+        const int32_t *labels = p->dev.labels;
+        if (p->stage) labels = visc_gpu_stage_labels(p->stage);
+        else visc_gpu_upload(p->gpu, p->dev.labels, p->labels, (size_t)n * sizeof(int32_t));
+        visc_gpu_softmax_xent(p->gpu, &p->dev.results->cls_loss, p->dev.probs, p->dev.dlogits,
+                              q->dev_logits, labels, n, K, 0.0f);
+        visc_gpu_topk_correct(p->gpu, &p->dev.results->top1, q->dev_logits, labels, n, K);
+        return p->dev.dlogits;
+    }
+    int top5;
+    st->cls_loss = visc_softmax_xent_forward(p->probs, q->logits, p->labels, n, K, 0.0f);
+    visc_softmax_xent_backward(p->dlogits, p->probs, p->labels, n, K, 0.0f);
+    visc_topk_correct(q->logits, p->labels, n, K, &st->top1, &top5);
+    return p->dlogits;
+}
+
+/* On a GPU: the step's numbers queued so far, in one copy (the host waits
+ * for the forward passes and the losses, not for backward). The online
+ * classifier's go into st when it ran in this pass (st not NULL); returns
+ * the contrastive loss. */
+static float read_results(pretrainer *p, step_stats *st) {
+    gpu_results r;
+    visc_gpu_download(p->gpu, &r, p->dev.results, sizeof r);
+    if (st) st->cls_loss = r.cls_loss, st->top1 = r.top1;
+    return r.loss;
+}
+
+/* On a GPU the encoders take their input and gradients from device memory
+ * and leave features and logits there, during a step (evaluation feeds
+ * them the host's). */
+static void io_on_device(pretrainer *p, int on) {
+    if (!p->gpu) return;
+    p->query->io_on_device = on;
+    if (p->key) p->key->io_on_device = on;
 }
 
 static int hooks_after_backward(pretrainer *p, float loss, int64_t *step);
@@ -238,16 +296,19 @@ static int update(pretrainer *p, float loss) {
 }
 
 /* Images of the batch as model m's input: `views` view blocks from view
- * `view` on (B images each). The host's floats; or, on a GPU with byte
- * batches, the bytes already on the device normalized into m's input
- * buffer (which forward then takes as it is). */
+ * `view` on (B images each). The host's floats; on a GPU, m's input
+ * buffer there (which forward then takes as it is), into which the bytes
+ * already on the device are normalized (byte batches) or the host's
+ * floats copied. */
 static const float *batch_input(pretrainer *p, visc_model *m, const visc_batch *batch, int view,
                                 int views) {
     const size_t img = (size_t)m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
-    const size_t at = (size_t)view * p->B * img;
-    if (!p->dev_batch) return batch->x + at;
-    visc_gpu_normalize_bytes(p->gpu, m->input, p->dev_batch + at, (size_t)views * p->B, img / 3,
-                             p->train->byte_mean, p->train->byte_std);
+    const size_t at = (size_t)view * p->B * img, images = (size_t)views * p->B;
+    if (!p->gpu) return batch->x + at;
+    if (p->dev_batch)
+        visc_gpu_normalize_bytes(p->gpu, m->input, p->dev_batch + at, images, img / 3,
+                                 p->train->byte_mean, p->train->byte_std);
+    else visc_gpu_upload(p->gpu, m->input, batch->x + at, images * img * sizeof(float));
     return m->input;
 }
 
@@ -263,21 +324,22 @@ static void embed(visc_proj_head *h, const visc_model *m, float *z, float *norms
 /* Backward of embed for the query side: from dz (the loss's gradient of
  * the embeddings z, weighted by `weight`; overwritten) through the
  * normalization and the head (its gradients) into the query encoder's
- * (with the online classifier's, dlogits, when given). */
+ * (with the online classifier's, dlogits, when given), all where the
+ * model is. */
 static void embed_backward(pretrainer *p, float *dz, const float *z, const float *norms,
                            float weight, const float *dlogits) {
     visc_proj_head *h = &p->head;
     const int rows = h->batch, D = h->out;
+    float *dfeat = p->scratch;
     if (h->cuda) {
+        dfeat = p->dev.dfeat;
         visc_gpu_l2_normalize_backward(p->gpu, dz, dz, z, norms, rows, D, weight);
-        visc_proj_head_backward(h, dz, p->dev.dfeat);
-        visc_gpu_download(p->gpu, p->scratch, p->dev.dfeat, (size_t)rows * h->in * sizeof(float));
     } else {
         for (size_t i = 0; weight != 1.0f && i < (size_t)rows * D; i++) dz[i] *= weight;
         visc_l2_normalize_backward(dz, dz, z, norms, rows, D);
-        visc_proj_head_backward(h, dz, p->scratch);
     }
-    p->query->backward_features(p->query, p->scratch, dlogits);
+    visc_proj_head_backward(h, dz, dfeat);
+    p->query->backward_features(p->query, dfeat, dlogits);
 }
 
 /* MoCo's keys for this rank's images of view `view`, normalized, into
@@ -309,6 +371,9 @@ static int moco_keys(pretrainer *p, const visc_batch *batch, int view) {
             visc_gpu_normalize_bytes(p->gpu, k->input, p->dev_xk, (size_t)B, img / 3,
                                      p->train->byte_mean, p->train->byte_std);
             in = k->input;
+        } else if (p->gpu) {
+            visc_gpu_upload(p->gpu, k->input, p->xk, bytes * B);
+            in = k->input;
         }
     } else {
         in = batch_input(p, k, batch, view, 1);
@@ -333,22 +398,6 @@ static int moco_keys(pretrainer *p, const visc_batch *batch, int view) {
     return 0;
 }
 
-/* InfoNCE of this pass's queries against key set `keys` and the bank as
- * it was before this step; the queries' gradient into p->dz (on the GPU
- * the device's, only the loss crossing the bus). */
-static float infonce(pretrainer *p, int keys) {
-    const int B = p->B, D = p->head.out;
-    const size_t set = (size_t)keys * B * D;
-    const float t = p->c->ssl.temperature;
-    if (!p->gpu)
-        return visc_infonce_forward_backward(p->dz, p->z, p->kz + set, &p->bank, B, t, p->scratch);
-    visc_gpu_infonce(p->gpu, p->dev.loss, p->dev.dz, p->dev.z, p->dev.k + set, p->dev.bank, B,
-                     (int)p->bank.size, D, t, p->dev.work);
-    float loss;
-    visc_gpu_download(p->gpu, &loss, p->dev.loss, sizeof loss);
-    return loss;
-}
-
 /* The bank's rows [from, from + n) (modulo its size) copied to the GPU's
  * bank: what an enqueue of n keys at row `from` changed. */
 static void mirror_bank(pretrainer *p, int64_t from, int64_t n) {
@@ -362,19 +411,31 @@ static void mirror_bank(pretrainer *p, int64_t from, int64_t n) {
 }
 
 /* The query side of one pair: queries from the view's images, InfoNCE
- * against key set `keys` and the bank as it was before this step, and
- * backward with the loss weighted by `weight` into the query encoder's and
- * head's gradients. The online classifier's gradient goes along when
- * dlogits is given. Returns the (unweighted) loss. */
+ * against key set `keys` and the bank as it was before this step (the
+ * queries' gradient into dz; on a GPU there, with the loss), and backward
+ * with the loss weighted by `weight` into the query encoder's and head's
+ * gradients. The online classifier trains along when with_cls is set.
+ * Returns the (unweighted) loss. */
 static float moco_query_pass(pretrainer *p, const visc_batch *batch, int view, int keys,
-                             float weight, const float *dlogits) {
+                             float weight, int with_cls) {
     visc_model *q = p->query;
+    const int B = p->B, D = p->head.out;
+    const size_t set = (size_t)keys * B * D;
+    const float t = p->c->ssl.temperature;
     float *z = p->gpu ? p->dev.z : p->z, *norms = p->gpu ? p->dev.znorm : p->znorm;
+    float *dz = p->gpu ? p->dev.dz : p->dz;
     q->forward(q, batch_input(p, q, batch, view, 1), 1);
     embed(&p->head, q, z, norms);
-    float loss = infonce(p, keys);
-    if (dlogits) online_classifier(p, p->batch_labels, p->B, p->stats);
-    embed_backward(p, p->gpu ? p->dev.dz : p->dz, z, norms, weight, dlogits ? p->dlogits : NULL);
+    const float *dlogits = with_cls ? online_classifier(p, p->stats) : NULL;
+    float loss;
+    if (p->gpu) {
+        visc_gpu_infonce(p->gpu, &p->dev.results->loss, dz, z, p->dev.k + set, p->dev.bank, B,
+                         (int)p->bank.size, D, t, p->dev.work);
+        loss = read_results(p, with_cls ? p->stats : NULL);
+    } else {
+        loss = visc_infonce_forward_backward(dz, z, p->kz + set, &p->bank, B, t, p->scratch);
+    }
+    embed_backward(p, dz, z, norms, weight, dlogits);
     return loss;
 }
 
@@ -420,20 +481,19 @@ static int moco_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
     if (moco_keys(p, batch, 0)) return -1;
     if (symmetric && moco_keys(p, batch, 1)) return -1;
 
-    p->batch_labels = batch->y;
     p->stats = st;
     if (p->gsync) {
         visc_grad_sync_begin(p->head_gsync);
         visc_grad_sync_begin(p->gsync);
     }
     if (!symmetric) {
-        st->loss = moco_query_pass(p, batch, 1, 0, 1.0f, p->dlogits);
+        st->loss = moco_query_pass(p, batch, 1, 0, 1.0f, 1);
     } else {
         /* two backward passes: the first one's gradients are kept aside
          * (no bucket is all-reduced during them: see setup) */
-        float a = moco_query_pass(p, batch, 1, 0, 0.5f, p->dlogits);
+        float a = moco_query_pass(p, batch, 1, 0, 0.5f, 1);
         keep_grads(p);
-        float b = moco_query_pass(p, batch, 0, 1, 0.5f, NULL);
+        float b = moco_query_pass(p, batch, 0, 1, 0.5f, 0);
         add_kept_grads(p);
         st->loss = 0.5f * (a + b);
     }
@@ -448,8 +508,8 @@ static int moco_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
 /* One SimCLR step: both views through one forward (the reference
  * concatenates them, so BatchNorm sees 2B samples), NT-Xent over the
  * views of all ranks. On a GPU the loss of one rank's batch (one process,
- * or --no-gather) runs there, only its value crossing the bus; a gathered
- * loss takes the embeddings to the host and their gradient back. */
+ * or --no-gather) runs there, only the step's numbers crossing the bus; a
+ * gathered loss takes the embeddings to the host and their gradient back. */
 static int simclr_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
     const visc_train_config *c = p->c;
     visc_model *q = p->query;
@@ -460,27 +520,29 @@ static int simclr_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
 
     q->forward(q, batch_input(p, q, batch, 0, 2), 1);
     embed(&p->head, q, z, norms);
+    const float *dlogits = online_classifier(p, st);
 
     if (p->gpu && p->ntx.world == 1) {
-        visc_gpu_ntxent(p->gpu, p->dev.loss, dz, z, B, D, c->ssl.temperature, p->dev.work);
-        visc_gpu_download(p->gpu, &st->loss, p->dev.loss, sizeof st->loss);
+        visc_gpu_ntxent(p->gpu, &p->dev.results->loss, dz, z, B, D, c->ssl.temperature,
+                        p->dev.work);
+        st->loss = read_results(p, st);
     } else {
         if (p->gpu) visc_gpu_download(p->gpu, p->z, z, bytes_z);
         st->loss = visc_ntxent_forward_backward(&p->ntx, c->ssl.no_gather ? NULL : p->dist, p->z,
                                                 p->z + (size_t)B * D, c->ssl.temperature, p->dz,
                                                 p->dz + (size_t)B * D);
         if (!isfinite(st->loss) && visc_dist_broken(p->dist)) return -1;
-        if (p->gpu) visc_gpu_upload(p->gpu, dz, p->dz, bytes_z);
+        if (p->gpu) {
+            visc_gpu_upload(p->gpu, dz, p->dz, bytes_z);
+            read_results(p, st);
+        }
     }
-    memcpy(p->labels, batch->y, (size_t)B * sizeof(int32_t));
-    memcpy(p->labels + B, batch->y, (size_t)B * sizeof(int32_t));
-    online_classifier(p, p->labels, 2 * B, st);
 
     if (p->gsync) {
         visc_grad_sync_begin(p->head_gsync);
         visc_grad_sync_begin(p->gsync);
     }
-    embed_backward(p, dz, z, norms, 1.0f, p->dlogits);
+    embed_backward(p, dz, z, norms, 1.0f, dlogits);
     return update(p, st->loss);
 }
 
@@ -695,9 +757,13 @@ static int run_epochs(pretrainer *p) {
             p->query->noise_seed = (uint64_t)key[0] << 32 | key[1];
             step_stats st;
             p->stepped = 0;
-            /* byte batches cross beside the previous step's kernels */
-            if (p->stage) p->dev_batch = visc_gpu_stage_put(p->stage, batch.x8, batch.y, p->B);
+            /* byte batches cross beside the previous step's kernels, with
+             * the online classifier's labels */
+            const int rows = fill_labels(p, &batch);
+            if (p->stage) p->dev_batch = visc_gpu_stage_put(p->stage, batch.x8, p->labels, rows);
+            io_on_device(p, 1);
             int rc = p->moco ? moco_step(p, &batch, &st) : simclr_step(p, &batch, &st);
+            io_on_device(p, 0);
             /* the step is queued: the loader may have the batch's memory back */
             if (rc || (p->stage && visc_gpu_stage_end(p->stage))) return -1;
             if (!isfinite(st.loss))
@@ -967,21 +1033,28 @@ static int setup_grad_sync(pretrainer *p) {
     return 0;
 }
 
-/* The embeddings' buffers on the GPU (p->dev), and for MoCo the bank as
- * it is now (a resumed run's). */
+/* The embeddings' and the losses' buffers on the GPU (p->dev), and for
+ * MoCo the bank as it is now (a resumed run's). */
 static int open_gpu_embeddings(pretrainer *p) {
     const visc_proj_head *h = &p->head;
     const size_t rows = (size_t)h->batch, D = (size_t)h->out, B = (size_t)p->B;
     const size_t K = p->moco ? (size_t)p->bank.size : 0, sets = p->c->ssl.symmetric ? 2 : 1;
+    const size_t classes = (size_t)p->query->cfg.num_classes;
     float **bufs[] = {&p->dev.z,     &p->dev.znorm, &p->dev.dz,   &p->dev.dfeat, &p->dev.k,
-                      &p->dev.knorm, &p->dev.loss,  &p->dev.work, &p->dev.bank};
+                      &p->dev.knorm, &p->dev.work,  &p->dev.bank, &p->dev.probs, &p->dev.dlogits};
     const size_t work = p->moco             ? visc_gpu_infonce_work_floats(p->B, (int)K)
                         : p->ntx.world == 1 ? visc_gpu_ntxent_work_floats(p->B)
                                             : 1;
-    const size_t floats[] = {rows * D, rows, rows * D, rows * h->in,       sets * B * D,
-                             B,        1,    work,     p->moco ? K * D : 1};
+    const size_t floats[] = {rows * D,       rows,
+                             rows * D,       rows * h->in,
+                             sets * B * D,   B,
+                             work,           p->moco ? K * D : 1,
+                             rows * classes, rows * classes};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         if (!(*bufs[i] = visc_gpu_alloc(p->gpu, floats[i] * sizeof(float)))) return -1;
+    p->dev.labels = visc_gpu_alloc(p->gpu, rows * sizeof(int32_t));
+    p->dev.results = p->dev.labels ? visc_gpu_alloc(p->gpu, sizeof(gpu_results)) : NULL;
+    if (!p->dev.results) return -1;
     if (p->moco) mirror_bank(p, 0, (int64_t)K);
     return 0;
 }
@@ -1040,8 +1113,9 @@ static void pretrainer_free(pretrainer *p) {
     visc_gpu_free(p->gpu, p->dev_grad_acc);
     visc_gpu_free(p->gpu, p->dev_head_grad_acc);
     visc_gpu_free(p->gpu, p->dev_xk);
-    float *dev[] = {p->dev.z,     p->dev.znorm, p->dev.dz,   p->dev.dfeat, p->dev.k,
-                    p->dev.knorm, p->dev.loss,  p->dev.work, p->dev.bank};
+    void *dev[] = {p->dev.z,     p->dev.znorm,   p->dev.dz,     p->dev.dfeat,
+                   p->dev.k,     p->dev.knorm,   p->dev.work,   p->dev.bank,
+                   p->dev.probs, p->dev.dlogits, p->dev.labels, p->dev.results};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) visc_gpu_free(p->gpu, dev[i]);
     visc_gpu_stage_free(p->stage);
     visc_gpu_optim_free(p->gpu_opt);
