@@ -26,8 +26,9 @@
 #     stand-in GPU's, and the other way, equal the 6 straight;
 #   - `visc pretrain`: MoCo v2 (keys gathered from both ranks into the
 #     bank, shuffle-BN of the key encoder over the key view's bytes) and
-#     SimCLR with --sync-bn (negatives from both ranks): the CPU's
-#     checkpoints, bit for bit;
+#     SimCLR (negatives from both ranks, gathered and their gradients
+#     summed on the GPUs: NCCL, and through host memory; with --sync-bn):
+#     the CPU's checkpoints, bit for bit;
 #   - choosing: `auto` takes NCCL where each rank has its own GPU, the host
 #     path with a note saying why where the ranks share one
 #     (VISC_STANDIN_SHARED_GPU=1) or NCCL is absent (VISC_STANDIN_NO_NCCL=1);
@@ -121,8 +122,12 @@ same moco host "${ssl[@]}" --method mocov2 --bank-size 200
 # shuffle-BN gathers and shuffles the key view as bytes
 grep -q '(batches as bytes)$' <(grep '^pretraining' "$tmp/moco-gpu.log") ||
     fail "moco: the views did not cross as bytes"
+# SimCLR's embeddings gathered on the GPUs and their gradients summed back
+# there: NCCL's all-gather and all-reduce between the kernels, or through
+# host memory over MPI
 same simclr nccl "${ssl[@]}" --method simclr --sync-bn
-echo "MoCo v2 (gathered keys, shuffle-BN) and SimCLR (gathered negatives, --sync-bn), 2 ranks: the CPU ranks' checkpoints, bit for bit"
+same simclr-host host "${ssl[@]}" --method simclr
+echo "MoCo v2 (gathered keys, shuffle-BN) and SimCLR (negatives gathered on the GPUs both ways, --sync-bn), 2 ranks: the CPU ranks' checkpoints and logs, bit for bit"
 
 # choosing: auto takes NCCL where each rank has a GPU of its own (above),
 # the host path where they share one or there is no NCCL, with a note
@@ -152,25 +157,32 @@ rc=0
 echo "auto: the host path with a note where the ranks share a GPU or NCCL is absent; --gpu-allreduce nccl refused there, a bad --gpu-allreduce too"
 
 # a rank that hangs: the other gives up after --dist-timeout (host: the
-# group's wait for its all-reduce; nccl: the watchdog, since the main
-# thread is held in the join)
-for how in host nccl; do
+# group's wait for its collective; nccl: the watchdog, since the main
+# thread is held in the join), in training (the gradients' all-reduce) and
+# in SimCLR pretraining (first waiting in NT-Xent's all-gather)
+for spec in host:train nccl:train host:simclr nccl:simclr; do
+    how=${spec%%:*} job=${spec#*:}
+    if [ "$job" = train ]; then
+        args=("${vit[@]}" --max-steps 100000 --epochs 1)
+    else
+        args=("${ssl[@]}" --method simclr --epochs 1000)
+    fi
     start=$(date +%s)
-    "${MPI[@]}" "$G" "${vit[@]}" --max-steps 100000 --epochs 1 --device cuda --dist-timeout 5 \
-        --gpu-allreduce $how --output "$tmp/hang-$how" >"$tmp/hang-$how.log" 2>&1 &
-    job=$!
+    "${MPI[@]}" "$G" "${args[@]}" --device cuda --dist-timeout 5 \
+        --gpu-allreduce $how --output "$tmp/hang-$spec" >"$tmp/hang-$spec.log" 2>&1 &
+    pid=$!
     for _ in $(seq 100); do
-        grep -q "^epoch 1/1 2/" "$tmp/hang-$how.log" 2>/dev/null && break
+        grep -q "^epoch 1/[0-9]* 2/" "$tmp/hang-$spec.log" 2>/dev/null && break
         sleep 0.2
     done
-    rank1=$(rank1_of "$tmp/hang-$how") || fail "rank 1 not found"
+    rank1=$(rank1_of "$tmp/hang-$spec") || fail "rank 1 not found"
     kill -STOP "$rank1"
     rc=0
-    wait $job || rc=$?
+    wait $pid || rc=$?
     took=$(($(date +%s) - start))
-    [ $rc -ne 0 ] || fail "$how: the job ended well with a hung rank"
-    [ $took -lt 60 ] || fail "$how: the job took ${took}s to give up"
-    grep -q "did not complete within 5 s: a peer process died or hangs" "$tmp/hang-$how.log" ||
-        { cat "$tmp/hang-$how.log"; fail "$how: no timeout message"; }
-    echo "a hung rank ($how): the job failed after ${took}s with '$(grep -o '[A-Za-z() -]* did not complete within 5 s' "$tmp/hang-$how.log" | head -1)'"
+    [ $rc -ne 0 ] || fail "$spec: the job ended well with a hung rank"
+    [ $took -lt 60 ] || fail "$spec: the job took ${took}s to give up"
+    grep -q "did not complete within 5 s: a peer process died or hangs" "$tmp/hang-$spec.log" ||
+        { cat "$tmp/hang-$spec.log"; fail "$spec: no timeout message"; }
+    echo "a hung rank ($how, $job): the job failed after ${took}s with '$(grep -o '[A-Za-z() -]* did not complete within 5 s' "$tmp/hang-$spec.log" | head -1)'"
 done

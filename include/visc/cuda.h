@@ -175,6 +175,9 @@ int visc_cuda_nccl_open(visc_cuda *ctx, const unsigned char id[VISC_NCCL_ID_BYTE
 /* Queues, after the kernels queued so far, the sum over the ranks of buf
  * [count] (device floats, in place), then buf *= scale (1: not). */
 int visc_cuda_nccl_allreduce(visc_cuda *ctx, float *buf, size_t count, float scale);
+/* Queues the same way dst [world * count] = every rank's src [count], rank
+ * r's at r * count. */
+int visc_cuda_nccl_allgather(visc_cuda *ctx, float *dst, const float *src, size_t count);
 /* Records `done` after the all-reduces queued so far (a point to watch)... */
 int visc_cuda_nccl_mark(visc_cuda *ctx, visc_cuda_event *done);
 /* ... and makes every kernel queued from now on wait for it. */
@@ -234,16 +237,21 @@ static inline size_t visc_cuda_infonce_work_floats(int n, int K) {
 }
 int visc_cuda_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, const float *k,
                       const float *bank, int n, int K, int D, float t, float *work);
-/* NT-Xent within one rank: z [2n, D] holds view 0 of the n samples, then
- * view 1; each row is classified among the other 2n - 1 by its partner
- * view, logits scaled by 1 / t. The mean loss into *loss, and when dz is
- * not NULL its gradient [2n, D]. fp32 products, as InfoNCE's. work:
- * visc_cuda_ntxent_work_floats(n) floats of device memory. */
-static inline size_t visc_cuda_ntxent_work_floats(int n) {
-    return (size_t)2 * n * (2 * (size_t)n + 1);
+/* NT-Xent, as visc_ntxent_local (ssl.h): z [2n, D] this rank's rows (view 0
+ * of its n samples, then view 1), all [2N, D] every rank's (N = n * world;
+ * all == z with N == n), grouped by view, this rank's at rank * n in each;
+ * each row is classified among the other 2N - 1 by its partner view,
+ * logits scaled by 1 / t. The mean loss over the 2n rows into *loss, and
+ * when dz is not NULL the gradient through the rows as anchors into
+ * dz [2n, D] and through every row as a candidate into dall [2N, D]; with
+ * N == n, dall may be NULL: the two are summed into dz (the whole gradient
+ * of one rank's loss). fp32 products, as InfoNCE's. work:
+ * visc_cuda_ntxent_work_floats(n, N) floats of device memory. */
+static inline size_t visc_cuda_ntxent_work_floats(int n, int N) {
+    return (size_t)2 * n * (2 * (size_t)N + 1);
 }
-int visc_cuda_ntxent(visc_cuda *ctx, float *loss, float *dz, const float *z, int n, int D, float t,
-                     float *work);
+int visc_cuda_ntxent(visc_cuda *ctx, float *loss, float *dz, float *dall, const float *z,
+                     const float *all, int n, int N, int rank, int D, float t, float *work);
 
 /* ---- gelu.cu: exact (erf) GELU, as visc_gelu_forward/backward ---- */
 int visc_cuda_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n);

@@ -97,6 +97,8 @@ int visc_gpu_arena_move(visc_model *m, visc_arena *arena, void (*plan)(visc_mode
                         float **dlogits);
 void visc_gpu_arena_free(visc_model *m, visc_arena *arena, float *dlogits);
 
+typedef struct visc_gpu_comm visc_gpu_comm; /* comm.c */
+
 /* ---- layers.c: as the nn.h functions of the same names, on device pointers ---- */
 void visc_gpu_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes);
 void visc_gpu_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes);
@@ -132,13 +134,16 @@ void visc_gpu_l2_normalize_backward(visc_cuda *ctx, float *dx, const float *dy, 
 size_t visc_gpu_infonce_work_floats(int n, int K);
 void visc_gpu_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, const float *k,
                       const float *bank, int n, int K, int D, float t, float *work);
-/* visc_ntxent_forward_backward on the device, within one rank's batch (no
- * gather): z [2n, D] the two views' rows, view 0 first; the mean loss into
- * *loss (one device float) and dz [2n, D] (NULL: the loss only). work holds
- * visc_gpu_ntxent_work_floats(n) floats of device memory. */
-size_t visc_gpu_ntxent_work_floats(int n);
-void visc_gpu_ntxent(visc_cuda *ctx, float *loss, float *dz, const float *z, int n, int D, float t,
-                     float *work);
+/* visc_ntxent_forward_backward on the device: z [2n, D] this rank's rows,
+ * view 0 first; the mean loss into *loss (one device float) and dz [2n, D]
+ * (NULL: the loss only). With world > 1 the candidates are every rank's
+ * rows, which comm's collectives carry (comm.c: NCCL, or through host
+ * memory), as are their gradients back; world 1: this rank's batch alone
+ * (comm unused). work holds visc_gpu_ntxent_work_floats(n, D, world)
+ * floats of device memory. -1 with the error when a collective failed. */
+size_t visc_gpu_ntxent_work_floats(int n, int D, int world);
+int visc_gpu_ntxent(visc_cuda *ctx, visc_gpu_comm *comm, int world, int rank, float *loss,
+                    float *dz, const float *z, int n, int D, float t, float *work);
 /* As visc_clip_grad_norm (--clip-grad), on the device. */
 void visc_gpu_clip_grad_norm(visc_cuda *ctx, float *grads, size_t n, float max_norm);
 void visc_gpu_conv2d_forward(visc_cuda *ctx, const visc_conv2d *c, float *out, const float *in,
@@ -346,7 +351,6 @@ int visc_gpu_stage_results(visc_gpu_stage *s, int steps, float *loss, int32_t *t
  * ranks sharing a GPU too) or "auto" (NCCL where it can, else the host
  * path with a note saying why). A collective call: every rank opens it.
  * grads [count]: the model's device gradients (m->dev_grads). */
-typedef struct visc_gpu_comm visc_gpu_comm;
 visc_gpu_comm *visc_gpu_comm_open(visc_cuda *ctx, visc_dist *d, const char *how, float *grads,
                                   size_t count);
 /* "nccl" or "through host memory", for the run's first line. */
@@ -354,6 +358,15 @@ const char *visc_gpu_comm_name(const visc_gpu_comm *c);
 /* The transport to hand visc_grad_sync_new (valid while c is open). */
 visc_grad_transport visc_gpu_comm_transport(visc_gpu_comm *c);
 void visc_gpu_comm_close(visc_gpu_comm *c); /* NULL: nothing; before the GPU is closed */
+/* Collectives of device buffers between steps' buckets (no bucket of c's
+ * may be in flight), queued in order with the GPU's work: NCCL's on the
+ * device, watched as the buckets are; the host path's through page-locked
+ * memory over the group's backend (the host waits). Every rank calls them
+ * alike. -1 with the error where the group failed.
+ * allgather: dst [world * count] gets rank r's src [count] at r * count. */
+int visc_gpu_comm_allgather(visc_gpu_comm *c, float *dst, const float *src, size_t count);
+/* buf [count] = its sum over the ranks, in place */
+int visc_gpu_comm_allreduce(visc_gpu_comm *c, float *buf, size_t count);
 /* Rank 0's host [bytes] to every rank (visc_dist_broadcast); with dev, a
  * GPU's copy of it (NULL: none), downloaded first and uploaded after. */
 int visc_gpu_broadcast(visc_dist *d, visc_cuda *ctx, void *host, void *dev, size_t bytes);

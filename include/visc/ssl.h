@@ -78,11 +78,22 @@ typedef struct {
     float *all;  /* [2N, dim]: every rank's z0 rows, then every rank's z1 rows */
     float *dall; /* [2N, dim] */
     float *sim;  /* [2n, 2N] */
-    float *send; /* [2, n, dim] */
+    float *send; /* [2, n, dim]: this rank's rows A = [z0; z1] */
+    float *dA;   /* [2, n, dim] */
 } visc_ntxent;
 void visc_ntxent_init(visc_ntxent *x, int n, int dim, int world, int rank);
 float visc_ntxent_forward_backward(visc_ntxent *x, visc_dist *d, const float *z0, const float *z1,
                                    float t, float *dz0, float *dz1);
+/* The arithmetic between its gather and its all-reduce (the GPU's twin,
+ * src/gpu/layers.c, runs the same steps around it): A [2n, D] this rank's
+ * rows, all [2N, D] every rank's (N = n * world) grouped by view as in
+ * visc_ntxent; sim [2n, 2N] scratch. dA [2n, D] gets the gradient through
+ * the local rows as anchors, dall [2N, D] through every row as a
+ * candidate of the local anchors: summed over the ranks, this rank's rows
+ * of it (rank * n and N + rank * n) added to dA make dz0, dz1. Returns the
+ * mean loss of the 2n local rows. */
+float visc_ntxent_local(const float *A, const float *all, int n, int N, int rank, int D, float t,
+                        float *sim, float *dA, float *dall);
 void visc_ntxent_free(visc_ntxent *x);
 
 /* ---- proj_head.c ---- */

@@ -6,7 +6,7 @@
  * host is about to read or reuse the memory.
  *
  * NCCL is opened with dlopen, as cuDNN and cuBLASLt are (a run alone never
- * needs it, and a machine without it still runs visc). Its all-reduces run
+ * needs it, and a machine without it still runs visc). Its collectives run
  * on NCCL's own stream, which first waits for the point in the kernels'
  * stream that the call marks; visc_cuda_nccl_join makes the kernels' stream
  * wait for all of them. No host thread waits for the GPU on this path. */
@@ -93,6 +93,7 @@ typedef struct {
     decltype(&ncclGetUniqueId) unique_id;
     decltype(&ncclCommInitRank) init_rank;
     decltype(&ncclAllReduce) allreduce;
+    decltype(&ncclAllGather) allgather;
     decltype(&ncclCommDestroy) destroy;
     decltype(&ncclCommAbort) abort;
     decltype(&ncclCommGetAsyncError) async_error;
@@ -121,6 +122,7 @@ static void load(void) {
     if (resolve(lib, &t.unique_id, "ncclGetUniqueId") ||
         resolve(lib, &t.init_rank, "ncclCommInitRank") ||
         resolve(lib, &t.allreduce, "ncclAllReduce") ||
+        resolve(lib, &t.allgather, "ncclAllGather") ||
         resolve(lib, &t.destroy, "ncclCommDestroy") || resolve(lib, &t.abort, "ncclCommAbort") ||
         resolve(lib, &t.async_error, "ncclCommGetAsyncError") ||
         resolve(lib, &t.error_string, "ncclGetErrorString")) {
@@ -176,12 +178,27 @@ int visc_cuda_nccl_open(visc_cuda *ctx, const unsigned char id[VISC_NCCL_ID_BYTE
     return 0;
 }
 
+/* NCCL's stream waits for the kernels queued so far. */
+static int after_kernels(visc_cuda *ctx, visc_nccl_state *n) {
+    return visc_cuda_check(cudaEventRecord(n->marked, ctx->stream), "recording an event") ||
+                   visc_cuda_check(cudaStreamWaitEvent(n->stream, n->marked, 0),
+                                   "ordering a collective after the kernels")
+               ? -1
+               : 0;
+}
+
+int visc_cuda_nccl_allgather(visc_cuda *ctx, float *dst, const float *src, size_t count) {
+    visc_nccl_state *n = ctx->nccl;
+    if (!n) return visc_set_error("NCCL all-gather without a communicator");
+    if (after_kernels(ctx, n)) return -1;
+    return nccl_check(nccl.allgather(src, dst, count, ncclFloat32, n->comm, n->stream),
+                      "ncclAllGather");
+}
+
 int visc_cuda_nccl_allreduce(visc_cuda *ctx, float *buf, size_t count, float scale) {
     visc_nccl_state *n = ctx->nccl;
     if (!n) return visc_set_error("NCCL all-reduce without a communicator");
-    if (visc_cuda_check(cudaEventRecord(n->marked, ctx->stream), "recording an event") ||
-        visc_cuda_check(cudaStreamWaitEvent(n->stream, n->marked, 0),
-                        "ordering an all-reduce after the kernels") ||
+    if (after_kernels(ctx, n) ||
         nccl_check(nccl.allreduce(buf, buf, count, ncclFloat32, ncclSum, n->comm, n->stream),
                    "ncclAllReduce"))
         return -1;
@@ -239,6 +256,9 @@ int visc_cuda_nccl_open(visc_cuda *ctx, const unsigned char id[VISC_NCCL_ID_BYTE
     return no_nccl();
 }
 int visc_cuda_nccl_allreduce(visc_cuda *ctx, float *buf, size_t count, float scale) {
+    return no_nccl();
+}
+int visc_cuda_nccl_allgather(visc_cuda *ctx, float *dst, const float *src, size_t count) {
     return no_nccl();
 }
 int visc_cuda_nccl_mark(visc_cuda *ctx, visc_cuda_event *done) { return no_nccl(); }

@@ -1,6 +1,6 @@
 /* contrastive.cu: the embeddings' L2 normalization (forward and backward),
- * MoCo's InfoNCE against the memory bank and SimCLR's NT-Xent within one
- * rank's batch, the GPU twins of visc_l2_normalize_*,
+ * MoCo's InfoNCE against the memory bank and SimCLR's NT-Xent (between
+ * its collectives: src/gpu/layers.c), the GPU twins of visc_l2_normalize_*,
  * visc_infonce_forward_backward and visc_ntxent_forward_backward
  * (src/ssl/contrastive.c). InfoNCE: for query i with
  * logits x_i0 = q_i . k_i / t (the positive) and x_ij = q_i . b_j / t:
@@ -139,49 +139,56 @@ int visc_cuda_l2_normalize_backward(visc_cuda *ctx, float *dx, const float *dy, 
     return visc_cuda_launched("L2 normalize backward");
 }
 
-/* NT-Xent row a of sim = z z^T [R, R] (R = 2n: view 0's rows, then view
- * 1's): logits x_aj = sim_aj / t for j != a, the label its partner view
- * p = a +- n. On exit the row holds S_aj = (softmax_aj - onehot(p)) * scale
- * (S_aa = 0) and row_loss[a] = lse_a - x_ap. */
-__global__ void ntxent_row_kernel(float *sim, float *row_loss, int R, int n, float inv_t,
-                                  float scale) {
+/* NT-Xent row a of sim = z all^T [R, C] (R = 2n local rows: view 0's,
+ * then view 1's; C = 2N candidates: view 0 of every rank, then view 1,
+ * this rank's from `own` = rank * n in each): logits x_aj = sim_aj / t for
+ * j != self, the label its partner view. On exit the row holds
+ * S_aj = (softmax_aj - onehot(partner)) * scale (S_a,self = 0) and
+ * row_loss[a] = lse_a - x_a,partner. */
+__global__ void ntxent_row_kernel(float *sim, float *row_loss, int C, int n, int N, int own,
+                                  float inv_t, float scale) {
     __shared__ double dpart[ROW_THREADS / 32];
     __shared__ float fpart[ROW_THREADS / 32];
-    const int a = blockIdx.x, partner = a < n ? a + n : a - n;
-    float *row = sim + (size_t)a * R;
+    const int a = blockIdx.x, i = a < n ? a : a - n;
+    const int self = (a < n ? 0 : N) + own + i, partner = (a < n ? N : 0) + own + i;
+    float *row = sim + (size_t)a * C;
     const float pos = row[partner] * inv_t; /* read before any thread writes the row */
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < R; j += ROW_THREADS)
-        if (j != a) mx = fmaxf(mx, row[j] * inv_t);
+    for (int j = threadIdx.x; j < C; j += ROW_THREADS)
+        if (j != self) mx = fmaxf(mx, row[j] * inv_t);
     mx = block_max(mx, fpart);
     double sum = 0.0;
-    for (int j = threadIdx.x; j < R; j += ROW_THREADS)
-        if (j != a) sum += expf(row[j] * inv_t - mx);
+    for (int j = threadIdx.x; j < C; j += ROW_THREADS)
+        if (j != self) sum += expf(row[j] * inv_t - mx);
     sum = block_sum(sum, dpart);
     const float inv = (float)(1.0 / sum);
-    for (int j = threadIdx.x; j < R; j += ROW_THREADS)
-        row[j] =
-            j == a ? 0.0f : expf(row[j] * inv_t - mx) * inv * scale - (j == partner ? scale : 0.0f);
+    for (int j = threadIdx.x; j < C; j += ROW_THREADS)
+        row[j] = j == self ? 0.0f
+                           : expf(row[j] * inv_t - mx) * inv * scale - (j == partner ? scale : 0.0f);
     if (threadIdx.x == 0) row_loss[a] = (float)((double)mx + log(fmax(sum, 1.0)) - (double)pos);
 }
 
-/* Every row is an anchor (its row of S) and a candidate of the others (its
- * column), so dz = (S + S^T) z, with S carrying 1 / (R t): the product's
- * 1 / t and the mean's 1 / R. */
-int visc_cuda_ntxent(visc_cuda *ctx, float *loss, float *dz, const float *z, int n, int D, float t,
-                     float *work) {
-    if (n <= 0 || D <= 0 || !(t > 0))
-        return visc_set_error("NT-Xent: bad shape (%d samples x 2 views, dim %d, temperature %g)",
-                              n, D, (double)t);
-    const int R = 2 * n;
-    float *sim = work, *row_loss = work + (size_t)R * R;
+/* Every local row is an anchor (its row of S) and a candidate (its
+ * column), so dz = S all + S^T z, with S carrying 1 / (R t): the
+ * product's 1 / t and the mean's 1 / R. With other ranks the columns'
+ * share S^T z goes to dall, for the caller to sum over the ranks. */
+int visc_cuda_ntxent(visc_cuda *ctx, float *loss, float *dz, float *dall, const float *z,
+                     const float *all, int n, int N, int rank, int D, float t, float *work) {
+    if (n <= 0 || D <= 0 || !(t > 0) || N < n || N % n || rank < 0 || rank >= N / n ||
+        (N > n && dz && !dall))
+        return visc_set_error("NT-Xent: bad shape (%d samples x 2 views of %d, rank %d, dim %d, "
+                              "temperature %g)",
+                              n, N, rank, D, (double)t);
+    const int R = 2 * n, C = 2 * N;
+    float *sim = work, *row_loss = work + (size_t)R * C;
     const float inv_t = 1.0f / t;
-    if (visc_cuda_matmul_f32(ctx, sim, z, z, NULL, R, R, D, 0, 1, 0.0f)) return -1;
-    ntxent_row_kernel<<<R, ROW_THREADS, 0, ctx->stream>>>(sim, row_loss, R, n, inv_t,
+    if (visc_cuda_matmul_f32(ctx, sim, z, all, NULL, R, C, D, 0, 1, 0.0f)) return -1;
+    ntxent_row_kernel<<<R, ROW_THREADS, 0, ctx->stream>>>(sim, row_loss, C, n, N, rank * n, inv_t,
                                                           inv_t / (float)R);
     if (visc_cuda_launched("NT-Xent rows")) return -1;
     if (visc_cuda_mean_losses(ctx, loss, row_loss, R)) return -1;
     if (!dz) return 0;
-    if (visc_cuda_matmul_f32(ctx, dz, sim, z, NULL, R, D, R, 0, 0, 0.0f)) return -1;
+    if (visc_cuda_matmul_f32(ctx, dz, sim, all, NULL, R, D, C, 0, 0, 0.0f)) return -1;
+    if (dall) return visc_cuda_matmul_f32(ctx, dall, sim, z, NULL, C, D, R, 1, 0, 0.0f);
     return visc_cuda_matmul_f32(ctx, dz, sim, z, NULL, R, D, R, 1, 0, 1.0f);
 }

@@ -42,8 +42,6 @@ int visc_gpu_broadcast(visc_dist *d, visc_cuda *ctx, void *host, void *dev, size
 #define SLOTS 64 /* buckets in flight (the host path); one waits when all are */
 #define WATCH 16 /* NCCL joins the watchdog follows at a time */
 
-typedef struct visc_gpu_comm visc_gpu_comm;
-
 /* One bucket on its way through host memory. */
 typedef struct {
     visc_gpu_comm *c;
@@ -68,6 +66,8 @@ struct visc_gpu_comm {
     /* host */
     float *host; /* page-locked mirror of dev */
     slot slots[SLOTS];
+    float *stage; /* page-locked, the collectives' (visc_gpu_comm_allgather) */
+    size_t stage_floats;
     /* nccl */
     int64_t joined; /* buckets the latest join covers */
     watched watch[WATCH];
@@ -119,7 +119,7 @@ static void sleep_ms(long ms) {
     nanosleep(&ts, NULL);
 }
 
-/* Ends the job: an all-reduce failed or never finished. */
+/* Ends the job: a collective failed or never finished. */
 static _Noreturn void give_up(visc_gpu_comm *c, const char *why) {
     fprintf(stderr, "visc: rank %d: %s\n", visc_dist_rank(c->d), why);
     visc_cuda_nccl_abort(c->ctx);
@@ -146,13 +146,13 @@ static void *watchdog_main(void *arg) {
         int done = visc_cuda_event_query(c->ctx, w.done);
         if (done < 0 || visc_cuda_nccl_check(c->ctx)) {
             char why[600];
-            snprintf(why, sizeof why, "GPU all-reduce (NCCL) failed: %s", visc_last_error());
+            snprintf(why, sizeof why, "GPU collective (NCCL) failed: %s", visc_last_error());
             give_up(c, why);
         }
         if (!done && visc_now() - w.since > timeout) {
             char why[300];
             snprintf(why, sizeof why,
-                     "GPU all-reduce (NCCL) did not complete within %.0f s: a peer process died "
+                     "GPU collective (NCCL) did not complete within %.0f s: a peer process died "
                      "or hangs (--dist-timeout)",
                      timeout);
             give_up(c, why);
@@ -300,6 +300,44 @@ visc_grad_transport visc_gpu_comm_transport(visc_gpu_comm *c) {
     return (visc_grad_transport){host_start, host_wait, c};
 }
 
+/* ---- collectives of other buffers (NT-Xent's embeddings) ---- */
+
+/* The host path's page-locked staging, grown to at least `floats`. */
+static float *staging(visc_gpu_comm *c, size_t floats) {
+    if (c->stage_floats >= floats) return c->stage;
+    visc_cuda_host_free(c->ctx, c->stage);
+    c->stage_floats = 0;
+    if (!(c->stage = visc_cuda_host_alloc(c->ctx, floats * sizeof(float)))) return NULL;
+    c->stage_floats = floats;
+    return c->stage;
+}
+
+/* NCCL's collective just queued counts as a bucket: the kernels queued
+ * from now on wait for it, under the watchdog. */
+static int nccl_queued(visc_gpu_comm *c) { return nccl_wait(c, c->started++); }
+
+int visc_gpu_comm_allgather(visc_gpu_comm *c, float *dst, const float *src, size_t count) {
+    const size_t world = (size_t)visc_dist_world(c->d);
+    if (c->nccl) return visc_cuda_nccl_allgather(c->ctx, dst, src, count) ? -1 : nccl_queued(c);
+    /* [mine | everyone's] */
+    float *host = staging(c, count * (1 + world));
+    if (!host) return -1;
+    if (visc_cuda_download(c->ctx, host, src, count * sizeof(float)) ||
+        visc_dist_allgather(c->d, host, host + count, count * sizeof(float)))
+        return -1;
+    return visc_cuda_upload(c->ctx, dst, host + count, world * count * sizeof(float));
+}
+
+int visc_gpu_comm_allreduce(visc_gpu_comm *c, float *buf, size_t count) {
+    if (c->nccl) return visc_cuda_nccl_allreduce(c->ctx, buf, count, 1.0f) ? -1 : nccl_queued(c);
+    float *host = staging(c, count);
+    if (!host) return -1;
+    if (visc_cuda_download(c->ctx, host, buf, count * sizeof(float)) ||
+        visc_dist_allreduce(c->d, host, count, VISC_DT_F32, VISC_OP_SUM))
+        return -1;
+    return visc_cuda_upload(c->ctx, buf, host, count * sizeof(float));
+}
+
 void visc_gpu_comm_close(visc_gpu_comm *c) {
     if (!c) return;
     if (c->watchdog_started) {
@@ -322,6 +360,7 @@ void visc_gpu_comm_close(visc_gpu_comm *c) {
     }
     for (int i = 0; i < WATCH; i++) visc_cuda_event_destroy(c->ctx, c->watch[i].done);
     visc_cuda_host_free(c->ctx, c->host);
+    visc_cuda_host_free(c->ctx, c->stage);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     free(c);
@@ -343,4 +382,12 @@ visc_grad_transport visc_gpu_comm_transport(visc_gpu_comm *c) {
     return (visc_grad_transport){0};
 }
 void visc_gpu_comm_close(visc_gpu_comm *c) { (void)c; }
+int visc_gpu_comm_allgather(visc_gpu_comm *c, float *dst, const float *src, size_t count) {
+    (void)c, (void)dst, (void)src, (void)count;
+    return visc_set_error("no GPU in a visc without the CUDA backend");
+}
+int visc_gpu_comm_allreduce(visc_gpu_comm *c, float *buf, size_t count) {
+    (void)c, (void)buf, (void)count;
+    return visc_set_error("no GPU in a visc without the CUDA backend");
+}
 #endif

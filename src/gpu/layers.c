@@ -60,11 +60,34 @@ void visc_gpu_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, co
     RUN(visc_cuda_infonce(ctx, loss, dq, q, k, bank, n, K, D, t, work));
 }
 
-size_t visc_gpu_ntxent_work_floats(int n) { return visc_cuda_ntxent_work_floats(n); }
+size_t visc_gpu_ntxent_work_floats(int n, int D, int world) {
+    const size_t N = (size_t)n * world;
+    return visc_cuda_ntxent_work_floats(n, (int)N) + (world > 1 ? 2 * (2 * N * D) : 0);
+}
 
-void visc_gpu_ntxent(visc_cuda *ctx, float *loss, float *dz, const float *z, int n, int D, float t,
-                     float *work) {
-    RUN(visc_cuda_ntxent(ctx, loss, dz, z, n, D, t, work));
+/* The steps of visc_ntxent_forward_backward, on the device: the rows of
+ * every rank gathered as [z0_r; z1_r], regrouped by view, the local
+ * arithmetic (visc_ntxent_local's twin), the candidates' gradients summed
+ * over the ranks, and this rank's rows of them added to its anchors'. */
+int visc_gpu_ntxent(visc_cuda *ctx, visc_gpu_comm *comm, int world, int rank, float *loss,
+                    float *dz, const float *z, int n, int D, float t, float *work) {
+    if (world == 1) {
+        RUN(visc_cuda_ntxent(ctx, loss, dz, NULL, z, z, n, n, 0, D, t, work));
+        return 0;
+    }
+    const int N = n * world;
+    const size_t view = (size_t)n * D, rows = (size_t)2 * N * D;
+    float *all = work + visc_cuda_ntxent_work_floats(n, N), *dall = all + rows;
+    if (visc_gpu_comm_allgather(comm, dall, z, 2 * view)) return -1;
+    visc_gpu_copy_rows(ctx, all, (int64_t)view, dall, 2 * (int64_t)view, world, (int)view);
+    visc_gpu_copy_rows(ctx, all + (size_t)N * D, (int64_t)view, dall + view, 2 * (int64_t)view,
+                       world, (int)view);
+    RUN(visc_cuda_ntxent(ctx, loss, dz, dz ? dall : NULL, z, all, n, N, rank, D, t, work));
+    if (!dz) return 0;
+    if (visc_gpu_comm_allreduce(comm, dall, rows)) return -1;
+    visc_gpu_add(ctx, dz, dz, dall + (size_t)rank * view, view);
+    visc_gpu_add(ctx, dz + view, dz + view, dall + (size_t)N * D + (size_t)rank * view, view);
+    return 0;
 }
 
 void visc_gpu_softmax_xent(visc_cuda *ctx, float *loss, float *probs, float *dlogits,

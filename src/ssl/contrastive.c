@@ -100,14 +100,43 @@ void visc_ntxent_init(visc_ntxent *x, int n, int dim, int world, int rank) {
     x->dall = visc_alloc_aligned(2 * N * dim * sizeof(float), "NT-Xent gradients");
     x->sim = visc_alloc_aligned((size_t)2 * n * 2 * N * sizeof(float), "NT-Xent similarities");
     x->send = visc_alloc_aligned((size_t)2 * n * dim * sizeof(float), "NT-Xent local views");
+    x->dA = visc_alloc_aligned((size_t)2 * n * dim * sizeof(float), "NT-Xent local gradients");
+}
+
+float visc_ntxent_local(const float *A, const float *all, int n, int N, int rank, int D, float t,
+                        float *sim, float *dA, float *dall) {
+    const int64_t R = 2 * (int64_t)n, C = 2 * (int64_t)N;
+    const float inv_t = 1.0f / t;
+    gemm('N', 'T', R, C, D, inv_t, A, D, all, D, 0.0f, sim, C);
+    double loss = 0;
+#pragma omp parallel for schedule(static) reduction(+ : loss)
+    for (int64_t a = 0; a < R; a++) {
+        /* row a < n is z0 of local sample a: itself at column rank*n + a,
+         * its partner (z1 of the same sample) at N + rank*n + a; and the
+         * other way round for the z1 rows */
+        int64_t i = a < n ? a : a - n;
+        int64_t self = (a < n ? 0 : N) + (int64_t)rank * n + i;
+        int64_t partner = (a < n ? N : 0) + (int64_t)rank * n + i;
+        float *row = sim + a * C;
+        float pos = row[partner];
+        double lse = softmax_row(row, C, self);
+        loss += lse - pos;
+        for (int64_t j = 0; j < C; j++) row[j] /= (float)R;
+        row[partner] -= 1.0f / (float)R;
+    }
+    /* every local row is an anchor (its row of S) and a candidate of every
+     * rank's anchors (its column): dA = S all / t here, and the columns'
+     * share S^T A / t, which the other ranks' anchors add to */
+    gemm('N', 'N', R, D, C, inv_t, sim, C, all, D, 0.0f, dA, D);
+    gemm('T', 'N', C, D, R, inv_t, sim, C, A, D, 0.0f, dall, D);
+    return (float)(loss / R);
 }
 
 float visc_ntxent_forward_backward(visc_ntxent *x, visc_dist *d, const float *z0, const float *z1,
                                    float t, float *dz0, float *dz1) {
     const int n = x->n, D = x->dim, rank = x->rank;
-    const int64_t N = (int64_t)n * x->world, R = 2 * (int64_t)n, C = 2 * N;
+    const int64_t N = (int64_t)n * x->world;
     const size_t view = (size_t)n * D;
-    const float inv_t = 1.0f / t;
     /* local anchors A = [z0; z1]; all = [z0 of every rank; z1 of every rank] */
     float *A = x->send;
     memcpy(A, z0, view * sizeof(float));
@@ -123,42 +152,17 @@ float visc_ntxent_forward_backward(visc_ntxent *x, visc_dist *d, const float *z0
                    view * sizeof(float));
         }
     }
-    gemm('N', 'T', R, C, D, inv_t, A, D, x->all, D, 0.0f, x->sim, C);
-    double loss = 0;
-#pragma omp parallel for schedule(static) reduction(+ : loss)
-    for (int64_t a = 0; a < R; a++) {
-        /* row a < n is z0 of local sample a: itself at column rank*n + a,
-         * its partner (z1 of the same sample) at N + rank*n + a; and the
-         * other way round for the z1 rows */
-        int64_t i = a < n ? a : a - n;
-        int64_t self = (a < n ? 0 : N) + (int64_t)rank * n + i;
-        int64_t partner = (a < n ? N : 0) + (int64_t)rank * n + i;
-        float *row = x->sim + a * C;
-        float pos = row[partner];
-        double lse = softmax_row(row, C, self);
-        loss += lse - pos;
-        for (int64_t j = 0; j < C; j++) row[j] /= (float)R;
-        row[partner] -= 1.0f / (float)R;
-    }
-    /* anchors' gradient, and the gathered rows' (then summed over ranks) */
-    float *dA = x->send; /* A is no longer needed */
-    gemm('N', 'N', R, D, C, inv_t, x->sim, C, x->all, D, 0.0f, x->dall, D);
-    memcpy(dA, x->dall, (size_t)R * D * sizeof(float));
-    /* dall = sim^T A / t needs A: rebuild it from z0, z1 */
-    float *dall = x->dall;
-    memcpy(dz0, z0, view * sizeof(float));
-    memcpy(dz1, z1, view * sizeof(float));
-    /* A = [z0; z1] is now in dz0 | dz1 (separate buffers): two gemms */
-    gemm('T', 'N', C, D, n, inv_t, x->sim, C, dz0, D, 0.0f, dall, D);
-    gemm('T', 'N', C, D, n, inv_t, x->sim + (size_t)n * C, C, dz1, D, 1.0f, dall, D);
-    if (x->world > 1 && visc_dist_allreduce(d, dall, (size_t)C * D, VISC_DT_F32, VISC_OP_SUM))
+    const float loss = visc_ntxent_local(A, x->all, n, (int)N, rank, D, t, x->sim, x->dA, x->dall);
+    const float *dall = x->dall, *dA = x->dA;
+    if (x->world > 1 &&
+        visc_dist_allreduce(d, x->dall, (size_t)2 * N * D, VISC_DT_F32, VISC_OP_SUM))
         return NAN;
     const float *own0 = dall + (size_t)rank * view, *own1 = dall + N * D + (size_t)rank * view;
     for (size_t j = 0; j < view; j++) {
         dz0[j] = dA[j] + own0[j];
         dz1[j] = dA[view + j] + own1[j];
     }
-    return (float)(loss / R);
+    return loss;
 }
 
 void visc_ntxent_free(visc_ntxent *x) {
@@ -166,4 +170,5 @@ void visc_ntxent_free(visc_ntxent *x) {
     visc_free_aligned(x->dall);
     visc_free_aligned(x->sim);
     visc_free_aligned(x->send);
+    visc_free_aligned(x->dA);
 }

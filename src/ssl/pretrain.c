@@ -507,14 +507,13 @@ static int moco_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
 
 /* One SimCLR step: both views through one forward (the reference
  * concatenates them, so BatchNorm sees 2B samples), NT-Xent over the
- * views of all ranks. On a GPU the loss of one rank's batch (one process,
- * or --no-gather) runs there, only the step's numbers crossing the bus; a
- * gathered loss takes the embeddings to the host and their gradient back. */
+ * views of all ranks. On a GPU the loss runs there, only the step's
+ * numbers crossing the bus; gathered, the embeddings and their gradients
+ * cross between the GPUs (the run's GPU all-reduce: NCCL, or host memory). */
 static int simclr_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
     const visc_train_config *c = p->c;
     visc_model *q = p->query;
     const int B = p->B, D = p->head.out;
-    const size_t bytes_z = (size_t)2 * B * D * sizeof(float);
     float *z = p->gpu ? p->dev.z : p->z, *norms = p->gpu ? p->dev.znorm : p->znorm;
     float *dz = p->gpu ? p->dev.dz : p->dz;
 
@@ -522,20 +521,16 @@ static int simclr_step(pretrainer *p, const visc_batch *batch, step_stats *st) {
     embed(&p->head, q, z, norms);
     const float *dlogits = online_classifier(p, st);
 
-    if (p->gpu && p->ntx.world == 1) {
-        visc_gpu_ntxent(p->gpu, &p->dev.results->loss, dz, z, B, D, c->ssl.temperature,
-                        p->dev.work);
+    if (p->gpu) {
+        if (visc_gpu_ntxent(p->gpu, p->comm, p->ntx.world, p->ntx.rank, &p->dev.results->loss, dz,
+                            z, B, D, c->ssl.temperature, p->dev.work))
+            return -1;
         st->loss = read_results(p, st);
     } else {
-        if (p->gpu) visc_gpu_download(p->gpu, p->z, z, bytes_z);
-        st->loss = visc_ntxent_forward_backward(&p->ntx, c->ssl.no_gather ? NULL : p->dist, p->z,
-                                                p->z + (size_t)B * D, c->ssl.temperature, p->dz,
-                                                p->dz + (size_t)B * D);
+        st->loss = visc_ntxent_forward_backward(&p->ntx, c->ssl.no_gather ? NULL : p->dist, z,
+                                                z + (size_t)B * D, c->ssl.temperature, dz,
+                                                dz + (size_t)B * D);
         if (!isfinite(st->loss) && visc_dist_broken(p->dist)) return -1;
-        if (p->gpu) {
-            visc_gpu_upload(p->gpu, dz, p->dz, bytes_z);
-            read_results(p, st);
-        }
     }
 
     if (p->gsync) {
@@ -1042,9 +1037,8 @@ static int open_gpu_embeddings(pretrainer *p) {
     const size_t classes = (size_t)p->query->cfg.num_classes;
     float **bufs[] = {&p->dev.z,     &p->dev.znorm, &p->dev.dz,   &p->dev.dfeat, &p->dev.k,
                       &p->dev.knorm, &p->dev.work,  &p->dev.bank, &p->dev.probs, &p->dev.dlogits};
-    const size_t work = p->moco             ? visc_gpu_infonce_work_floats(p->B, (int)K)
-                        : p->ntx.world == 1 ? visc_gpu_ntxent_work_floats(p->B)
-                                            : 1;
+    const size_t work = p->moco ? visc_gpu_infonce_work_floats(p->B, (int)K)
+                                : visc_gpu_ntxent_work_floats(p->B, (int)D, p->ntx.world);
     const size_t floats[] = {rows * D,       rows,
                              rows * D,       rows * h->in,
                              sets * B * D,   B,
@@ -1098,6 +1092,9 @@ static void pretrainer_free(pretrainer *p) {
     visc_grad_sync_free(p->gsync);
     visc_grad_sync_free(p->head_gsync);
     visc_gpu_comm_close(p->comm); /* before the gradients it writes are freed */
+    /* a batch's copy still in flight (a step that failed after it was
+     * queued) reads the loader's memory: waited for before that goes */
+    visc_gpu_stage_free(p->stage);
     visc_gpu_unpin(&p->pins);
     visc_loader_free(p->loader);
     visc_optimizer_free(&p->opt);
@@ -1117,7 +1114,6 @@ static void pretrainer_free(pretrainer *p) {
                    p->dev.k,     p->dev.knorm,   p->dev.work,   p->dev.bank,
                    p->dev.probs, p->dev.dlogits, p->dev.labels, p->dev.results};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++) visc_gpu_free(p->gpu, dev[i]);
-    visc_gpu_stage_free(p->stage);
     visc_gpu_optim_free(p->gpu_opt);
     visc_gpu_optim_free(p->head_gpu_opt);
     visc_gpu_close(p->gpu); /* after the models: they free their GPU memory into it */

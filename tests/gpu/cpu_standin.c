@@ -705,26 +705,28 @@ int visc_cuda_infonce(visc_cuda *ctx, float *loss, float *dq, const float *q, co
     return 0;
 }
 
-/* The CPU's loss of one rank (no gather), in its own buffers: the device
- * work buffer is smaller than the CPU's scratch. */
-int visc_cuda_ntxent(visc_cuda *ctx, float *loss, float *dz, const float *z, int n, int D, float t,
-                     float *work) {
+/* The CPU's arithmetic between NT-Xent's collectives (visc_ntxent_local),
+ * in buffers of its own (the device work buffer is smaller than the CPU's
+ * scratch); one rank: the candidates' gradient added to the anchors' as
+ * the CPU's visc_ntxent_forward_backward adds it. */
+int visc_cuda_ntxent(visc_cuda *ctx, float *loss, float *dz, float *dall, const float *z,
+                     const float *all, int n, int N, int rank, int D, float t, float *work) {
     (void)ctx, (void)work;
-    visc_ntxent x;
-    visc_ntxent_init(&x, n, D, 1, 0);
-    const size_t view = (size_t)n * D;
-    float *scratch = NULL, *g = dz;
-    if (!g) {
-        scratch = malloc(2 * view * sizeof(float));
-        if (!scratch) {
-            visc_ntxent_free(&x);
-            return -1;
-        }
-        g = scratch;
+    const size_t view = (size_t)n * D, rows = (size_t)2 * N * D;
+    float *sim = malloc((size_t)2 * n * 2 * N * sizeof(float));
+    float *dA = malloc(2 * view * sizeof(float)), *dc = malloc(rows * sizeof(float));
+    if (!sim || !dA || !dc) {
+        free(sim), free(dA), free(dc);
+        return visc_set_error("stand-in NT-Xent: out of memory");
     }
-    *loss = visc_ntxent_forward_backward(&x, NULL, z, z + view, t, g, g + view);
-    free(scratch);
-    visc_ntxent_free(&x);
+    *loss = visc_ntxent_local(z, all, n, N, rank, D, t, sim, dA, dc);
+    if (dz && dall) {
+        memcpy(dz, dA, 2 * view * sizeof(float));
+        memcpy(dall, dc, rows * sizeof(float));
+    } else if (dz) {
+        for (size_t j = 0; j < 2 * view; j++) dz[j] = dA[j] + dc[j];
+    }
+    free(sim), free(dA), free(dc);
     return 0;
 }
 

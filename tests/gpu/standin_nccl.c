@@ -36,7 +36,8 @@ typedef struct {
 } segment;
 
 typedef struct {
-    float *buf;
+    float *buf;       /* all-reduce: in place; all-gather: the destination */
+    const float *src; /* all-gather's */
     size_t count;
     float scale;
 } op;
@@ -91,7 +92,25 @@ static void barrier(void) {
     while (atomic_load(&g.seg->sense) != g.local_sense && !g.stop) usleep(20);
 }
 
+/* Each rank's chunk through its slot to every rank's destination. */
+static void run_allgather(const op *o) {
+    float *mine = g.seg->slots + (size_t)g.rank * CHUNK;
+    for (size_t at = 0; at < o->count; at += CHUNK) {
+        const size_t n = o->count - at < CHUNK ? o->count - at : CHUNK;
+        memcpy(mine, o->src + at, n * sizeof(float));
+        barrier();
+        for (int r = 0; r < g.world; r++)
+            memcpy(o->buf + (size_t)r * o->count + at, g.seg->slots + (size_t)r * CHUNK,
+                   n * sizeof(float));
+        barrier();
+    }
+}
+
 static void run(const op *o) {
+    if (o->src) {
+        run_allgather(o);
+        return;
+    }
     float *mine = g.seg->slots + (size_t)g.rank * CHUNK;
     for (size_t at = 0; at < o->count; at += CHUNK) {
         const size_t n = o->count - at < CHUNK ? o->count - at : CHUNK;
@@ -152,15 +171,26 @@ int visc_cuda_nccl_open(visc_cuda *ctx, const unsigned char id[VISC_NCCL_ID_BYTE
     return 0;
 }
 
-int visc_cuda_nccl_allreduce(visc_cuda *ctx, float *buf, size_t count, float scale) {
-    (void)ctx;
-    if (!g.open) return visc_set_error("NCCL all-reduce without a communicator");
+static void enqueue(op o) {
     pthread_mutex_lock(&g.mu);
     while (g.queued - g.done == QUEUE) pthread_cond_wait(&g.cv, &g.mu);
-    g.queue[g.queued % QUEUE] = (op){buf, count, scale};
+    g.queue[g.queued % QUEUE] = o;
     g.queued++;
     pthread_cond_broadcast(&g.cv);
     pthread_mutex_unlock(&g.mu);
+}
+
+int visc_cuda_nccl_allreduce(visc_cuda *ctx, float *buf, size_t count, float scale) {
+    (void)ctx;
+    if (!g.open) return visc_set_error("NCCL all-reduce without a communicator");
+    enqueue((op){.buf = buf, .count = count, .scale = scale});
+    return 0;
+}
+
+int visc_cuda_nccl_allgather(visc_cuda *ctx, float *dst, const float *src, size_t count) {
+    (void)ctx;
+    if (!g.open) return visc_set_error("NCCL all-gather without a communicator");
+    enqueue((op){.buf = dst, .src = src, .count = count, .scale = 1.0f});
     return 0;
 }
 

@@ -386,69 +386,94 @@ static void check_infonce(int n, int K, int D, float t, int with_dq) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
-/* NT-Xent within one rank, against the formula in double: z [2n, D] the
- * two views (view 1 near view 0, as after training a little), row a's
- * logits x_aj = z_a.z_j / t over j != a, its label the partner p = a +- n;
- * loss = mean(lse_a - x_ap) over the 2n rows, and with
- * g_aj = (softmax_aj - onehot(p)) / (2n t) each pair sends g_aj z_j to
- * dz_a and g_aj z_a to dz_j. dz is held to its sums' bound, as InfoNCE's. */
-static void check_ntxent(int n, int D, float t, int with_dz) {
+/* NT-Xent, against the formula in double: all [2N, D] every rank's rows
+ * grouped by view (N = n * world; view 1 near view 0, as after training a
+ * little), z [2n, D] this rank's of them (rows rank * n and N + rank * n).
+ * Local row a's logits x_aj = z_a.all_j / t over j != self, its label the
+ * partner view; loss = mean(lse_a - x_a,partner) over the 2n rows, and
+ * with g_aj = (softmax_aj - onehot(partner)) / (2n t) each pair sends
+ * g_aj all_j to dz_a (the anchors' share) and g_aj z_a to dall_j (the
+ * candidates'); one rank: the two summed into dz. Both are held to their
+ * sums' bound, as InfoNCE's dq. */
+static void check_ntxent(int n, int world, int rank, int D, float t, int with_dz) {
     char name[160];
-    const int R = 2 * n;
-    float *z = unit_rows(R, D);
-    for (size_t e = (size_t)n * D; e < (size_t)R * D; e++)
-        z[e] = 0.4f * z[e] + z[e - (size_t)n * D];
-    double *x = malloc(sizeof(double) * R), loss = 0;
-    double *dz_sum = calloc((size_t)R * D, sizeof(double));
-    double *abs_sum = calloc((size_t)R * D, sizeof(double));
+    const int R = 2 * n, N = n * world, C = 2 * N;
+    float *all = unit_rows(C, D);
+    for (size_t e = (size_t)N * D; e < (size_t)C * D; e++)
+        all[e] = 0.4f * all[e] + all[e - (size_t)N * D];
+    float *z = malloc(sizeof(float) * R * D);
+    const size_t view = (size_t)n * D;
+    memcpy(z, all + (size_t)rank * view, view * sizeof(float));
+    memcpy(z + view, all + (size_t)N * D + (size_t)rank * view, view * sizeof(float));
+    double *x = malloc(sizeof(double) * C), loss = 0;
+    double *dz_sum = calloc((size_t)R * D, sizeof(double)),
+           *dz_abs = calloc((size_t)R * D, sizeof(double));
+    double *dall_sum = calloc((size_t)C * D, sizeof(double)),
+           *dall_abs = calloc((size_t)C * D, sizeof(double));
     for (int a = 0; a < R; a++) {
-        const int partner = a < n ? a + n : a - n;
+        const int i = a < n ? a : a - n;
+        const int self = (a < n ? 0 : N) + rank * n + i, partner = (a < n ? N : 0) + rank * n + i;
         const float *za = z + (size_t)a * D;
         double mx = -INFINITY;
-        for (int j = 0; j < R; j++) {
+        for (int j = 0; j < C; j++) {
             double dot = 0;
-            for (int d = 0; d < D; d++) dot += (double)za[d] * z[(size_t)j * D + d];
+            for (int d = 0; d < D; d++) dot += (double)za[d] * all[(size_t)j * D + d];
             x[j] = dot / t;
-            if (j != a) mx = fmax(mx, x[j]);
+            if (j != self) mx = fmax(mx, x[j]);
         }
         /* the partner's term first: the sum is never empty */
         double sum = exp(x[partner] - mx);
-        for (int j = 0; j < R; j++)
-            if (j != a && j != partner) sum += exp(x[j] - mx);
+        for (int j = 0; j < C; j++)
+            if (j != self && j != partner) sum += exp(x[j] - mx);
         loss += mx + log(sum) - x[partner];
-        for (int j = 0; j < R; j++) {
-            if (j == a) continue;
+        for (int j = 0; j < C; j++) {
+            if (j == self) continue;
             const double g = (exp(x[j] - mx) / sum - (j == partner)) / R / t;
-            const float *zj = z + (size_t)j * D;
+            const float *aj = all + (size_t)j * D;
             for (int d = 0; d < D; d++) {
-                dz_sum[(size_t)a * D + d] += g * zj[d];
-                abs_sum[(size_t)a * D + d] += fabs(g * zj[d]);
-                dz_sum[(size_t)j * D + d] += g * za[d];
-                abs_sum[(size_t)j * D + d] += fabs(g * za[d]);
+                dz_sum[(size_t)a * D + d] += g * aj[d];
+                dz_abs[(size_t)a * D + d] += fabs(g * aj[d]);
+                dall_sum[(size_t)j * D + d] += g * za[d];
+                dall_abs[(size_t)j * D + d] += fabs(g * za[d]);
             }
         }
     }
+    if (world == 1) /* one rank: dall's rows are the anchors' */
+        for (size_t e = 0; e < (size_t)R * D; e++)
+            dz_sum[e] += dall_sum[e], dz_abs[e] += dall_abs[e];
     const float want_loss = (float)(loss / R);
-    float *dz = malloc(sizeof(float) * R * D);
+    float *dz = malloc(sizeof(float) * R * D), *dall = malloc(sizeof(float) * C * D);
     for (size_t e = 0; e < (size_t)R * D; e++) dz[e] = (float)dz_sum[e];
+    for (size_t e = 0; e < (size_t)C * D; e++) dall[e] = (float)dall_sum[e];
     float *d_z = up(z, sizeof(float) * R * D), *d_loss = dev(sizeof(float));
+    float *d_all = world > 1 ? up(all, sizeof(float) * C * D) : d_z;
     float *d_dz = with_dz ? dev(sizeof(float) * R * D) : NULL;
-    float *d_work = dev(sizeof(float) * visc_cuda_ntxent_work_floats(n));
-    launched(visc_cuda_ntxent(ctx, d_loss, d_dz, d_z, n, D, t, d_work), "NT-Xent");
+    float *d_dall = with_dz && world > 1 ? dev(sizeof(float) * C * D) : NULL;
+    float *d_work = dev(sizeof(float) * visc_cuda_ntxent_work_floats(n, N));
+    launched(visc_cuda_ntxent(ctx, d_loss, d_dz, d_dall, d_z, d_all, n, N, rank, D, t, d_work),
+             "NT-Xent");
     float *h_loss = down(d_loss, 1);
-    snprintf(name, sizeof name, "NT-Xent %d samples x 2 views, dim %d, t %g%s: loss", n, D, t,
-             with_dz ? "" : " (loss only)");
+    snprintf(name, sizeof name, "NT-Xent %d samples x 2 views, rank %d of %d, dim %d, t %g%s: loss",
+             n, rank, world, D, t, with_dz ? "" : " (loss only)");
     expect_close(name, h_loss, &want_loss, 1, 0.0, 1e-5);
-    float *h_dz = NULL;
+    float *h_dz = NULL, *h_dall = NULL;
     if (with_dz) {
         h_dz = down(d_dz, (size_t)R * D);
-        snprintf(name, sizeof name, "NT-Xent %d samples x 2 views, dim %d, t %g: dz", n, D, t);
-        expect_sums(name, h_dz, dz, abs_sum, (size_t)R * D);
+        snprintf(name, sizeof name, "NT-Xent %d samples x 2 views, rank %d of %d, dim %d, t %g: dz",
+                 n, rank, world, D, t);
+        expect_sums(name, h_dz, dz, dz_abs, (size_t)R * D);
     }
-    void *dfree[] = {d_z, d_loss, d_dz, d_work};
+    if (d_dall) {
+        h_dall = down(d_dall, (size_t)C * D);
+        snprintf(name, sizeof name,
+                 "NT-Xent %d samples x 2 views, rank %d of %d, dim %d, t %g: the candidates' dz", n,
+                 rank, world, D, t);
+        expect_sums(name, h_dall, dall, dall_abs, (size_t)C * D);
+    }
+    void *dfree[] = {d_z, d_loss, d_dz, d_dall, d_work, world > 1 ? d_all : NULL};
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++)
         if (dfree[i]) visc_cuda_free(ctx, dfree[i]);
-    void *hfree[] = {z, x, dz, dz_sum, abs_sum, h_loss, h_dz};
+    void *hfree[] = {all, z, x, dz, dall, dz_sum, dz_abs, dall_sum, dall_abs, h_loss, h_dz, h_dall};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
@@ -2132,9 +2157,12 @@ static void group_xent(void) {
     check_infonce(128, 16384, 128, 0.2f, 1); /* MoCo v2's head (128) and temperature */
     check_infonce(5, 37, 9, 0.07f, 1);       /* nothing aligned, a sharp temperature */
     check_infonce(64, 4096, 128, 0.2f, 0);
-    check_ntxent(256, 128, 0.1f, 1); /* SimCLR's head (128) and temperature */
-    check_ntxent(3, 7, 0.5f, 1);     /* rows shorter than a block, nothing aligned */
-    check_ntxent(200, 64, 0.2f, 0);
+    check_ntxent(256, 1, 0, 128, 0.1f, 1); /* SimCLR's head (128) and temperature */
+    check_ntxent(3, 1, 0, 7, 0.5f, 1);     /* rows shorter than a block, nothing aligned */
+    check_ntxent(200, 1, 0, 64, 0.2f, 0);
+    check_ntxent(128, 4, 2, 128, 0.1f, 1); /* rank 2 of 4: 1024 candidates, gathered */
+    check_ntxent(3, 3, 1, 7, 0.5f, 1);     /* a middle rank, nothing aligned */
+    check_ntxent(64, 2, 1, 32, 0.2f, 0);
     check_l2_normalize(256, 128, 1.0f); /* MoCo v2's keys and queries */
     check_l2_normalize(7, 300, 0.5f);   /* --symmetric's weight; more than one pass of threads */
     check_l2_normalize(3, 5, -1.75f);
