@@ -8,7 +8,9 @@
 # the GPU test programs exist, and each either skips cleanly (exit 77, one
 # line saying why) or, on a machine with a GPU, passes. With a GPU, a
 # ResNet-14 also trains one epoch of Fashion-MNIST on it (when the data is
-# there), and the CPU evaluates the model it saved to the accuracy it logged.
+# there), and the CPU evaluates the model it saved to the accuracy it logged;
+# MoCo v2 and SimCLR pretrain there against the CPU (with CIFAR-10 JPEGs:
+# ../shared/data, or VISC_SHARED_DATA), and 2 processes against 1.
 set -euo pipefail
 V=${VISC:-build/visc}
 source tests/lib.sh
@@ -159,3 +161,20 @@ grep -qE '2 processes x 16, mpi, GPU gradients (nccl|through host memory)' "$tmp
 "$V" diff "$tmp/vit-2/model_last.safetensors" "$tmp/vit-1/model_last.safetensors" \
     --base "$tmp/w0/model_last.safetensors" --rtol 1e-4 --atol 0
 echo "GPU, 2 processes x 16: the weights of 1 process x 32 ($(grep -o 'GPU gradients [a-z ]*' "$tmp/vit-2.log"))"
+# SimCLR over the same 2 processes: the embeddings gathered and the
+# candidates' gradients summed between the GPUs (NT-Xent on the device,
+# src/gpu/layers.c), the projection head's BatchNorm synchronized
+# (--sync-bn): 2 x 5 must end where 1 x 10 ends, as on the CPU
+# (e2e_mpi.sh), within 1e-4 normwise as the ViT above.
+if [ $have_data -eq 1 ]; then
+    simclr=("${ssl[@]}" --method simclr --model vit_pico_patch4_28 --opt sgd --lr 0.05 --epochs 2
+            --seed 3 --sync-bn --device cuda)
+    "$V" "${simclr[@]}" --lr 1e-30 --max-steps 1 --output "$tmp/simclr0" >/dev/null
+    "$V" "${simclr[@]}" --output "$tmp/simclr-1" >/dev/null
+    mpirun --allow-run-as-root --oversubscribe -np 2 "$V" "${simclr[@]}" --output "$tmp/simclr-2" |
+        tee "$tmp/simclr-2.log"
+    grep -qE '2 processes x 5, mpi, GPU gradients (nccl|through host memory)' "$tmp/simclr-2.log"
+    "$V" diff "$tmp/simclr-2/model_last.safetensors" "$tmp/simclr-1/model_last.safetensors" \
+        --base "$tmp/simclr0/model_last.safetensors" --rtol 1e-4 --atol 0
+    echo "GPU, SimCLR on 2 processes x 5: the weights of 1 process x 10 ($(grep -o 'GPU gradients [a-z ]*' "$tmp/simclr-2.log"))"
+fi

@@ -1,7 +1,9 @@
 # lib.sh: helpers shared by the end-to-end scripts (sourced, not run).
 
-# The shared data folder beside the checkout (CI), else the workspace's.
-shared=../shared/data
+# The test images (CIFAR-10 and ImageNet JPEGs): VISC_SHARED_DATA where set
+# (a GPU machine, to which tools/gpu/device_check.sh's data travels), else
+# the shared data folder beside the checkout (CI), else the workspace's.
+shared=${VISC_SHARED_DATA:-../shared/data}
 [ -d "$shared" ] || shared=/work/shared/data
 
 # cifar_subset DIR NTRAIN NTEST: an ImageNet-layout folder DIR/train,

@@ -52,7 +52,7 @@ int visc_parse_device(const char *name, int *index);
 /* The device a run asks for (c->device): *index -1 for the CPU, else the
  * GPU's. Under a launcher, plain "cuda" is the GPU of this rank's place
  * on its machine (local rank modulo the GPUs there; ranks share GPUs when
- * there are fewer). What is not on the GPU yet (a swarm, --sync-bn) is
+ * there are fewer). What is not on the GPU yet (a swarm) is
  * refused here, in one line. */
 int visc_gpu_run_device(const visc_train_config *c, const visc_dist *d, int *index);
 /* Opens CUDA device `index`; NULL with the reason (not built in, no driver,

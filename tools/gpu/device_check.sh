@@ -118,20 +118,23 @@ else
 fi
 
 # The whole program: the models on the GPU against the CPU, then the CUDA
-# end-to-end check, which trains one epoch of Fashion-MNIST on the GPU when
-# the data came along: copy it first with
-#   mkdir -p build-gpu/data && cp /usr/share/datasets/fashion-mnist/*.gz build-gpu/data/
-# and carry build-gpu/data (30 MB). Needs oneDNN & co. on the machine.
+# end-to-end check, which trains one epoch of Fashion-MNIST on the GPU and
+# pretrains with MoCo v2 and SimCLR (1 and 2 processes) when the data came
+# along: prepare it first with tools/gpu/prepare_data.sh (Fashion-MNIST and
+# some CIFAR-10 JPEGs into build-gpu/data) and carry build-gpu/data (30 MB).
+# Needs oneDNN & co. on the machine.
 run_full() {
     make -j"$JOBS" BUILD="$BUILD" CUDA=1 all "$BUILD/tests/gpu/test_cuda_model" || return 1
     "$BUILD/visc" devices || return 1
     "$BUILD/tests/gpu/test_cuda_model" || return 1
+    local images=$PWD/$BUILD/data/shared
+    [ -d "$images" ] && export VISC_SHARED_DATA=$images
     VISC_GPU_MACHINE=1 VISC_FASHION_DIR=${VISC_FASHION_DIR:-$PWD/$BUILD/data} VISC="$BUILD/visc" \
         bash tests/e2e_cuda.sh
 }
 if [ -f /usr/include/oneapi/dnnl/dnnl.h ]; then
     part full 1 run_full
-    grep -hE '^(FAIL|[0-9]+ passed|GPU: one epoch)' "$OUT/full.log" | tee -a "$summary"
+    grep -hE '^(FAIL|[0-9]+ passed|GPU[:,])' "$OUT/full.log" | tee -a "$summary"
 else
     echo "build-all  not run: no oneDNN on this machine (only the GPU parts build here)" |
         tee -a "$summary"
