@@ -100,12 +100,23 @@ static inline unsigned visc_cuda_blocks(size_t n, unsigned threads) {
 }
 
 /* Column sums in a fixed order, so the result never depends on timing:
- * the rows are cut into VISC_CUDA_COL_CHUNKS ranges (fewer when there are
- * fewer rows), each range is summed into a partial row (scratch), and the
- * partials are added in range order. Used for dgamma/dbeta and dbias. */
-#define VISC_CUDA_COL_CHUNKS 64
+ * the rows are cut into ranges of about VISC_CUDA_COL_ROWS (at most
+ * VISC_CUDA_COL_CHUNKS ranges), each range is summed into a partial row
+ * (scratch) by one thread per column, and a block per column adds the
+ * partials in a fixed tree. Used for dgamma/dbeta and dbias. Narrow rows
+ * with many of them (Swin-T's first stage: 802,816 rows of 96) still fill
+ * the GPU: the ranges, not the columns, make the parallelism. */
+#define VISC_CUDA_COL_ROWS 256
+#define VISC_CUDA_COL_CHUNKS 1024
 static inline int visc_cuda_col_chunks(int64_t rows) {
-    return rows < VISC_CUDA_COL_CHUNKS ? (int)(rows > 0 ? rows : 1) : VISC_CUDA_COL_CHUNKS;
+    const int64_t k = (rows + VISC_CUDA_COL_ROWS - 1) / VISC_CUDA_COL_ROWS;
+    return k < 1 ? 1 : k > VISC_CUDA_COL_CHUNKS ? VISC_CUDA_COL_CHUNKS : (int)k;
+}
+/* Threads per block of a partials kernel over C columns: whole warps, at
+ * most 256, so narrow rows do not leave most of each block idle. */
+static inline unsigned visc_cuda_col_threads(int C) {
+    const unsigned t = ((unsigned)C + 31) / 32 * 32;
+    return t > 256 ? 256 : t;
 }
 /* Rows [r0, r1) of chunk k of `chunks` over `rows`. */
 __device__ __forceinline__ void visc_chunk_rows(int64_t rows, int k, int chunks, int64_t *r0,

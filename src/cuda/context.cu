@@ -13,6 +13,10 @@
 
 int visc_cuda_check(cudaError_t e, const char *what) {
     if (e == cudaSuccess) return 0;
+    /* CUDA keeps a failed call's error as the thread's last one; cleared,
+     * so that a failure the caller goes on from (page-locking refused) is
+     * not reported again by the next kernel launch's check */
+    (void)cudaGetLastError();
     return visc_set_error("%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
@@ -236,21 +240,29 @@ int visc_cuda_bf16_scratch(visc_cuda *ctx, uint16_t **copies, const size_t *coun
 void visc_cuda_set_bf16(visc_cuda *ctx, int on) { ctx->bf16 = on != 0; }
 int visc_cuda_bf16(const visc_cuda *ctx) { return ctx->bf16; }
 
-__global__ void add_partials_kernel(float *out, const float *part, int chunks, int stride, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float s = 0.0f;
-    for (int k = 0; k < chunks; k++) s += part[(size_t)k * stride + c];
-    out[c] = s;
+/* Block c: column c's partials, every 256th to each thread, then a fixed tree. */
+__global__ void add_partials_kernel(float *out, const float *part, int chunks, int stride) {
+    __shared__ float sum[256];
+    const int c = blockIdx.x;
+    float v = 0.0f;
+    for (int k = threadIdx.x; k < chunks; k += 256) v += part[(size_t)k * stride + c];
+    sum[threadIdx.x] = v;
+    __syncthreads();
+    for (int half = 128; half > 0; half >>= 1) {
+        if (threadIdx.x < half) sum[threadIdx.x] += sum[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[c] = sum[0];
 }
 
 int visc_cuda_add_partials(visc_cuda *ctx, float *out, const float *part, int chunks, int stride,
                            int C) {
-    add_partials_kernel<<<(C + 255) / 256, 256, 0, ctx->stream>>>(out, part, chunks, stride, C);
+    if (C <= 0) return 0;
+    add_partials_kernel<<<C, 256, 0, ctx->stream>>>(out, part, chunks, stride);
     return visc_cuda_launched("column sums");
 }
 
-/* Block (x, k): columns x * 256 + thread of rows chunk k. */
+/* Block (x, k): columns x * blockDim.x + thread of rows chunk k. */
 __global__ void column_partials_kernel(float *part, const float *a, int64_t rows, int C,
                                        int chunks) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -269,8 +281,9 @@ int visc_cuda_column_sums(visc_cuda *ctx, float *out, const float *a, int64_t ro
     if (rows == 0)
         return visc_cuda_check(cudaMemsetAsync(out, 0, sizeof(float) * C, ctx->stream),
                                "column sums");
-    column_partials_kernel<<<dim3((C + 255) / 256, chunks), 256, 0, ctx->stream>>>(part, a, rows, C,
-                                                                                   chunks);
+    const unsigned threads = visc_cuda_col_threads(C);
+    column_partials_kernel<<<dim3((C + threads - 1) / threads, chunks), threads, 0, ctx->stream>>>(
+        part, a, rows, C, chunks);
     if (visc_cuda_launched("column sums")) return -1;
     return visc_cuda_add_partials(ctx, out, part, chunks, C, C);
 }

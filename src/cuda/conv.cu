@@ -5,7 +5,8 @@
  * and its workspace size, chosen on first use: cuDNN's heuristic list
  * (the _v7 queries, no timing runs, so the choice does not depend on the
  * machine's load), first entry that succeeded, is deterministic (the
- * backward-weights algorithms 0 and 3 add with atomics) and fits
+ * backward-weights algorithms 0 and 3 add with atomics), for fp32 is a
+ * GEMM-like algorithm (no FFT, no Winograd), and fits
  * VISC_CONV_WORKSPACE_MAX. fp32 runs with CUDNN_FMA_MATH: cuDNN's default
  * math allows TF32 on Hopper (10 mantissa bits), which would break parity
  * with the CPU; bf16 runs on tensor cores with fp32 accumulation. */
@@ -18,6 +19,9 @@
 
 #define VISC_CONV_PLANS 64
 #define VISC_CONV_WORKSPACE_MAX ((size_t)256 << 20)
+/* entries asked of each heuristic: an algorithm may be listed once per math
+ * type, more than the *_ALGO_COUNT algorithms */
+#define VISC_CONV_HEURISTICS 32
 
 enum { FWD, BWD_DATA, BWD_FILTER, DIRECTIONS };
 static const char *const direction_name[DIRECTIONS] = {"forward", "backward-data",
@@ -137,11 +141,33 @@ static conv_plan *plan_for(visc_conv_state *st, const visc_cuda_conv_shape *s) {
     return p;
 }
 
-/* Whether a heuristic entry is usable: it ran, is deterministic, and for
- * fp32 is not a tensor-core (TF32) kernel. */
-template <typename Perf> static int acceptable(const Perf &r, int bf16) {
+/* Whether a heuristic entry is usable: it ran and is deterministic; for
+ * fp32, it is one of the GEMM-like algorithms (FFT and Winograd transform
+ * the operands and round far from the CPU's fp32 products, cuda.h's
+ * contract) and not a tensor-core (TF32) kernel: in the first pass one
+ * that cuDNN lists with FMA math, in the second one listed with its
+ * default math (forced to FMA then). */
+static int gemm_like(int dir, int algo) {
+    switch (dir) {
+    case FWD:
+        return algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM ||
+               algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
+               algo == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || algo == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
+    case BWD_DATA:
+        return algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 ||
+               algo == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+    default:
+        return algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 ||
+               algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
+               algo == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+    }
+}
+
+template <typename Perf> static int acceptable(const Perf &r, int dir, int bf16, int pass) {
     if (r.status != CUDNN_STATUS_SUCCESS || r.determinism != CUDNN_DETERMINISTIC) return 0;
-    return bf16 || r.mathType == CUDNN_FMA_MATH || r.mathType == CUDNN_DEFAULT_MATH;
+    if (bf16) return 1;
+    return gemm_like(dir, (int)r.algo) &&
+           r.mathType == (pass == 0 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH);
 }
 
 /* The workspace size of `algo` in direction `dir` with the plan's math. */
@@ -163,20 +189,21 @@ static cudnnStatus_t workspace_of(visc_conv_state *st, conv_plan *p, int dir, in
 template <typename Perf>
 static int pick(visc_conv_state *st, conv_plan *p, int dir, const Perf *perf, int n) {
     const int bf16 = p->shape.type == VISC_CUDA_CONV_BF16_NHWC;
-    for (int i = 0; i < n; i++) {
-        if (!acceptable(perf[i], bf16)) continue;
-        const cudnnMathType_t math = bf16 ? perf[i].mathType : CUDNN_FMA_MATH;
-        size_t bytes = 0;
-        if (visc_dnn.conv_math(p->conv, math) != CUDNN_STATUS_SUCCESS ||
-            workspace_of(st, p, dir, (int)perf[i].algo, &bytes) != CUDNN_STATUS_SUCCESS ||
-            bytes > VISC_CONV_WORKSPACE_MAX)
-            continue;
-        p->algo[dir] = (int)perf[i].algo;
-        p->math[dir] = math;
-        p->ws[dir] = bytes;
-        p->chosen[dir] = 1;
-        return 0;
-    }
+    for (int pass = 0; pass < (bf16 ? 1 : 2); pass++)
+        for (int i = 0; i < n; i++) {
+            if (!acceptable(perf[i], dir, bf16, pass)) continue;
+            const cudnnMathType_t math = bf16 ? perf[i].mathType : CUDNN_FMA_MATH;
+            size_t bytes = 0;
+            if (visc_dnn.conv_math(p->conv, math) != CUDNN_STATUS_SUCCESS ||
+                workspace_of(st, p, dir, (int)perf[i].algo, &bytes) != CUDNN_STATUS_SUCCESS ||
+                bytes > VISC_CONV_WORKSPACE_MAX)
+                continue;
+            p->algo[dir] = (int)perf[i].algo;
+            p->math[dir] = math;
+            p->ws[dir] = bytes;
+            p->chosen[dir] = 1;
+            return 0;
+        }
     const visc_cuda_conv_shape *s = &p->shape;
     return visc_set_error("convolution %s: cuDNN offers no deterministic %s algorithm for N %d C "
                           "%d %dx%d -> K %d, %dx%d stride %d pad %d",
@@ -188,24 +215,24 @@ static int choose(visc_conv_state *st, conv_plan *p, int dir) {
     if (p->chosen[dir]) return 0;
     int n = 0;
     if (dir == FWD) {
-        cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+        cudnnConvolutionFwdAlgoPerf_t perf[VISC_CONV_HEURISTICS];
         if (visc_dnn_check(visc_dnn.fwd_algos(st->handle, p->x, p->w, p->conv, p->y,
-                                              CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &n, perf),
+                                              VISC_CONV_HEURISTICS, &n, perf),
                            "convolution forward heuristic"))
             return -1;
         return pick(st, p, dir, perf, n);
     }
     if (dir == BWD_DATA) {
-        cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+        cudnnConvolutionBwdDataAlgoPerf_t perf[VISC_CONV_HEURISTICS];
         if (visc_dnn_check(visc_dnn.bwd_data_algos(st->handle, p->w, p->y, p->conv, p->x,
-                                                   CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &n, perf),
+                                                   VISC_CONV_HEURISTICS, &n, perf),
                            "convolution backward-data heuristic"))
             return -1;
         return pick(st, p, dir, perf, n);
     }
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    cudnnConvolutionBwdFilterAlgoPerf_t perf[VISC_CONV_HEURISTICS];
     if (visc_dnn_check(visc_dnn.bwd_filter_algos(st->handle, p->x, p->y, p->conv, p->w,
-                                                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &n, perf),
+                                                 VISC_CONV_HEURISTICS, &n, perf),
                        "convolution backward-weights heuristic"))
         return -1;
     return pick(st, p, dir, perf, n);

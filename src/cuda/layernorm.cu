@@ -75,7 +75,7 @@ __global__ void ln_backward_kernel(float *din, const float *dout, const float *i
     }
 }
 
-/* Block (x, k): the dgamma / dbeta partials of rows chunk k for 256 columns. */
+/* Block (x, k): the dgamma / dbeta partials of rows chunk k for blockDim.x columns. */
 __global__ void ln_param_partials_kernel(float *part, const float *dout, const float *in,
                                          const float *save_mean, const float *save_rstd,
                                          int64_t rows, int C, int chunks) {
@@ -120,11 +120,10 @@ int visc_cuda_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, floa
                                        "dbeta")
                      : 0;
     }
-    ln_param_partials_kernel<<<dim3((C + 255) / 256, chunks), 256, 0, ctx->stream>>>(part, dout, in,
-                                                                                     save_mean,
-                                                                                     save_rstd,
-                                                                                     rows, C,
-                                                                                     chunks);
+    const unsigned threads = visc_cuda_col_threads(C);
+    ln_param_partials_kernel<<<dim3((C + threads - 1) / threads, chunks), threads, 0,
+                               ctx->stream>>>(part, dout, in, save_mean, save_rstd, rows, C,
+                                              chunks);
     if (visc_cuda_launched("layernorm parameter gradients")) return -1;
     if (visc_cuda_add_partials(ctx, dgamma, part, chunks, 2 * C, C)) return -1;
     return dbeta ? visc_cuda_add_partials(ctx, dbeta, part + C, chunks, 2 * C, C) : 0;

@@ -93,6 +93,15 @@ static int matmul(visc_cuda *ctx, cudaDataType_t ab, float *D, const void *A, co
                   const float *bias, int M, int N, int K, int trans_a, int trans_b, float beta) {
     if (M <= 0 || N <= 0 || K <= 0)
         return visc_set_error("matmul: bad shape M %d, N %d, K %d", M, N, K);
+    /* cuBLASLt takes no alignment for the bias vector, and its bias
+     * epilogue has been seen to fail on vectors not 16-byte aligned: such
+     * a bias (none of a model's: the parameter table aligns them) is added
+     * after the product instead */
+    if (bias && alignment_of(bias) < 16)
+        return matmul(ctx, ab, D, A, B, NULL, M, N, K, trans_a, trans_b, beta) ||
+                       visc_cuda_add_broadcast(ctx, D, bias, M, N)
+                   ? -1
+                   : 0;
     cublasLtHandle_t lt = visc_cuda_lt(ctx);
     if (!lt) return -1;
     lt_plan p = {};

@@ -96,7 +96,9 @@ int visc_cuda_sum_rows(visc_cuda *ctx, float *out, const float *a, int64_t rows,
     return visc_cuda_column_sums(ctx, out, a, rows, C);
 }
 
-/* x[b] += keep[b] branch[b] (a 0 skips the branch, a 1 is a plain add, as the CPU) */
+/* x[b] += keep[b] branch[b] (a 0 skips the branch, a 1 is a plain add, as the
+ * CPU); the product rounded before the sum, as the CPU's (nvcc would fuse
+ * the two into one multiply-add, another rounding when keep is 1/(1-p)) */
 __global__ void droppath_add_kernel(float *x, const float *branch, const float *keep, int B,
                                     size_t per_sample) {
     const size_t n = (size_t)B * per_sample;
@@ -104,7 +106,7 @@ __global__ void droppath_add_kernel(float *x, const float *branch, const float *
          e += (size_t)gridDim.x * blockDim.x) {
         const float k = keep[e / per_sample];
         if (k == 1.0f) x[e] += branch[e];
-        else if (k != 0.0f) x[e] += k * branch[e];
+        else if (k != 0.0f) x[e] = __fadd_rn(x[e], __fmul_rn(k, branch[e]));
     }
 }
 

@@ -1134,6 +1134,24 @@ static void check_conv(const char *what, int N, int C, int H, int W, int K, int 
     expect_conv(name, h_dx, dx, dx_mag, nx, amag, rtol);
     snprintf(name, sizeof name, "conv %s %s: backward-weights", what, form);
     expect_conv(name, h_dw, dw, dw_mag, nw, amag, rtol);
+    /* only deterministic algorithms are taken: a second run gives the same bits */
+    launched(visc_cuda_conv_forward(ctx, &s, d_y, d_x, d_w), "convolution forward, again");
+    launched(visc_cuda_conv_backward_data(ctx, &s, d_dx, d_dy, d_w),
+             "convolution backward-data, again");
+    launched(visc_cuda_conv_backward_weights(ctx, &s, d_dw, d_x, d_dy, 0.0f),
+             "convolution backward-weights, again");
+    float *again[3] = {down_conv(d_y, N, K, d.P * d.Q, type), down_conv(d_dx, N, C, H * W, type),
+                       down_conv(d_dw, K, C, R * R, type)};
+    const float *first[3] = {h_y, h_dx, h_dw};
+    const size_t count[3] = {ny, nx, nw};
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "conv %s %s: %s run again: the same bits", what, form,
+                 i == 0   ? "forward"
+                 : i == 1 ? "backward-data"
+                          : "backward-weights");
+        expect_bits(name, again[i], first[i], count[i], sizeof(float));
+        free(again[i]);
+    }
     /* beta 1 adds the gradient to what dw holds: twice the gradient now */
     launched(visc_cuda_conv_backward_weights(ctx, &s, d_dw, d_x, d_dy, 1.0f),
              "convolution backward-weights, beta 1");
@@ -1734,11 +1752,13 @@ static void check_tokens(int B, int T, int C) {
     snprintf(name, sizeof name, "row sums [%d, %zu]", B, NC);
     expect_sums(name, got, sum, mag, NC);
     free(got);
-    /* drop-path: x += keep_b branch_b (factors 0 and 2, then eval's 1s), dbranch = keep_b dx */
+    /* drop-path: x += keep_b branch_b (factors 0 and 1 / 0.7, whose product
+     * with the branch must be rounded before the sum as on the CPU; then
+     * eval's 1s), dbranch = keep_b dx */
     float *ref = malloc(sizeof(float) * n), *keep_cpu = malloc(sizeof(float) * B);
     for (int train = 1; train >= 0; train--) {
         memcpy(ref, x, sizeof(float) * n);
-        visc_droppath_add_forward(ref, branch, keep_cpu, B, NC, 0.5f, train, 7, 0);
+        visc_droppath_add_forward(ref, branch, keep_cpu, B, NC, 0.3f, train, 7, 0);
         if (visc_cuda_upload(ctx, d_x, x, sizeof(float) * n) ||
             visc_cuda_upload(ctx, d_keep, keep_cpu, sizeof(float) * B))
             die_cuda("upload");
@@ -2034,6 +2054,12 @@ static void check_talking_heads(int B, int H, int T, int D) {
     float *dsoft = malloc(sizeof(float) * nS);
     memcpy(dsoft, gS, sizeof(float) * nS);
     visc_th_softmax_backward(dsoft, P, rows, T);
+    /* the mix with W transposed and no bias: backward's (models/cait.c) */
+    float *mix_t = malloc(sizeof(float) * nS);
+    visc_th_mix(mix_t, S, W, NULL, B, H, TT, 1);
+    if (visc_cuda_upload(ctx, d_S, S, sizeof(float) * nS)) die_cuda("upload");
+    launched(visc_cuda_th_mix(ctx, d_P, d_S, d_W, NULL, B, H, TT, 1), "th mix, transposed");
+    float *g_mix_t = down(d_P, nS);
     struct {
         const char *what;
         float *got;
@@ -2041,6 +2067,7 @@ static void check_talking_heads(int B, int H, int T, int D) {
         size_t n;
     } outs[] = {{"scores", g_scores, S, nS},
                 {"head mix", g_mix, mix, nS},
+                {"head mix transposed, no bias", g_mix_t, mix_t, nS},
                 {"softmax", g_soft, soft, nS},
                 {"A v", down(d_att, natt), att, natt},
                 {"dA", g_dA, dA, nS},
@@ -2078,8 +2105,8 @@ static void check_talking_heads(int B, int H, int T, int D) {
     void *dfree[] = {d_qkv,  d_W,  d_bias, d_datt, d_S, d_P,  d_att, d_dA,
                      d_dqkv, d_dW, d_db,   d_dS,   d_g, d_ls, d_dls, d_dgam};
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
-    void *hfree[] = {qkv, W,   bias, datt,  gS, S,  P,   att,  dA,   dqkv,  dW,    db,
-                     dS,  mix, soft, dsoft, g,  ls, dls, dgam, g_ls, g_dls, g_dgam};
+    void *hfree[] = {qkv, W,   bias, datt,  gS, S,  P,   att,  dA,   dqkv,  dW,     db,
+                     dS,  mix, soft, dsoft, g,  ls, dls, dgam, g_ls, g_dls, g_dgam, mix_t};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
@@ -2175,6 +2202,7 @@ static void group_xent(void) {
 }
 static void group_gelu(void) {
     check_gelu(((size_t)1 << 20) + 3);
+    check_gelu(((size_t)5 << 20) + 3); /* past the launch cap: the grid-stride loop's second pass */
     check_bias_gelu(257, 384);
 }
 static void group_optim(void) {
@@ -2192,6 +2220,7 @@ static void group_optim(void) {
     check_clip(((size_t)1 << 20) + 3, 1.0f); /* norm ~590: scaled */
     check_clip(1000, 1e6f);                  /* left alone */
     check_ema(((size_t)1 << 20) + 7, 0.999f);
+    check_ema(((size_t)5 << 20) + 7, 0.999f); /* several grid-stride passes */
     check_ema(1000, 0.99f);
 }
 static void group_convert(void) {
@@ -2245,6 +2274,13 @@ static void group_attention(void) {
                                 .D = 128,
                                 .nmask = 1,
                                 .dead_row = 1}); /* D 128, a row with every key masked */
+    check_attention((attn_case){.B = 2,
+                                .H = 2,
+                                .Nq = 40,
+                                .Nk = 33,
+                                .D = 32,
+                                .bias = 1,
+                                .head_scale = 1}); /* bias and head scales off the diagonal */
 }
 static void group_tokens(void) {
     check_tokens(8, 197, 384); /* ViT-S's position table and class tokens */
@@ -2258,7 +2294,8 @@ static void group_cait(void) {
 }
 static void group_eltwise(void) {
     check_add(((size_t)1 << 20) + 5);
-    check_add(9); /* fewer elements than one block */
+    check_add(((size_t)5 << 20) + 5); /* several grid-stride passes */
+    check_add(9);                     /* fewer elements than one block */
 }
 static void group_input(void) {
     const float imagenet_mean[3] = {0.485f, 0.456f, 0.406f},
