@@ -10,7 +10,13 @@ WARN    := -Wall -Wextra -Wshadow -Wpointer-arith -Wstrict-prototypes -Wmissing-
 ifeq ($(WERROR),1)
 WARN    += -Werror
 endif
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Iinclude -fopenmp $(OPT) $(WARN) $(SANFLAGS) -MMD -MP
+# -fno-trapping-math: no code here reads the floating-point exception flags,
+# and with GCC's default an operation written in one arm of a select is not
+# computed speculatively, so loops such as GELU's and softmax's did not
+# vectorize without AVX-512's masks (GELU was 27% of a small ViT's step on
+# an AVX2 CPU). It changes no result: the rounding of every operation stays.
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Iinclude -fopenmp -fno-trapping-math $(OPT) $(WARN) $(SANFLAGS) \
+           -MMD -MP
 LDLIBS  += -ldnnl -ljpeg -lpng -lz -lm -lpthread -ldl
 LDFLAGS += -fopenmp $(SANFLAGS)
 

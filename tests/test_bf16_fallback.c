@@ -28,8 +28,9 @@ TEST(bf16_falls_back_to_fp32) {
 }
 
 TEST(bf16_emulated_on_request) {
-    /* VISC_BF16_EMULATE=1: oneDNN's kernels without native bf16 (still
-     * capped above), the products of the rounded operands. 0.1f and 0.3f
+    /* VISC_BF16_EMULATE=1: the products of the rounded operands, by
+     * oneDNN's kernels without native bf16 (still capped above) or, below
+     * AVX-512, by fp32 kernels on the operands widened back. 0.1f and 0.3f
      * are not bf16 values, so fp32 products would differ. */
     setenv("VISC_BF16_EMULATE", "1", 1);
     CHECK(visc_set_matmul_precision(VISC_PRECISION_BF16) == VISC_PRECISION_BF16);

@@ -391,8 +391,10 @@ int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *
  * (1/sqrt(var + eps)) kept for backward, running statistics updated with
  * `momentum` and the unbiased variance (or left alone when NULL: a
  * recomputed forward); relu = 1 fuses a following ReLU
- * (backward then masks with `out`). The sums are in double, one block per
- * channel in a fixed order: the same inputs give the same bits. */
+ * (backward then masks with `out`). The sums are in double, each channel's
+ * values cut into a number of ranges fixed by the shape, each range summed
+ * by one block in a fixed tree and the ranges added in order: the same
+ * inputs give the same bits. */
 typedef struct {
     int N, C, HW, nchw, relu;
     float eps, momentum;

@@ -36,8 +36,10 @@ int visc_bf16_supported(void) {
  * be the worst of both. VISC_BF16_EMULATE=1 takes those kernels anyway, for
  * the bf16 numbers on such a machine (the stand-in GPU's tests compare
  * against them: a GPU multiplies in bf16 whatever the host has). Below
- * AVX-512 oneDNN has no bf16 matmul at all: there the layers stay fp32
- * even so (each product's own fallback). */
+ * AVX-512 oneDNN has no bf16 matmul at all: there an emulated product
+ * widens the rounded operands back to fp32 and runs the fp32 matmul (the
+ * product of two bf16 values is exact in fp32, so only the order of the
+ * fp32 sums differs from a bf16 kernel's). */
 static int emulate_requested(void) {
     const char *env = getenv("VISC_BF16_EMULATE");
     return env && strcmp(env, "1") == 0;
@@ -115,6 +117,7 @@ typedef struct {
     int M, N, K, has_bias;
     int split; /* > 1: K cut into `split` equal slices, one batch entry each (see dw_split) */
     int ok;    /* 0: oneDNN has no native bf16 kernel for it (use fp32) */
+    int widen; /* 1: emulated with an fp32 kernel on the operands widened back (see above) */
     dnnl_primitive_t prim;
     dnnl_memory_t a, b, bias, c, pad;
 } product;
@@ -123,34 +126,38 @@ typedef struct {
 static product **products;
 static int n_products, cap_products;
 
-static void bf16_md(dnnl_memory_desc_t *md, dnnl_dim_t rows, dnnl_dim_t cols, char t) {
+static void operand_md(dnnl_memory_desc_t *md, dnnl_dim_t rows, dnnl_dim_t cols, char t,
+                       dnnl_data_type_t type) {
     const dnnl_dims_t dims = {rows, cols}; /* full size: the API reads DNNL_MAX_NDIMS */
-    VISC_DNNL(dnnl_memory_desc_init_by_tag(md, 2, dims, dnnl_bf16, t == 'T' ? dnnl_ba : dnnl_ab));
+    VISC_DNNL(dnnl_memory_desc_init_by_tag(md, 2, dims, type, t == 'T' ? dnnl_ba : dnnl_ab));
 }
 
 /* The sliced product: slice s of A = op(A)[:, s Ks : (s + 1) Ks] and of B
  * = op(B)[s Ks : (s + 1) Ks, :], as a batch of `split` products through
  * strides (no copies); C gets one [M, N] partial per slice. */
 static void sliced_mds(dnnl_memory_desc_t *a, dnnl_memory_desc_t *b, dnnl_memory_desc_t *c,
-                       const product *p) {
+                       const product *p, dnnl_data_type_t type) {
     const dnnl_dim_t S = p->split, M = p->M, N = p->N, Ks = p->K / p->split;
     const dnnl_dims_t adims = {S, M, Ks}, bdims = {S, Ks, N}, cdims = {S, M, N};
     const dnnl_dim_t K = p->K;
     /* strides of (slice, row, column): A stored [K, M] ('T') or [M, K]; B [N, K] ('T') or [K, N] */
     const dnnl_dims_t as = {p->ta == 'T' ? Ks * M : Ks, p->ta == 'T' ? 1 : K, p->ta == 'T' ? M : 1};
     const dnnl_dims_t bs = {p->tb == 'T' ? Ks : Ks * N, p->tb == 'T' ? 1 : N, p->tb == 'T' ? K : 1};
-    VISC_DNNL(dnnl_memory_desc_init_by_strides(a, 3, adims, dnnl_bf16, as));
-    VISC_DNNL(dnnl_memory_desc_init_by_strides(b, 3, bdims, dnnl_bf16, bs));
+    VISC_DNNL(dnnl_memory_desc_init_by_strides(a, 3, adims, type, as));
+    VISC_DNNL(dnnl_memory_desc_init_by_strides(b, 3, bdims, type, bs));
     visc_dnnl_md(c, 3, cdims, dnnl_abc);
 }
 
-static void create(product *p) {
+/* Tries to make p's primitive with operands of the given type; 0 when
+ * oneDNN has none, or only its reference kernels and allow_ref is 0 (they
+ * convert element by element: far slower than fp32 sgemm). */
+static int create_typed(product *p, dnnl_data_type_t type, int allow_ref) {
     dnnl_memory_desc_t a, b, c, bias;
-    bf16_md(&a, p->M, p->K, p->ta);
-    bf16_md(&b, p->K, p->N, p->tb);
+    operand_md(&a, p->M, p->K, p->ta, type);
+    operand_md(&b, p->K, p->N, p->tb, type);
     const dnnl_dims_t cdims = {p->M, p->N}, bdims = {1, p->N};
     visc_dnnl_md(&c, 2, cdims, dnnl_ab);
-    if (p->split > 1) sliced_mds(&a, &b, &c, p);
+    if (p->split > 1) sliced_mds(&a, &b, &c, p, type);
     visc_dnnl_md(&bias, 2, bdims, dnnl_ab);
     dnnl_matmul_desc_t desc;
     VISC_DNNL(dnnl_matmul_desc_init(&desc, &a, &b, p->has_bias ? &bias : NULL, &c));
@@ -158,29 +165,35 @@ static void create(product *p) {
     dnnl_primitive_desc_t pd;
     dnnl_status_t st = dnnl_primitive_desc_create(&pd, &desc, attr, visc_dnnl_engine(), NULL);
     VISC_DNNL(dnnl_primitive_attr_destroy(attr));
-    p->ok = 0;
-    if (st != dnnl_success) return;
-    /* The reference kernels convert element by element: far slower than fp32 sgemm. */
-    if (strncmp(visc_dnnl_impl_name(pd), "ref", 3) != 0) {
-        p->ok = 1;
-        p->prim = visc_dnnl_primitive(pd);
-        p->a = visc_dnnl_memory(&a, DNNL_MEMORY_NONE);
-        p->b = visc_dnnl_memory(&b, DNNL_MEMORY_NONE);
-        p->c = visc_dnnl_memory(&c, DNNL_MEMORY_NONE);
-        p->bias = p->has_bias ? visc_dnnl_memory(&bias, DNNL_MEMORY_NONE) : NULL;
-        const size_t bytes = visc_dnnl_scratchpad_bytes(pd);
-        p->pad = NULL;
-        if (bytes) {
-            p->pad = visc_dnnl_memory(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0),
-                                      DNNL_MEMORY_NONE);
-            if (scratch_cap < bytes) {
-                visc_free_aligned(scratch);
-                scratch = visc_alloc_aligned(bytes, "bf16 matmul scratchpad");
-                scratch_cap = bytes;
-            }
+    if (st != dnnl_success) return 0;
+    if (!allow_ref && strncmp(visc_dnnl_impl_name(pd), "ref", 3) == 0) {
+        VISC_DNNL(dnnl_primitive_desc_destroy(pd));
+        return 0;
+    }
+    p->prim = visc_dnnl_primitive(pd);
+    p->a = visc_dnnl_memory(&a, DNNL_MEMORY_NONE);
+    p->b = visc_dnnl_memory(&b, DNNL_MEMORY_NONE);
+    p->c = visc_dnnl_memory(&c, DNNL_MEMORY_NONE);
+    p->bias = p->has_bias ? visc_dnnl_memory(&bias, DNNL_MEMORY_NONE) : NULL;
+    const size_t bytes = visc_dnnl_scratchpad_bytes(pd);
+    p->pad = NULL;
+    if (bytes) {
+        p->pad = visc_dnnl_memory(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0),
+                                  DNNL_MEMORY_NONE);
+        if (scratch_cap < bytes) {
+            visc_free_aligned(scratch);
+            scratch = visc_alloc_aligned(bytes, "bf16 matmul scratchpad");
+            scratch_cap = bytes;
         }
     }
     VISC_DNNL(dnnl_primitive_desc_destroy(pd));
+    return 1;
+}
+
+static void create(product *p) {
+    p->ok = create_typed(p, dnnl_bf16, 0);
+    /* Emulation wants the bf16 numbers above all: any fp32 kernel will do. */
+    if (!p->ok && emulate_requested()) p->ok = p->widen = create_typed(p, dnnl_f32, 1);
 }
 
 static product *find(char ta, char tb, int M, int N, int K, int has_bias, int split) {
@@ -202,9 +215,41 @@ static product *find(char ta, char tb, int M, int N, int K, int has_bias, int sp
     return p;
 }
 
+/* The widened operands of an emulated product. */
+static float *wide_a, *wide_b;
+static size_t wide_a_cap, wide_b_cap; /* floats */
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+widen_chunk(float *dst, const uint16_t *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = visc_bf16_to_f32(src[i]);
+}
+
+static const float *widen(float **buf, size_t *cap, const uint16_t *src, size_t n) {
+    if (*cap < n) {
+        visc_free_aligned(*buf);
+        *buf = visc_alloc_aligned(n * sizeof(float), "emulated bf16 operand");
+        *cap = n;
+    }
+    enum { CHUNK = 16384 };
+    const long chunks = (long)((n + CHUNK - 1) / CHUNK);
+    float *dst = *buf;
+#pragma omp parallel for schedule(static) if (chunks > 4)
+    for (long c = 0; c < chunks; c++) {
+        const size_t lo = (size_t)c * CHUNK, len = n - lo < CHUNK ? n - lo : CHUNK;
+        widen_chunk(dst + lo, src + lo, len);
+    }
+    return dst;
+}
+
 static void run(product *p, const uint16_t *A, const uint16_t *B, const float *bias, float *C) {
-    visc_dnnl_set_handle(p->a, A);
-    visc_dnnl_set_handle(p->b, B);
+    if (p->widen) {
+        /* A holds op(A)'s M x K values and B op(B)'s K x N whatever the split. */
+        visc_dnnl_set_handle(p->a, widen(&wide_a, &wide_a_cap, A, (size_t)p->M * p->K));
+        visc_dnnl_set_handle(p->b, widen(&wide_b, &wide_b_cap, B, (size_t)p->K * p->N));
+    } else {
+        visc_dnnl_set_handle(p->a, A);
+        visc_dnnl_set_handle(p->b, B);
+    }
     visc_dnnl_set_handle(p->c, C);
     dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, p->a},
                                {DNNL_ARG_WEIGHTS, p->b},

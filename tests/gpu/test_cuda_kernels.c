@@ -2347,6 +2347,16 @@ static void group_batchnorm(void) {
     check_batchnorm(4, 32, 17 * 17, 0, 1, 50.0f); /* |mean| >> std: the centred variance */
     check_batchnorm_sync(8, 64, 28 * 28, 1);      /* SyncBN over two halves */
     check_batchnorm_sync(16, 128, 7 * 7, 0);
+    /* each channel's values cut into ranges (src/cuda/batchnorm.cu's
+     * bn_splits: 4096 values each at least): 17 ranges of a ResNet's first
+     * stage; ranges that start inside an image, planes smaller than a
+     * block; planes of one value (a projection head's BatchNorm);
+     * channels-last; SyncBN's halves of 3 ranges each */
+    check_batchnorm(64, 64, 56 * 56, 1, 1, 0.0f);
+    check_batchnorm(700, 4, 13, 1, 1, 0.0f);
+    check_batchnorm(9000, 3, 1, 0, 1, 0.0f);
+    check_batchnorm(16, 96, 28 * 28, 1, 0, 0.0f);
+    check_batchnorm_sync(1400, 4, 13, 1);
 }
 static void group_pool(void) {
     check_maxpool(4, 64, 112, 112, 3, 2, 1, 0, 0); /* ResNet's stem pooling */
