@@ -1,11 +1,12 @@
-/* test_tokens_generic.c: the portable code of the token layers.
+/* test_tokens_generic.c: the token layers' kernels below AVX-512.
  *
- * GELU and the attention transposes have hand-written AVX-512 kernels that
- * follow oneDNN's ISA (visc_cpu_avx512); test_tokens checks whatever this
- * CPU runs. This binary caps the ISA at AVX2 before anything asks, so the
- * portable versions run (as on a CPU without AVX-512) and are checked
- * against double-precision references. Its own binary: the cap can only be
- * set before oneDNN first looks at the CPU. */
+ * GELU and the attention have hand-written kernels per ISA level
+ * (visc_cpu_level: AVX-512, AVX2 with FMA, none); test_tokens checks
+ * whatever this CPU runs. This binary caps oneDNN's ISA at AVX2 before
+ * anything asks (its own binary: the cap can only be set before oneDNN first
+ * looks at the CPU), then runs each test at level 1 (AVX2 + FMA, where the
+ * CPU has it) and level 0 (the compiler's loops), against double-precision
+ * references. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,17 +19,22 @@
 #include "visc/rng.h"
 #include "visc/tokens.h"
 
-static void cap_isa(void) {
+static void cap_isa(int level) {
     static int done;
     if (!done) CHECK(dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2) == dnnl_success);
     done = 1;
     CHECK(!visc_cpu_avx512());
+    visc_cpu_cap_level(level);
+#if defined(__x86_64__)
+    const int have_avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    CHECK(visc_cpu_level() == (level == 1 && !have_avx2 ? 0 : level));
+#endif
 }
 
 static double phi(double x) { return 0.5 * (1 + erf(x / sqrt(2.0))); }
 
-TEST(gelu_portable_matches_erf) {
-    cap_isa();
+static void gelu_matches_erf(int level) {
+    cap_isa(level);
     enum { N = 1001 }; /* not a multiple of any vector width */
     float x[N], y[N], want[N], g[N], dx[N], dwant[N];
     uint16_t h[N];
@@ -44,6 +50,9 @@ TEST(gelu_portable_matches_erf) {
     CHECK_ARRAYS("gelu", y, want, N, 1e-6, 1e-5);
     CHECK_ARRAYS("gelu dx", dx, dwant, N, 1e-6, 1e-5);
 }
+
+TEST(gelu_avx2_matches_erf) { gelu_matches_erf(1); }
+TEST(gelu_portable_matches_erf) { gelu_matches_erf(0); }
 
 /* One sequence, one head: out = softmax(s Q K^T) V and, for dout, dq and dv. */
 static void attention_ref(double *out, double *dq, double *dv, const float *q, const float *k,
@@ -84,8 +93,8 @@ static void attention_ref(double *out, double *dq, double *dv, const float *q, c
     }
 }
 
-TEST(attention_portable_transposes) {
-    cap_isa();
+static void attention_matches_reference(int level) {
+    cap_isa(level);
     enum { N = 20, D = 16, LD = 3 * D }; /* rows padded to 32: a partial tile */
     float qkv[N * LD], dout[N * LD], out[N * LD], lse[N], dqkv[N * LD];
     visc_rng r = visc_rng_make(5, VISC_STREAM_INIT, 0);
@@ -112,3 +121,6 @@ TEST(attention_portable_transposes) {
     CHECK_ARRAYS("attention dq", got_dq, w_dq, N * D, 1e-5, 1e-4);
     CHECK_ARRAYS("attention dv", got_dv, w_dv, N * D, 1e-5, 1e-4);
 }
+
+TEST(attention_avx2_tiles) { attention_matches_reference(1); }
+TEST(attention_portable_transposes) { attention_matches_reference(0); }

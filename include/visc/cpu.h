@@ -43,6 +43,13 @@ void visc_dnnl_run(dnnl_primitive_t prim, int nargs, const dnnl_exec_arg_t *args
  * oneDNN's ISA (dnnl_set_max_cpu_isa, ONEDNN_MAX_CPU_ISA) runs and tests
  * their portable versions as well. */
 int visc_cpu_avx512(void);
+/* The widest hand-written kernels visc runs here: 2 AVX-512 (as
+ * visc_cpu_avx512), 1 AVX2 with FMA (oneDNN allowed AVX2 and the CPU has
+ * FMA), 0 none (the compiler's loops, cloned per ISA by the hardware). */
+int visc_cpu_level(void);
+/* Caps visc_cpu_level (not oneDNN) at level from now on, so one test binary
+ * can check the kernels of every level against the same references. */
+void visc_cpu_cap_level(int level);
 /* Name of the implementation oneDNN picked (for benchmarks and debugging). */
 const char *visc_dnnl_impl_name(const_dnnl_primitive_desc_t pd);
 

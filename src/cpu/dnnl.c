@@ -80,6 +80,22 @@ int visc_cpu_avx512(void) {
     return ((unsigned)dnnl_get_effective_cpu_isa() & want) == want;
 }
 
+static int level_cap = 2;
+
+void visc_cpu_cap_level(int level) { level_cap = level; }
+
+int visc_cpu_level(void) {
+    int level = 0;
+    const unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    const unsigned avx2 = (unsigned)dnnl_cpu_isa_avx2;
+    if (visc_cpu_avx512()) level = 2;
+#if defined(__x86_64__) && defined(__GNUC__)
+    else if ((isa & avx2) == avx2 && __builtin_cpu_supports("fma")) level = 1;
+#endif
+    (void)isa, (void)avx2;
+    return level < level_cap ? level : level_cap;
+}
+
 const char *visc_dnnl_impl_name(const_dnnl_primitive_desc_t pd) {
     const char *name = NULL;
     VISC_DNNL(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &name));

@@ -74,8 +74,8 @@ static float head_scale_of(const visc_attention *a, int h) {
 /* ---- row kernels (vectorized; exp dominates once the GEMMs are fast) ---- */
 
 /* Softmax of one row in place; returns its log-sum-exp. */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static float softmax_row(float *row,
-                                                                                      int n) {
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static float
+softmax_row(float *row, int n) {
     /* Row maximum over 16 lanes: an elementwise max vectorizes without -ffast-math. */
     float lane[16];
     for (int l = 0; l < 16; l++) lane[l] = row[0];
@@ -103,14 +103,14 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static float softma
 }
 
 /* P = exp(S - lse) in place: the forward's probabilities, recomputed. */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 exp_shifted_row(float *row, int n, float lse) {
 #pragma omp simd
     for (int j = 0; j < n; j++) row[j] = visc_fast_exp(row[j] - lse);
 }
 
 /* dS = P * (dP - di) in place over dP; returns sum(dS * R) (for the head scale). */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static float
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static float
 dsoftmax_row(float *ds, const float *p, const float *r, int n, float di, int want_hs) {
 #pragma omp simd
     for (int j = 0; j < n; j++) ds[j] = p[j] * (ds[j] - di);
@@ -137,19 +137,13 @@ dsoftmax_row(float *ds, const float *p, const float *r, int n, float di, int wan
  * accumulators of 16 floats in registers (GCC vector extensions: 16 zmm with
  * AVX-512, split into ymm/xmm halves by the other clones). */
 typedef float v16 __attribute__((vector_size(64)));
-/* acc += x * b as one FMA: -std=c11 makes GCC default to -ffp-contract=off
- * (which halves the tile's throughput); clang contracts within an
- * expression by default and has no optimize attribute. */
-#if defined(__clang__)
-#define FP_CONTRACT_FAST
-#else
-#define FP_CONTRACT_FAST __attribute__((optimize("fp-contract=fast")))
-#endif
+/* acc += x * b is one FMA: the Makefile builds with -ffp-contract=fast. */
 typedef float v16u __attribute__((vector_size(64), aligned(4))); /* unaligned access */
 
-static inline __attribute__((always_inline)) FP_CONTRACT_FAST void
-tile(int mr, int nv, int K, const float *A, int64_t ars, int64_t acs, const float *B, int64_t ldb,
-     float alpha, float *C, int64_t ldc) {
+static inline __attribute__((always_inline)) void tile(int mr, int nv, int K, const float *A,
+                                                       int64_t ars, int64_t acs, const float *B,
+                                                       int64_t ldb, float alpha, float *C,
+                                                       int64_t ldc) {
     v16 acc[8][4];
 #pragma GCC unroll 8
     for (int r = 0; r < mr; r++)
@@ -219,7 +213,7 @@ static inline __attribute__((always_inline)) void tile_any(int mr, int nv, int K
 
 /* C[M, ncols] = alpha A B, ncols a multiple of 16 (columns beyond the
  * product's own width are padding the caller ignores). */
-__attribute__((target_clones("avx512f", "default"))) FP_CONTRACT_FAST static void
+__attribute__((target_clones("avx512f", "default"))) static void
 small_gemm_wide(int M, int ncols, int K, const float *A, int64_t ars, int64_t acs, const float *B,
                 int64_t ldb, float alpha, float *C, int64_t ldc) {
     const int nvec = ncols / 16;
@@ -232,44 +226,70 @@ small_gemm_wide(int M, int ncols, int K, const float *A, int64_t ars, int64_t ac
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-/* AVX2 has 16 ymm registers and a v16 takes two: the AVX-512 tiles (24 v16
- * accumulators) spilled to the stack at every FMA, which made these small
- * products 2/3 of a small ViT's training step on an AVX2 CPU. Here tiles
- * of up to 6 rows x 16 columns: 12 ymm accumulators, 2 for B and the
- * broadcast. FMA is asked for explicitly (the target "avx2" alone does not
- * include it). */
-#define TILE1_CASE(m)                                                                              \
+#include <immintrin.h>
+/* AVX2 has 16 ymm registers: the AVX-512 tiles (24 v16 accumulators) spilled
+ * to the stack at every FMA there, and so did the v16 vectors of GCC's
+ * vector extensions split into ymm halves (the stores, reloads and lane
+ * inserts were most of the product's time). Here tiles of up to 6 rows x 16
+ * columns in intrinsics, BLIS's Haswell shape: 12 ymm accumulators, 2 for
+ * B's row and one broadcast of A. */
+#define AVX2_FMA __attribute__((target("avx2,fma")))
+static inline __attribute__((always_inline)) AVX2_FMA void
+tile_avx2(int mr, int K, const float *A, int64_t ars, int64_t acs, const float *B, int64_t ldb,
+          float alpha, float *C, int64_t ldc) {
+    __m256 lo[6], hi[6];
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        const __m256 b0 = _mm256_loadu_ps(B + k * ldb), b1 = _mm256_loadu_ps(B + k * ldb + 8);
+#pragma GCC unroll 6
+        for (int r = 0; r < mr; r++) {
+            const __m256 x = _mm256_broadcast_ss(A + r * ars + k * acs);
+            lo[r] = _mm256_fmadd_ps(x, b0, lo[r]);
+            hi[r] = _mm256_fmadd_ps(x, b1, hi[r]);
+        }
+    }
+    const __m256 s = _mm256_set1_ps(alpha);
+#pragma GCC unroll 6
+    for (int r = 0; r < mr; r++) {
+        _mm256_storeu_ps(C + r * ldc, _mm256_mul_ps(s, lo[r]));
+        _mm256_storeu_ps(C + r * ldc + 8, _mm256_mul_ps(s, hi[r]));
+    }
+}
+
+#define TILE_AVX2_CASE(m)                                                                          \
     case (m):                                                                                      \
-        tile(m, 1, K, A + i * ars, ars, acs, B + 16 * j, ldb, alpha, C + i * ldc + 16 * j, ldc);   \
+        tile_avx2(m, K, A + i * ars, ars, acs, B + 16 * j, ldb, alpha, C + i * ldc + 16 * j, ldc); \
         break
-__attribute__((target("avx2,fma"))) FP_CONTRACT_FAST static void
-small_gemm_avx2(int M, int ncols, int K, const float *A, int64_t ars, int64_t acs, const float *B,
-                int64_t ldb, float alpha, float *C, int64_t ldc) {
+AVX2_FMA static void small_gemm_avx2(int M, int ncols, int K, const float *A, int64_t ars,
+                                     int64_t acs, const float *B, int64_t ldb, float alpha,
+                                     float *C, int64_t ldc) {
     for (int j = 0; j < ncols / 16; j++)
         for (int i = 0; i < M; i += 6) {
             switch (M - i < 6 ? M - i : 6) {
-                TILE1_CASE(6);
-                TILE1_CASE(5);
-                TILE1_CASE(4);
-                TILE1_CASE(3);
-                TILE1_CASE(2);
-                TILE1_CASE(1);
+                TILE_AVX2_CASE(6);
+                TILE_AVX2_CASE(5);
+                TILE_AVX2_CASE(4);
+                TILE_AVX2_CASE(3);
+                TILE_AVX2_CASE(2);
+                TILE_AVX2_CASE(1);
             default: VISC_ASSERT(0);
             }
         }
 }
-#undef TILE1_CASE
+#undef TILE_AVX2_CASE
 #endif
 
-static void small_gemm(int M, int ncols, int K, const float *A, int64_t ars, int64_t acs,
+/* level: visc_cpu_level(), asked once per call of the layer. */
+static void small_gemm(int level, int M, int ncols, int K, const float *A, int64_t ars, int64_t acs,
                        const float *B, int64_t ldb, float alpha, float *C, int64_t ldc) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (!__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-        __builtin_cpu_supports("fma")) {
+    if (level == 1) {
         small_gemm_avx2(M, ncols, K, A, ars, acs, B, ldb, alpha, C, ldc);
         return;
     }
 #endif
+    (void)level;
     small_gemm_wide(M, ncols, K, A, ars, acs, B, ldb, alpha, C, ldc);
 }
 
@@ -329,15 +349,14 @@ __attribute__((target("avx512f"))) static void transpose_pad16(float *T, int w, 
 }
 #endif
 
-/* avx512: visc_cpu_avx512(), asked once per call of the layer. */
-static void transpose_pad(float *T, int w, const float *X, int64_t sx, int n, int D, int avx512) {
+static void transpose_pad(float *T, int w, const float *X, int64_t sx, int n, int D, int level) {
 #ifdef ATTN_AVX512
-    if (D % 16 == 0 && w % 16 == 0 && avx512) {
+    if (D % 16 == 0 && w % 16 == 0 && level == 2) {
         transpose_pad16(T, w, X, sx, n, D);
         return;
     }
 #endif
-    (void)avx512;
+    (void)level;
     transpose_pad_scalar(T, w, X, sx, n, D);
 }
 
@@ -345,7 +364,7 @@ static int round16(int n) { return (n + 15) / 16 * 16; }
 
 /* S = s_h * R + bias_h + mask_b in place, where R = Q K^T is in S, whose
  * rows are `ld` floats apart (the bias and mask rows are Nk apart). */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 add_bias_mask(const visc_attention *a, float *S, int64_t ld, int b, int h) {
     const int64_t nn = (int64_t)a->Nq * a->Nk;
     const int Nk = a->Nk;
@@ -384,7 +403,7 @@ static void forward_fast(const visc_attention *a, float *out, float *lse, const 
                          const float *k, const float *v) {
     const int Nq = a->Nq, Nk = a->Nk, D = a->D, H = a->H, w = round16(Nk);
     const int64_t pairs = (int64_t)a->B * H;
-    const int avx512 = visc_cpu_avx512();
+    const int level = visc_cpu_level();
 #pragma omp parallel
     {
         float *KT = thread_scratch(omp_get_thread_num(), (size_t)(D + Nq) * w);
@@ -397,11 +416,11 @@ static void forward_fast(const visc_attention *a, float *out, float *lse, const 
             const float *V = v + b * a->v_sb + h * a->v_sh;
             float *O = out + b * a->o_sb + h * a->o_sh;
             float *L = lse + p * Nq;
-            transpose_pad(KT, w, K, a->k_sn, Nk, D, avx512);
-            small_gemm(Nq, w, D, Q, a->q_sn, 1, KT, w, 1.0f, S, w);
+            transpose_pad(KT, w, K, a->k_sn, Nk, D, level);
+            small_gemm(level, Nq, w, D, Q, a->q_sn, 1, KT, w, 1.0f, S, w);
             add_bias_mask(a, S, w, b, h);
             for (int i = 0; i < Nq; i++) L[i] = softmax_row(S + (int64_t)i * w, Nk);
-            small_gemm(Nq, D, Nk, S, w, 1, V, a->v_sn, 1.0f, O, a->o_sn);
+            small_gemm(level, Nq, D, Nk, S, w, 1, V, a->v_sn, 1.0f, O, a->o_sn);
         }
     }
 }
@@ -469,7 +488,7 @@ static size_t fast_bwd_floats(const visc_attention *a, int want_bias, int want_h
 }
 
 /* acc[i, j] += x[i, j] over rows x cols (rows lda / ldx floats apart). */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 add_rows(float *acc, int64_t lda, const float *x, int64_t ldx, int rows, int cols) {
     for (int i = 0; i < rows; i++) {
         float *a = acc + i * lda;
@@ -486,7 +505,7 @@ static int backward_fast(const visc_attention *a, float *dq, float *dk, float *d
     const int64_t nn = (int64_t)Nq * Nk, pairs = (int64_t)a->B * H, mw = (int64_t)Nq * w;
     const size_t part_bias = want_bias ? (size_t)H * nn : 0;
     const size_t per_thread = fast_bwd_floats(a, want_bias, want_hs);
-    const int avx512 = visc_cpu_avx512();
+    const int level = visc_cpu_level();
     int nthreads = 1;
 #pragma omp parallel
     {
@@ -506,15 +525,15 @@ static int backward_fast(const visc_attention *a, float *dq, float *dk, float *d
             const float *L = lse + p * Nq;
             const float sh = head_scale_of(a, h);
             /* R = Q K^T is kept only for the head-scale gradient. */
-            transpose_pad(KT, w, K, a->k_sn, Nk, D, avx512);
-            small_gemm(Nq, w, D, Q, a->q_sn, 1, KT, w, 1.0f, want_hs ? R : P, w);
+            transpose_pad(KT, w, K, a->k_sn, Nk, D, level);
+            small_gemm(level, Nq, w, D, Q, a->q_sn, 1, KT, w, 1.0f, want_hs ? R : P, w);
             if (want_hs) memcpy(P, R, sizeof(float) * mw);
             add_bias_mask(a, P, w, b, h);
             for (int i = 0; i < Nq; i++) exp_shifted_row(P + (int64_t)i * w, Nk, L[i]);
             /* dV = P^T dO: A = P read transposed. */
-            small_gemm(Nk, D, Nq, P, 1, w, dO, a->o_sn, 1.0f, dv + vo, a->v_sn);
-            transpose_pad(VT, w, V, a->v_sn, Nk, D, avx512);
-            small_gemm(Nq, w, D, dO, a->o_sn, 1, VT, w, 1.0f, dS, w);
+            small_gemm(level, Nk, D, Nq, P, 1, w, dO, a->o_sn, 1.0f, dv + vo, a->v_sn);
+            transpose_pad(VT, w, V, a->v_sn, Nk, D, level);
+            small_gemm(level, Nq, w, D, dO, a->o_sn, 1, VT, w, 1.0f, dS, w);
             float hs = 0.0f;
             for (int i = 0; i < Nq; i++) {
                 const float *o = O + i * a->o_sn, *g = dO + i * a->o_sn;
@@ -526,8 +545,8 @@ static int backward_fast(const visc_attention *a, float *dq, float *dk, float *d
             }
             if (want_bias) add_rows(pbias + h * nn, Nk, dS, w, Nq, Nk);
             if (want_hs) phs[h] += hs;
-            if (dq) small_gemm(Nq, D, Nk, dS, w, 1, K, a->k_sn, sh, dq + qo, a->q_sn);
-            small_gemm(Nk, D, Nq, dS, 1, w, Q, a->q_sn, sh, dk + ko, a->k_sn);
+            if (dq) small_gemm(level, Nq, D, Nk, dS, w, 1, K, a->k_sn, sh, dq + qo, a->q_sn);
+            small_gemm(level, Nk, D, Nq, dS, 1, w, Q, a->q_sn, sh, dk + ko, a->k_sn);
         }
     }
     return nthreads;

@@ -15,8 +15,8 @@
 #define LANES 16
 
 /* sum x[i] */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static double row_sum(const float *x,
-                                                                                   int n) {
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static double
+row_sum(const float *x, int n) {
     float acc[LANES] = {0};
     int i = 0;
     for (; i + LANES <= n; i += LANES)
@@ -28,7 +28,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static double row_s
 }
 
 /* sum (x[i] - m)^2 */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static double
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static double
 row_sqdev(const float *x, int n, float m) {
     float acc[LANES] = {0};
     int i = 0;
@@ -45,7 +45,7 @@ row_sqdev(const float *x, int n, float m) {
 
 /* out = max?((x - mean) * scale + shift). Centering first (rather than
  * x * scale + (shift - mean * scale)) keeps precision when |mean| >> std. */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 row_affine(float *out, const float *x, int n, float mean, float scale, float shift, int relu) {
     if (relu)
         for (int i = 0; i < n; i++) {
@@ -91,7 +91,7 @@ static void chunk_expand(float *dst, const float *v, int nc, int HW) {
         for (int i = HW - 1; i >= 0; i--) dst[j * HW + i] = v[j];
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 small_forward_chunk(const visc_batchnorm2d *b, int c0, float *out, float *save_mean,
                     float *save_rstd, const float *in, const float *gamma, const float *beta,
                     float *running_mean, float *running_var) {
@@ -154,7 +154,7 @@ small_forward_chunk(const visc_batchnorm2d *b, int c0, float *out, float *save_m
     }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 small_backward_chunk(const visc_batchnorm2d *b, int c0, float *din, float *dgamma, float *dbeta,
                      const float *dout, const float *in, const float *out, const float *gamma,
                      const float *save_mean, const float *save_rstd) {
@@ -359,7 +359,7 @@ void visc_batchnorm2d_forward_eval(visc_batchnorm2d *b, float *out, const float 
 }
 
 /* With the ReLU fused, the gradient reaching bn's output is dout * (out > 0). */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 row_grad_sums(const float *dout, const float *out, const float *x, int n, float mean, int relu,
               double *sum_dy, double *sum_dy_xc) {
     float a[LANES] = {0}, bsum[LANES] = {0};
@@ -384,7 +384,7 @@ row_grad_sums(const float *dout, const float *out, const float *x, int n, float 
 }
 
 /* din = k * (dy - mean_dy - (x - mean) * c2), dy masked as above. din may alias dout. */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 row_grad_input(float *din, const float *dout, const float *out, const float *x, int n, float mean,
                float k, float mean_dy, float c2, int relu) {
     for (int i = 0; i < n; i++) {

@@ -43,7 +43,7 @@ static inline float gauss_cdf(float x, float e) {
     return x < 0.0f ? half_erfc : 1.0f - half_erfc;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 gelu_forward_range(float *out, const float *in, size_t n) {
 #pragma omp simd
     for (size_t i = 0; i < n; i++) {
@@ -52,7 +52,7 @@ gelu_forward_range(float *out, const float *in, size_t n) {
     }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 gelu_backward_range(float *din, const float *dout, const float *in, size_t n) {
 #pragma omp simd
     for (size_t i = 0; i < n; i++) {
@@ -159,44 +159,120 @@ static AVX512 void gelu_backward_avx512(float *din, const float *dout, const flo
     for (; i + 16 <= n; i += 16) gelu_backward16(din + i, dout + i, in + i, (__mmask16)0xffff);
     if (i < n) gelu_backward16(din + i, dout + i, in + i, (__mmask16)((1u << (n - i)) - 1));
 }
-#endif
+/* The same on 8 lanes for AVX2 CPUs (the compiler's loop above divides and
+ * blends bytes; this is ~1.6x faster there): 1 / (1 + 0.3275911 z) from
+ * the 12-bit reciprocal estimate and one Newton step, 2^n through the
+ * exponent bits as visc_fast_exp does. */
+#define AVX2_FMA __attribute__((target("avx2,fma")))
 
-static int use_avx512(void) {
-#ifdef GELU_AVX512
-    return visc_cpu_avx512();
-#else
-    return 0;
-#endif
+static inline AVX2_FMA __m256 exp8(__m256 x) {
+    const __m256 xc =
+        _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 e =
+        _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    const __m256i bits =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 y = _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
+    return _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ));
 }
 
+static inline AVX2_FMA __m256 cdf8(__m256 x, __m256 *e_out) {
+    const __m256 ax = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+    const __m256 z = _mm256_mul_ps(ax, _mm256_set1_ps(INV_SQRT2));
+    const __m256 d = _mm256_fmadd_ps(z, _mm256_set1_ps(0.3275911f), _mm256_set1_ps(1.0f));
+    __m256 t = _mm256_rcp_ps(d);
+    t = _mm256_mul_ps(t, _mm256_fnmadd_ps(d, t, _mm256_set1_ps(2.0f))); /* Newton: t (2 - d t) */
+    __m256 p = _mm256_fmadd_ps(t, _mm256_set1_ps(1.061405429f), _mm256_set1_ps(-1.453152027f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.421413741f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.284496736f));
+    p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.254829592f));
+    p = _mm256_mul_ps(p, t);
+    const __m256 e = exp8(_mm256_mul_ps(_mm256_mul_ps(x, x), _mm256_set1_ps(-0.5f)));
+    *e_out = e;
+    const __m256 half_erfc = _mm256_mul_ps(_mm256_mul_ps(p, e), _mm256_set1_ps(0.5f));
+    const __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+    return _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), half_erfc), half_erfc, neg);
+}
+
+/* Whole vectors here, the tail (under 8) through the portable loops. */
+static AVX2_FMA void gelu_forward_avx2(float *out, const float *in, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(in + i);
+        __m256 e;
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(x, cdf8(x, &e)));
+    }
+    if (i < n) gelu_forward_range(out + i, in + i, n - i);
+}
+
+static AVX2_FMA void gelu_backward_avx2(float *din, const float *dout, const float *in, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(in + i);
+        __m256 e;
+        const __m256 phi = cdf8(x, &e);
+        const __m256 dphi = _mm256_fmadd_ps(_mm256_mul_ps(x, _mm256_set1_ps(INV_SQRT_2PI)), e, phi);
+        _mm256_storeu_ps(din + i, _mm256_mul_ps(_mm256_loadu_ps(dout + i), dphi));
+    }
+    if (i < n) gelu_backward_range(din + i, dout + i, in + i, n - i);
+}
+#undef AVX2_FMA
+#endif
+
 /* The rounded forward without AVX-512: through a small fp32 buffer. */
-static void gelu_forward_bf16_range(uint16_t *out, const float *in, size_t n) {
+static void gelu_forward_bf16_range(uint16_t *out, const float *in, size_t n, int level) {
     float y[256];
     for (size_t i = 0; i < n; i += 256) {
         const size_t m = n - i < 256 ? n - i : 256;
-        gelu_forward_range(y, in + i, m);
+#ifdef GELU_AVX512
+        if (level == 1) gelu_forward_avx2(y, in + i, m);
+        else
+#endif
+            gelu_forward_range(y, in + i, m);
         for (size_t j = 0; j < m; j++) out[i + j] = visc_f32_to_bf16(y[j]);
     }
 }
 
 typedef enum { GELU_FORWARD, GELU_BACKWARD, GELU_FORWARD_BF16 } gelu_pass;
 
-/* Elements [i0, i0 + len) of one pass, on the best code the CPU has. */
-static void run_range(gelu_pass pass, int fast, void *out, const float *dout, const float *in,
+/* Elements [i0, i0 + len) of one pass, on the code of visc_cpu_level(). */
+static void run_range(gelu_pass pass, int level, void *out, const float *dout, const float *in,
                       size_t i0, size_t len) {
+    float *y = (float *)out + i0;
+    if (pass == GELU_FORWARD_BF16) {
 #ifdef GELU_AVX512
-    if (fast) {
-        if (pass == GELU_FORWARD) gelu_forward_avx512((float *)out + i0, in + i0, len);
-        else if (pass == GELU_BACKWARD)
-            gelu_backward_avx512((float *)out + i0, dout + i0, in + i0, len);
-        else gelu_forward_bf16_avx512((uint16_t *)out + i0, in + i0, len);
+        if (level == 2) {
+            gelu_forward_bf16_avx512((uint16_t *)out + i0, in + i0, len);
+            return;
+        }
+#endif
+        gelu_forward_bf16_range((uint16_t *)out + i0, in + i0, len, level);
+        return;
+    }
+#ifdef GELU_AVX512
+    if (level == 2) {
+        if (pass == GELU_FORWARD) gelu_forward_avx512(y, in + i0, len);
+        else gelu_backward_avx512(y, dout + i0, in + i0, len);
+        return;
+    }
+    if (level == 1) {
+        if (pass == GELU_FORWARD) gelu_forward_avx2(y, in + i0, len);
+        else gelu_backward_avx2(y, dout + i0, in + i0, len);
         return;
     }
 #endif
-    (void)fast;
-    if (pass == GELU_FORWARD) gelu_forward_range((float *)out + i0, in + i0, len);
-    else if (pass == GELU_BACKWARD) gelu_backward_range((float *)out + i0, dout + i0, in + i0, len);
-    else gelu_forward_bf16_range((uint16_t *)out + i0, in + i0, len);
+    if (pass == GELU_FORWARD) gelu_forward_range(y, in + i0, len);
+    else gelu_backward_range(y, dout + i0, in + i0, len);
 }
 
 /* Threads take chunks of 16 Ki elements (64 KiB, L2-friendly). */
@@ -204,11 +280,11 @@ static void run_range(gelu_pass pass, int fast, void *out, const float *dout, co
 
 static void run(gelu_pass pass, void *out, const float *dout, const float *in, size_t n) {
     const size_t chunks = (n + CHUNK - 1) / CHUNK;
-    const int fast = use_avx512();
+    const int level = visc_cpu_level();
 #pragma omp parallel for if (chunks > 2)
     for (size_t c = 0; c < chunks; c++) {
         const size_t i0 = c * CHUNK;
-        run_range(pass, fast, out, dout, in, i0, n - i0 < CHUNK ? n - i0 : CHUNK);
+        run_range(pass, level, out, dout, in, i0, n - i0 < CHUNK ? n - i0 : CHUNK);
     }
 }
 

@@ -20,7 +20,7 @@
 /* One row: its statistics, then the normalized (and affine) output. The
  * 16-lane clone matters: rows are short (96..768) and cache-resident, so the
  * pass is bound by arithmetic, and the default build targets SSE2. */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 forward_row(float *y, float *save_mean, float *save_rstd, const float *x, const float *gamma,
             const float *beta, int C, float eps) {
     /* Sums of x - x[0]: the row's offset drops out before rounding. */
@@ -76,7 +76,7 @@ static float *partials(size_t floats) {
 }
 
 /* One row of din (when din) and its share of the dgamma / dbeta sums (when pg). */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 backward_row(float *dx, float *pg, float *pb, const float *dy, const float *x, const float *gamma,
              float mean, float rstd, int C) {
     if (dx) {

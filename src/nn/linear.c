@@ -40,7 +40,7 @@ static size_t db_cap; /* floats */
 /* acc[j] += rows r0..r1 of dout, and (bf16 != NULL) those rows rounded to
  * bf16 into bf16: the bf16 path needs that copy of dout anyway, and making
  * it here reads dout once instead of twice. */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 sum_rows(float *acc, uint16_t *bf16, const float *dout, int r0, int r1, int cols) {
     for (int n = r0; n < r1; n++) {
         const float *row = dout + (size_t)n * cols;

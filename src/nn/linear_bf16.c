@@ -72,18 +72,28 @@ const char *visc_precision_name(visc_precision p) {
 
 /* ---- fp32 -> bf16 copies ---- */
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
-convert_chunk(uint16_t *dst, const float *src, size_t n) {
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
+narrow_chunk(uint16_t *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = visc_f32_to_bf16(src[i]);
 }
 
-static void to_bf16(uint16_t *dst, const float *src, size_t n) {
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
+widen_chunk(float *dst, const uint16_t *src, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = visc_bf16_to_f32(src[i]);
+}
+
+/* n elements fp32 -> bf16 (narrow) or bf16 -> fp32 (widen, for the emulated
+ * products below), in chunks over the threads. */
+typedef enum { NARROW, WIDEN } conversion;
+
+static void convert_all(conversion kind, void *dst, const void *src, size_t n) {
     enum { CHUNK = 16384 };
     const long chunks = (long)((n + CHUNK - 1) / CHUNK);
 #pragma omp parallel for schedule(static) if (chunks > 4)
     for (long c = 0; c < chunks; c++) {
         const size_t lo = (size_t)c * CHUNK, len = n - lo < CHUNK ? n - lo : CHUNK;
-        convert_chunk(dst + lo, src + lo, len);
+        if (kind == NARROW) narrow_chunk((uint16_t *)dst + lo, (const float *)src + lo, len);
+        else widen_chunk((float *)dst + lo, (const uint16_t *)src + lo, len);
     }
 }
 
@@ -106,7 +116,7 @@ static void grow(bf16_buf *b, size_t n) {
 
 static uint16_t *convert(bf16_buf *b, const float *src, size_t n) {
     grow(b, n);
-    to_bf16(b->p, src, n);
+    convert_all(NARROW, b->p, src, n);
     return b->p;
 }
 
@@ -115,9 +125,10 @@ static uint16_t *convert(bf16_buf *b, const float *src, size_t n) {
 typedef struct {
     char ta, tb; /* 'N': the operand is stored as written; 'T': stored transposed */
     int M, N, K, has_bias;
-    int split; /* > 1: K cut into `split` equal slices, one batch entry each (see dw_split) */
-    int ok;    /* 0: oneDNN has no native bf16 kernel for it (use fp32) */
-    int widen; /* 1: emulated with an fp32 kernel on the operands widened back (see above) */
+    int split;   /* > 1: K cut into `split` equal slices, one batch entry each (see dw_split) */
+    int ok;      /* 0: oneDNN has no native bf16 kernel for it (use fp32) */
+    int widen;   /* 1: emulated with an fp32 kernel on the operands widened back (see above) */
+    int emulate; /* VISC_BF16_EMULATE when made: part of the key, the kernel depends on it */
     dnnl_primitive_t prim;
     dnnl_memory_t a, b, bias, c, pad;
 } product;
@@ -193,14 +204,15 @@ static int create_typed(product *p, dnnl_data_type_t type, int allow_ref) {
 static void create(product *p) {
     p->ok = create_typed(p, dnnl_bf16, 0);
     /* Emulation wants the bf16 numbers above all: any fp32 kernel will do. */
-    if (!p->ok && emulate_requested()) p->ok = p->widen = create_typed(p, dnnl_f32, 1);
+    if (!p->ok && p->emulate) p->ok = p->widen = create_typed(p, dnnl_f32, 1);
 }
 
 static product *find(char ta, char tb, int M, int N, int K, int has_bias, int split) {
+    const int emulate = emulate_requested();
     for (int i = 0; i < n_products; i++) {
         product *p = products[i];
         if (p->ta == ta && p->tb == tb && p->M == M && p->N == N && p->K == K &&
-            p->has_bias == has_bias && p->split == split)
+            p->has_bias == has_bias && p->split == split && p->emulate == emulate)
             return p;
     }
     if (n_products == cap_products) {
@@ -209,8 +221,14 @@ static product *find(char ta, char tb, int M, int N, int K, int has_bias, int sp
     }
     product *p = visc_malloc(sizeof *p, "bf16 matmul");
     products[n_products++] = p;
-    *p =
-        (product){.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .has_bias = has_bias, .split = split};
+    *p = (product){.ta = ta,
+                   .tb = tb,
+                   .M = M,
+                   .N = N,
+                   .K = K,
+                   .has_bias = has_bias,
+                   .split = split,
+                   .emulate = emulate};
     create(p);
     return p;
 }
@@ -219,26 +237,14 @@ static product *find(char ta, char tb, int M, int N, int K, int has_bias, int sp
 static float *wide_a, *wide_b;
 static size_t wide_a_cap, wide_b_cap; /* floats */
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
-widen_chunk(float *dst, const uint16_t *src, size_t n) {
-    for (size_t i = 0; i < n; i++) dst[i] = visc_bf16_to_f32(src[i]);
-}
-
 static const float *widen(float **buf, size_t *cap, const uint16_t *src, size_t n) {
     if (*cap < n) {
         visc_free_aligned(*buf);
         *buf = visc_alloc_aligned(n * sizeof(float), "emulated bf16 operand");
         *cap = n;
     }
-    enum { CHUNK = 16384 };
-    const long chunks = (long)((n + CHUNK - 1) / CHUNK);
-    float *dst = *buf;
-#pragma omp parallel for schedule(static) if (chunks > 4)
-    for (long c = 0; c < chunks; c++) {
-        const size_t lo = (size_t)c * CHUNK, len = n - lo < CHUNK ? n - lo : CHUNK;
-        widen_chunk(dst + lo, src + lo, len);
-    }
-    return dst;
+    convert_all(WIDEN, *buf, src, n);
+    return *buf;
 }
 
 static void run(product *p, const uint16_t *A, const uint16_t *B, const float *bias, float *C) {
@@ -300,7 +306,7 @@ static int dw_split(int N, int in_features, int out_features) {
 static float *dw_part;
 static size_t dw_part_cap; /* floats */
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 add_halves(float *dst, const float *part, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = part[i] + part[n + i];
 }

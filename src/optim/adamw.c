@@ -17,7 +17,7 @@ typedef struct {
     float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step;
 } adamw_scalars;
 
-__attribute__((target_clones("avx2", "default"))) static void
+__attribute__((target_clones("arch=x86-64-v3", "default"))) static void
 adamw_block(float *restrict p, const float *restrict g, float *restrict m, float *restrict v,
             size_t n, const adamw_scalars *s) {
     const adamw_scalars c = *s;

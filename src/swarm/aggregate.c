@@ -12,7 +12,7 @@
 
 #include "visc/core.h"
 
-#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 /* Coordinates averaged per pass through a double accumulator on the stack. */
 #define CHUNK 1024
 /* More parts than this is no group but a mistake; it also bounds the

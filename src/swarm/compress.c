@@ -18,7 +18,7 @@
 #error "the encodings are little-endian on the wire; this host needs byte swaps"
 #endif
 
-#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 /* Values converted per step through an aligned scratch buffer: the loops
  * then run on typed arrays, and the copies to and from the unaligned
  * byte buffers are plain memcpy. */

@@ -34,7 +34,7 @@ static int reflect(int i, int n) {
     return i;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 axpy_row(float *restrict acc, const float *restrict x, float a, int n) {
     for (int i = 0; i < n; i++) acc[i] += a * x[i];
 }

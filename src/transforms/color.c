@@ -199,7 +199,7 @@ void visc_color_jitter_apply(const visc_jitter_draw *d, visc_image *img) {
  * 255) and Normalize ((x - m) / s), so the values are torch's bit for bit
  * (ISO C mode: no fused multiply-add contraction). Division rather than a
  * lookup table: the interleaved bytes and the three planes vectorize. */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 normalize_row(const uint8_t *restrict p, int w, const float *restrict mean,
               const float *restrict std, float *restrict o0, float *restrict o1,
               float *restrict o2) {

@@ -294,7 +294,7 @@ static inline void hrow2(const uint8_t *in0, size_t stride, int in_w, const taps
                  dst + (size_t)y * dstride);                                                       \
     } while (0)
 
-__attribute__((target_clones("avx2", "default"))) static void
+__attribute__((target_clones("arch=x86-64-v3", "default"))) static void
 pass_horizontal(const visc_image *src, int y0, int rows, const taps *t, int ow, int flip,
                 uint8_t *dst, size_t dstride) {
     switch (t->ksize) {
@@ -545,12 +545,12 @@ static void horizontal(const visc_image *src, int y0, int rows, const taps *t, i
 /* The vertical pass's inner loops over a whole row of bytes: contiguous,
  * so GCC vectorizes them (a register-blocked version with vector types
  * came out slower: GCC 12 widens bytes to int32 lanes one by one). */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 accumulate_row(int32_t *restrict acc, const uint8_t *restrict row, int32_t c, int n) {
     for (int i = 0; i < n; i++) acc[i] += row[i] * c;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 clip_row(uint8_t *restrict out, int32_t *restrict acc, int n) {
     for (int i = 0; i < n; i++) {
         out[i] = clip8(acc[i]);
@@ -563,7 +563,7 @@ clip_row(uint8_t *restrict out, int32_t *restrict acc, int n) {
  * visc_to_tensor_normalize (v / 255, then (x - m) / s: the same float
  * operations, so the same bits) into plane c. Contiguous runs: this
  * vectorizes, where interleaved sums did not. */
-__attribute__((target_clones("avx512f", "avx2", "default"))) static void
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
 clip_normalize_run(float *restrict out, int32_t *restrict acc, float m, float sd, int w) {
     for (int x = 0; x < w; x++) {
         /* clip8 in int32 lanes (through uint8_t the loop stays scalar) */

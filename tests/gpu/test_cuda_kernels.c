@@ -64,15 +64,18 @@
 static visc_cuda *ctx;
 static int passed, failed;
 
-/* The CPU GELU twin (src/nn/gelu.c) asks visc_cpu_avx512, which lives in
+/* The CPU GELU twin (src/nn/gelu.c) asks visc_cpu_level, which lives in
  * src/cpu/dnnl.c and asks oneDNN; oneDNN is not linked here, so this
- * stand-in gives the same answer (avx512_core: F, CD, BW, VL, DQ) from
- * the CPU's flags. Weak: a build that links dnnl.o uses the real one. */
-int visc_cpu_avx512(void);
-__attribute__((weak)) int visc_cpu_avx512(void) {
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512dq");
+ * stand-in gives the same answer (2 for avx512_core: F, CD, BW, VL, DQ; 1
+ * for AVX2 with FMA) from the CPU's flags. Weak: a build that links dnnl.o
+ * uses the real one. */
+int visc_cpu_level(void);
+__attribute__((weak)) int visc_cpu_level(void) {
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512cd") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq"))
+        return 2;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
 /* ---- deterministic inputs (splitmix64) ---- */
