@@ -22,6 +22,7 @@ struct visc_cuda {
     cudaStream_t copy_stream; /* uploads beside the kernels: created by the first */
     cudaStream_t comm_stream; /* gradients through host memory (comm.cu), or NULL */
     cublasLtHandle_t lt; /* NULL until the first matrix product (visc_cuda_lt) */
+    struct visc_lt_plans *lt_plans; /* the products' descriptors per shape (matmul.cu), or NULL */
     void *workspace;     /* cuBLASLt's, VISC_CUDA_WORKSPACE bytes */
     void *scratch;       /* partial sums, grown by visc_cuda_scratch */
     size_t scratch_bytes;
@@ -32,10 +33,12 @@ struct visc_cuda {
     void *bn_acc; /* SyncBN's sums between the passes (batchnorm.cu), or NULL */
     size_t bn_acc_bytes;
 };
-/* Frees ctx->conv (conv.cu), ctx->attn (attention.cu), ctx->comm_stream and ctx->nccl (comm.cu). */
+/* Frees ctx->conv (conv.cu), ctx->attn (attention.cu), ctx->comm_stream and ctx->nccl (comm.cu),
+ * ctx->lt_plans (matmul.cu). */
 void visc_conv_state_free(visc_cuda *ctx);
 void visc_attn_state_free(visc_cuda *ctx);
 void visc_comm_state_free(visc_cuda *ctx);
+void visc_lt_plans_free(visc_cuda *ctx);
 
 struct visc_cuda_event {
     cudaEvent_t e;

@@ -85,6 +85,7 @@ void visc_cuda_close(visc_cuda *ctx) {
     cudaFree(ctx->scratch);
     cudaFree(ctx->bn_acc);
     cudaFree(ctx->workspace);
+    visc_lt_plans_free(ctx);
     if (ctx->lt) visc_lt.destroy(ctx->lt);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     free(ctx);

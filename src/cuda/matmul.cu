@@ -6,8 +6,9 @@
  * [N, M] one, so D = op(A) op(B) is computed as D^T = op(B)^T op(A)^T:
  * cuBLASLt's A is our B and its B is our A, with the transposes carried
  * over, and the bias (cuBLASLt's per-row vector of D^T) lands on our
- * columns. The descriptors and the heuristic query are made per call (tens
- * of microseconds); caching them per shape comes with the training step. */
+ * columns. The descriptors and the heuristic's choice (tens of
+ * microseconds to make, more than many of a step's products take on the
+ * GPU) are made once per shape and kept in the context (plan_cache). */
 #include <stdio.h>
 
 #include "common.cuh"
@@ -16,7 +17,16 @@ typedef struct {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulPreference_t pref;
+    cublasLtMatmulAlgo_t algo; /* the heuristic's first choice */
 } lt_plan;
+
+/* What a plan depends on: everything but the pointers themselves (and
+ * beta, a scalar of the call), of which only the alignments matter. */
+typedef struct {
+    cudaDataType_t ab;
+    int M, N, K, trans_a, trans_b, has_bias;
+    uint32_t align_a, align_b, align_d;
+} plan_key;
 
 static void plan_free(lt_plan *p) {
     if (p->pref) visc_lt.pref_destroy(p->pref);
@@ -31,6 +41,51 @@ static uint32_t alignment_of(const void *ptr) {
     uint32_t a = 256;
     while (a > 1 && ((uintptr_t)ptr % a) != 0) a >>= 1;
     return a;
+}
+
+static int key_equal(const plan_key *x, const plan_key *y) {
+    return x->ab == y->ab && x->M == y->M && x->N == y->N && x->K == y->K &&
+           x->trans_a == y->trans_a && x->trans_b == y->trans_b && x->has_bias == y->has_bias &&
+           x->align_a == y->align_a && x->align_b == y->align_b && x->align_d == y->align_d;
+}
+
+/* The context's plans. A model has a few dozen distinct products; past
+ * PLANS_MAX (shapes that change every call) a plan is made and freed per
+ * call, as before the cache. */
+enum { PLANS_MAX = 512 };
+struct visc_lt_plans {
+    int n;
+    plan_key key[PLANS_MAX];
+    lt_plan plan[PLANS_MAX];
+};
+
+void visc_lt_plans_free(visc_cuda *ctx) {
+    if (!ctx->lt_plans) return;
+    for (int i = 0; i < ctx->lt_plans->n; i++) plan_free(&ctx->lt_plans->plan[i]);
+    free(ctx->lt_plans);
+    ctx->lt_plans = NULL;
+}
+
+static lt_plan *plan_lookup(visc_cuda *ctx, const plan_key *k) {
+    struct visc_lt_plans *c = ctx->lt_plans;
+    if (!c) return NULL;
+    for (int i = 0; i < c->n; i++)
+        if (key_equal(&c->key[i], k)) return &c->plan[i];
+    return NULL;
+}
+
+/* Keeps a made plan: the cache's copy, which it owns from now on, or NULL
+ * when the cache is full (the caller still owns p). */
+static lt_plan *plan_keep(visc_cuda *ctx, const plan_key *k, const lt_plan *p) {
+    if (!ctx->lt_plans) {
+        ctx->lt_plans = (struct visc_lt_plans *)calloc(1, sizeof *ctx->lt_plans);
+        if (!ctx->lt_plans) return NULL;
+    }
+    struct visc_lt_plans *c = ctx->lt_plans;
+    if (c->n == PLANS_MAX) return NULL;
+    c->key[c->n] = *k;
+    c->plan[c->n] = *p;
+    return &c->plan[c->n++];
 }
 
 static int plan_make(lt_plan *p, cudaDataType_t ab, const float *bias, const void *A,
@@ -104,29 +159,56 @@ static int matmul(visc_cuda *ctx, cudaDataType_t ab, float *D, const void *A, co
                    : 0;
     cublasLtHandle_t lt = visc_cuda_lt(ctx);
     if (!lt) return -1;
-    lt_plan p = {};
-    int rc = plan_make(&p, ab, bias, A, B, D, M, N, K, trans_a, trans_b);
-    cublasLtMatmulHeuristicResult_t h = {};
-    int found = 0;
-    /* The shape goes into the message: cuBLASLt answers a shape it has no
-     * kernel for with a bare "not supported". */
-    char what[96];
-    snprintf(what, sizeof what, "matmul heuristic for M %d, N %d, K %d%s", M, N, K,
-             bias ? " with a bias" : "");
-    if (rc == 0)
-        rc = visc_cublas_check(visc_lt.heuristic(lt, p.op, p.a, p.b, p.d, p.d, p.pref, 1, &h,
-                                                 &found),
-                               what);
-    if (rc == 0 && found == 0)
-        rc = visc_set_error("matmul: cuBLASLt has no algorithm for M %d, N %d, K %d%s", M, N, K,
-                            bias ? " with a bias" : "");
+    const plan_key key = {ab,
+                          M,
+                          N,
+                          K,
+                          trans_a,
+                          trans_b,
+                          bias != NULL,
+                          alignment_of(A),
+                          alignment_of(B),
+                          alignment_of(D)};
+    lt_plan made = {};
+    lt_plan *p = plan_lookup(ctx, &key);
+    int rc = 0, owned = 0;
+    if (p) {
+        /* The bias pointer is the one attribute a kept plan takes per call. */
+        if (bias)
+            rc = visc_cublas_check(visc_lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                    &bias, sizeof bias),
+                                   "matmul bias pointer");
+    } else {
+        rc = plan_make(&made, ab, bias, A, B, D, M, N, K, trans_a, trans_b);
+        cublasLtMatmulHeuristicResult_t h = {};
+        int found = 0;
+        /* The shape goes into the message: cuBLASLt answers a shape it has
+         * no kernel for with a bare "not supported". */
+        char what[96];
+        snprintf(what, sizeof what, "matmul heuristic for M %d, N %d, K %d%s", M, N, K,
+                 bias ? " with a bias" : "");
+        if (rc == 0)
+            rc = visc_cublas_check(visc_lt.heuristic(lt, made.op, made.a, made.b, made.d, made.d,
+                                                     made.pref, 1, &h, &found),
+                                   what);
+        if (rc == 0 && found == 0)
+            rc = visc_set_error("matmul: cuBLASLt has no algorithm for M %d, N %d, K %d%s", M, N,
+                                K, bias ? " with a bias" : "");
+        if (rc) {
+            plan_free(&made);
+            return rc;
+        }
+        made.algo = h.algo;
+        p = plan_keep(ctx, &key, &made);
+        if (!p) p = &made, owned = 1;
+    }
     const float alpha = 1.0f;
     if (rc == 0)
-        rc = visc_cublas_check(visc_lt.matmul(lt, p.op, &alpha, B, p.a, A, p.b, &beta, D, p.d, D,
-                                              p.d, &h.algo, ctx->workspace, VISC_CUDA_WORKSPACE,
-                                              ctx->stream),
+        rc = visc_cublas_check(visc_lt.matmul(lt, p->op, &alpha, B, p->a, A, p->b, &beta, D, p->d,
+                                              D, p->d, &p->algo, ctx->workspace,
+                                              VISC_CUDA_WORKSPACE, ctx->stream),
                                "cublasLtMatmul");
-    plan_free(&p);
+    if (owned) plan_free(&made);
     return rc;
 }
 
