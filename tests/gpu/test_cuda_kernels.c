@@ -2234,6 +2234,9 @@ static void group_convert(void) {
 }
 static void group_matmul(void) {
     check_matmul("linear forward Y = X W^T + b", 394, 192, 384, 0, 1, 1, 0.0f, 0);
+    /* The same shape again, on other data at other addresses: the plan the
+     * context kept from the first, with this call's bias. */
+    check_matmul("linear forward again, the kept plan", 394, 192, 384, 0, 1, 1, 0.0f, 0);
     check_matmul("linear dX = dY W", 394, 384, 192, 0, 0, 0, 0.0f, 0);
     check_matmul("linear dW += dY^T X", 192, 384, 394, 1, 0, 0, 1.0f, 0);
     check_matmul("odd shapes", 33, 17, 50, 0, 1, 1, 0.0f, 0);
