@@ -21,6 +21,15 @@ endif
 # multiplies and adds apart. Results move by an FMA's single rounding.
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Iinclude -fopenmp -fno-trapping-math -ffp-contract=fast $(OPT) $(WARN) $(SANFLAGS) \
            -MMD -MP
+# Except in the optimizers: each operation of a step is rounded on its own
+# (-ffp-contract=off), so a step gives the same bits on every CPU, with FMA
+# or without, and on the GPU, whose kernels spell each rounding
+# (src/cuda/optim.cu); test_cuda_kernels holds SGD and AdamW to that. With
+# contraction, adamw.c's AVX2 clone fused m * beta1 + (1 - beta1) * g and
+# its steps differed from the GPU's in the last bit (found by the kernels'
+# run on the emulator, tests/gpu/emu). A step reads and writes memory; an
+# FMA saves it nothing.
+$(BUILD)/src/optim/%.o: CFLAGS += -ffp-contract=off
 LDLIBS  += -ldnnl -ljpeg -lpng -lz -lm -lpthread -ldl
 LDFLAGS += -fopenmp $(SANFLAGS)
 
@@ -246,3 +255,4 @@ clean:
 
 # Quality gates (coverage, static analysis, formatting, fuzzing): mk/quality.mk
 -include mk/quality.mk
+include mk/emu.mk

@@ -62,7 +62,12 @@ __global__ void infonce_row_kernel(float *neg, float *gpos, float *row_loss, con
     for (int j = threadIdx.x; j < K; j += ROW_THREADS)
         row[j] = expf(row[j] * inv_t - mx) * inv * inv_n;
     if (threadIdx.x == 0) {
-        gpos[i] = expf(pos - mx) * inv * inv_n - inv_n;
+        /* dx_i0 = (p_0 - 1) / n with p_0 - 1 = (e_0 - sum) / sum in double
+         * (sum holds e_0 exactly): the positive dominates its row in
+         * training, and p_0 / n - 1 / n in float kept few of the small
+         * result's bits (seen on the emulator, tests/gpu/emu: dq 5e-5 off) */
+        const double e0 = (double)expf(pos - mx);
+        gpos[i] = (float)((e0 - sum) / sum * (double)inv_n);
         /* the maximum itself contributes exp(0) = 1: sum >= 1 */
         row_loss[i] = (float)((double)mx + log(fmax(sum, 1.0)) - (double)pos);
     }

@@ -123,7 +123,8 @@ void visc_cuda_optim_destroy(visc_cuda_optim *o) {
 
 /* The block's two partial sums a, b added in a fixed order; thread 0 gets the totals. */
 __device__ void block_sum2(double &a, double &b) {
-    __shared__ double sa[OPT_THREADS], sb[OPT_THREADS];
+    __shared__ double sa[OPT_THREADS];
+    __shared__ double sb[OPT_THREADS];
     sa[threadIdx.x] = a;
     sb[threadIdx.x] = b;
     __syncthreads();
