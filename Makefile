@@ -102,7 +102,7 @@ CLI_OBJ   := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN  := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all test asan bench clean tests deps demo test-gpu test-gpu-model
+.PHONY: all test asan bench clean tests deps demo test-gpu test-gpu-model test-gpu-model-emu
 .SECONDARY:
 all: $(BUILD)/visc $(MPI_PLUGIN)
 

@@ -2337,6 +2337,9 @@ static void group_conv(void) {
         check_conv("ResNet stem, 7x7/2", 2, 3, 224, 224, 64, 7, 2, 3, type);
         check_conv("CIFAR stem, 3x3", 4, 3, 32, 32, 64, 3, 1, 1, type);
         check_conv("odd sizes", 3, 5, 13, 11, 7, 3, 2, 1, type);
+        /* the README's ResNet-20 at batch 16, its second stage's entry */
+        check_conv("ResNet-20 stage 2 entry, 3x3/2", 16, 16, 32, 32, 32, 3, 2, 1, type);
+        check_conv("ResNet-20 downsample, 1x1/2", 16, 16, 32, 32, 32, 1, 2, 0, type);
     }
     /* A bad shape is refused before cuDNN is asked (no pointer is read). */
     const visc_cuda_conv_shape bad = {1, 3, 8, 8, 4, 3, 3, 0, 1, VISC_CUDA_CONV_F32_NCHW};
@@ -2363,6 +2366,11 @@ static void group_batchnorm(void) {
     check_batchnorm(9000, 3, 1, 0, 1, 0.0f);
     check_batchnorm(16, 96, 28 * 28, 1, 0, 0.0f);
     check_batchnorm_sync(1400, 4, 13, 1);
+    /* the README's ResNet-20 at batch 16 (test_cuda_model): 4 ranges of
+     * exactly 4096 values, each 4 whole images, in stage 1 */
+    check_batchnorm(16, 16, 32 * 32, 1, 1, 0.0f);
+    check_batchnorm(16, 16, 32 * 32, 0, 1, 0.0f);
+    check_batchnorm(16, 32, 16 * 16, 1, 1, 0.0f);
 }
 static void group_pool(void) {
     check_maxpool(4, 64, 112, 112, 3, 2, 1, 0, 0); /* ResNet's stem pooling */

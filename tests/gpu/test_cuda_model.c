@@ -98,6 +98,8 @@ static void expect_tables(const char *arch, const char *what, const visc_table *
     for (int i = 0; i < t->count; i++) {
         const visc_tensor_entry *e = &t->entries[i];
         double r = rel_error(gpu + e->offset, cpu + e->offset, e->numel);
+        if (getenv("VISC_TEST_VERBOSE"))
+            printf("     %s %s %s: relative error %.3g\n", arch, what, e->name, r);
         if (!(r <= worst)) {
             worst = r;
             at = i;
@@ -148,6 +150,9 @@ static int model_pair(visc_cuda *ctx, const visc_model_config *cfg, const char *
 
 static void check_model(visc_cuda *ctx, const char *name, int image, int channels, int classes,
                         int batch, int small_stem, float drop_path, visc_precision precision) {
+    /* VISC_TEST_ONLY=arch: that architecture alone (a diagnosis) */
+    const char *only = getenv("VISC_TEST_ONLY");
+    if (only && strcmp(only, name) != 0) return;
     visc_model_config cfg = {0};
     snprintf(cfg.arch, sizeof cfg.arch, "%s", name);
     /* the label of the result lines */

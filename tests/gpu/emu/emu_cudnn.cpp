@@ -128,10 +128,7 @@ void scatter(void *p, cudnnDataType_t type, cudnnTensorFormat_t format, int n, i
                     store(p, type, tensor_index(&t, a, b, y, x), acc[o++], alpha, beta);
 }
 
-/* The convolution's geometry, and for output column q the input column
- * q * v + off (off = s * dil_w - pad_w): fn(n, k, c, r, s, p, h, off, q0,
- * q1) for each output row segment [q0, q1) whose input columns lie inside
- * the image, h being the input row of output row p and filter row r. */
+/* The convolution's geometry. */
 struct geometry {
     int N, C, H, W, K, R, S, P, Q, u, v, pad_h, pad_w, dil_h, dil_w;
 };
@@ -140,21 +137,41 @@ geometry geometry_of(const cudnnTensorStruct *x, const cudnnFilterStruct *f,
     return geometry{x->n, x->c,  x->h,  x->w,      f->k,      f->r,      f->s,     y->h,
                     y->w, cv->u, cv->v, cv->pad_h, cv->pad_w, cv->dil_h, cv->dil_w};
 }
-template <typename F> void each_segment(const geometry &g, F fn) {
-    for (int n = 0; n < g.N; n++)
-        for (int k = 0; k < g.K; k++)
-            for (int c = 0; c < g.C; c++)
-                for (int r = 0; r < g.R; r++)
-                    for (int s = 0; s < g.S; s++) {
-                        const int off = s * g.dil_w - g.pad_w;
-                        int q0 = 0, q1 = g.Q; /* 0 <= q v + off < W */
-                        while (q0 < q1 && q0 * g.v + off < 0) q0++;
-                        while (q1 > q0 && (q1 - 1) * g.v + off >= g.W) q1--;
-                        for (int p = 0; p < g.P; p++) {
-                            const int h = p * g.u - g.pad_h + r * g.dil_h;
-                            if (h >= 0 && h < g.H && q0 < q1) fn(n, k, c, r, s, p, h, off, q0, q1);
-                        }
+/* The three directions are products with one image's lowered input, the
+ * [C R S, P Q] matrix whose row (c, r, s) holds the pixel under filter tap
+ * (r, s) for each output (p, q), 0 in the padding (im2col): forward
+ * Y = W cols, backward-data cols' = W^T dY scattered back (col2im),
+ * backward-weights dW = dY cols^T, all with long inner loops.
+ * each_tap(g, fn) calls fn(crs, pq, plane, hw) for every (tap, output)
+ * pair: plane the offset of channel c's plane in an image, hw the pixel's
+ * offset in it or -1 in the padding. */
+template <typename F> void each_tap(const geometry &g, F fn) {
+    for (int c = 0; c < g.C; c++)
+        for (int r = 0; r < g.R; r++)
+            for (int s = 0; s < g.S; s++) {
+                const size_t crs = ((size_t)c * g.R + r) * g.S + s;
+                for (int p = 0; p < g.P; p++) {
+                    const int h = p * g.u - g.pad_h + r * g.dil_h;
+                    for (int q = 0; q < g.Q; q++) {
+                        const int w = q * g.v - g.pad_w + s * g.dil_w;
+                        const int64_t hw =
+                            h < 0 || h >= g.H || w < 0 || w >= g.W ? -1 : (int64_t)h * g.W + w;
+                        fn(crs, (size_t)p * g.Q + q, (size_t)c * g.H * g.W, hw);
                     }
+                }
+            }
+}
+void im2col(const geometry &g, const double *x, double *cols) {
+    const size_t PQ = (size_t)g.P * g.Q;
+    each_tap(g, [&](size_t crs, size_t pq, size_t plane, int64_t hw) {
+        cols[crs * PQ + pq] = hw < 0 ? 0.0 : x[plane + (size_t)hw];
+    });
+}
+void col2im(const geometry &g, const double *cols, double *x) {
+    const size_t PQ = (size_t)g.P * g.Q;
+    each_tap(g, [&](size_t crs, size_t pq, size_t plane, int64_t hw) {
+        if (hw >= 0) x[plane + (size_t)hw] += cols[crs * PQ + pq];
+    });
 }
 
 /* An operand or result: where, its type and layout, its NCHW (KCRS) dims. */
@@ -165,8 +182,8 @@ struct dense_spec {
     int n, c, h, w;
 };
 /* The pass every direction makes: a and b gathered dense, fn(A, B, acc,
- * segment...) over each_segment's segments, acc scattered into out as
- * alpha acc + beta out. */
+ * cols) with cols room for one image's lowered matrix, acc scattered into
+ * out as alpha acc + beta out. */
 template <typename F>
 cudnnStatus_t dense_pass(const geometry &g, const dense_spec &a, const dense_spec &b,
                          const dense_spec &out, int tf32, const void *alpha, const void *beta,
@@ -174,16 +191,17 @@ cudnnStatus_t dense_pass(const geometry &g, const dense_spec &a, const dense_spe
     double *A = gather(a.p, a.type, a.format, a.n, a.c, a.h, a.w, tf32);
     double *B = gather(b.p, b.type, b.format, b.n, b.c, b.h, b.w, tf32);
     double *acc = (double *)calloc((size_t)out.n * out.c * out.h * out.w, sizeof(double));
-    const int ok = A && B && acc;
+    double *cols = (double *)malloc(sizeof(double) * g.C * g.R * g.S * g.P * g.Q);
+    const int ok = A && B && acc && cols;
     if (ok) {
-        each_segment(g, [&](int n, int k, int c, int r, int t, int p, int h, int off, int q0,
-                            int q1) { fn(A, B, acc, n, k, c, r, t, p, h, off, q0, q1); });
+        fn(A, B, acc, cols);
         scatter((void *)out.p, out.type, out.format, out.n, out.c, out.h, out.w, acc,
                 *(const float *)alpha, *(const float *)beta);
     }
     free(A);
     free(B);
     free(acc);
+    free(cols);
     return ok ? CUDNN_STATUS_SUCCESS : CUDNN_STATUS_ALLOC_FAILED;
 }
 
@@ -393,12 +411,19 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t, const void *alpha, cudnnTen
     return dense_pass(g, {x, xd->type, xd->format, g.N, g.C, g.H, g.W},
                       {w, wd->type, wd->format, g.K, g.C, g.R, g.S},
                       {y, yd->type, yd->format, g.N, g.K, g.P, g.Q}, tf32_math(xd, cv), alpha, beta,
-                      [&](const double *X, const double *Wt, double *acc, int n, int k, int c,
-                          int r, int t, int p, int h, int off, int q0, int q1) {
-                          const double wv = Wt[(((size_t)k * g.C + c) * g.R + r) * g.S + t];
-                          const double *xr = X + (((size_t)n * g.C + c) * g.H + h) * g.W + off;
-                          double *yr = acc + (((size_t)n * g.K + k) * g.P + p) * g.Q;
-                          for (int q = q0; q < q1; q++) yr[q] += xr[q * g.v] * wv;
+                      [&](const double *X, const double *Wt, double *acc, double *cols) {
+                          const size_t PQ = (size_t)g.P * g.Q, CRS = (size_t)g.C * g.R * g.S;
+                          for (int n = 0; n < g.N; n++) {
+                              im2col(g, X + (size_t)n * g.C * g.H * g.W, cols);
+                              for (int k = 0; k < g.K; k++) {
+                                  double *y = acc + ((size_t)n * g.K + k) * PQ;
+                                  for (size_t crs = 0; crs < CRS; crs++) {
+                                      const double w = Wt[(size_t)k * CRS + crs];
+                                      const double *col = cols + crs * PQ;
+                                      for (size_t pq = 0; pq < PQ; pq++) y[pq] += w * col[pq];
+                                  }
+                              }
+                          }
                       });
 }
 
@@ -416,13 +441,20 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t, const void *alpha,
     return dense_pass(g, {dy, dyd->type, dyd->format, g.N, g.K, g.P, g.Q},
                       {w, wd->type, wd->format, g.K, g.C, g.R, g.S},
                       {dx, dxd->type, dxd->format, g.N, g.C, g.H, g.W}, tf32_math(dxd, cv), alpha,
-                      beta,
-                      [&](const double *DY, const double *Wt, double *acc, int n, int k, int c,
-                          int r, int t, int p, int h, int off, int q0, int q1) {
-                          const double wv = Wt[(((size_t)k * g.C + c) * g.R + r) * g.S + t];
-                          double *xr = acc + (((size_t)n * g.C + c) * g.H + h) * g.W + off;
-                          const double *yr = DY + (((size_t)n * g.K + k) * g.P + p) * g.Q;
-                          for (int q = q0; q < q1; q++) xr[q * g.v] += yr[q] * wv;
+                      beta, [&](const double *DY, const double *Wt, double *acc, double *cols) {
+                          const size_t PQ = (size_t)g.P * g.Q, CRS = (size_t)g.C * g.R * g.S;
+                          for (int n = 0; n < g.N; n++) {
+                              memset(cols, 0, sizeof(double) * CRS * PQ);
+                              for (int k = 0; k < g.K; k++) {
+                                  const double *dy = DY + ((size_t)n * g.K + k) * PQ;
+                                  for (size_t crs = 0; crs < CRS; crs++) {
+                                      const double w = Wt[(size_t)k * CRS + crs];
+                                      double *col = cols + crs * PQ;
+                                      for (size_t pq = 0; pq < PQ; pq++) col[pq] += w * dy[pq];
+                                  }
+                              }
+                              col2im(g, cols, acc + (size_t)n * g.C * g.H * g.W);
+                          }
                       });
 }
 
@@ -440,14 +472,20 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t, const void *alpha,
     return dense_pass(g, {x, xd->type, xd->format, g.N, g.C, g.H, g.W},
                       {dy, dyd->type, dyd->format, g.N, g.K, g.P, g.Q},
                       {dw, dwd->type, dwd->format, g.K, g.C, g.R, g.S}, tf32_math(xd, cv), alpha,
-                      beta,
-                      [&](const double *X, const double *DY, double *acc, int n, int k, int c,
-                          int r, int t, int p, int h, int off, int q0, int q1) {
-                          const double *xr = X + (((size_t)n * g.C + c) * g.H + h) * g.W + off;
-                          const double *yr = DY + (((size_t)n * g.K + k) * g.P + p) * g.Q;
-                          double sum = 0.0;
-                          for (int q = q0; q < q1; q++) sum += xr[q * g.v] * yr[q];
-                          acc[(((size_t)k * g.C + c) * g.R + r) * g.S + t] += sum;
+                      beta, [&](const double *X, const double *DY, double *acc, double *cols) {
+                          const size_t PQ = (size_t)g.P * g.Q, CRS = (size_t)g.C * g.R * g.S;
+                          for (int n = 0; n < g.N; n++) {
+                              im2col(g, X + (size_t)n * g.C * g.H * g.W, cols);
+                              for (int k = 0; k < g.K; k++) {
+                                  const double *dy = DY + ((size_t)n * g.K + k) * PQ;
+                                  for (size_t crs = 0; crs < CRS; crs++) {
+                                      const double *col = cols + crs * PQ;
+                                      double sum = 0.0;
+                                      for (size_t pq = 0; pq < PQ; pq++) sum += dy[pq] * col[pq];
+                                      acc[(size_t)k * CRS + crs] += sum;
+                                  }
+                              }
+                          }
                       });
 }
 

@@ -350,6 +350,8 @@ static int run_block_fibers(block_run *b, const launch_config &c, uint3 block) {
     return rc;
 }
 
+static int guards_intact(const char *after);
+
 static int check_config(const launch_config &c, const char *kernel) {
     const size_t threads = (size_t)c.block.x * c.block.y * c.block.z;
     const char *bad = NULL;
@@ -409,6 +411,7 @@ void run(const launch_config &c, const char *kernel, void (*body)(void *), void 
     free(b.dynamic);
     run_now = outer;
     current = outer_pos;
+    guards_intact(kernel);
 }
 
 /* A barrier or shuffle reached outside a fiber: the first block reached
@@ -474,6 +477,31 @@ static std::mutex mem_lock;
 static std::map<uintptr_t, size_t> allocations;
 static size_t allocated;
 static const size_t device_bytes = (size_t)141 << 30; /* an H200's */
+/* Behind every allocation (past its 256-byte rounding), GUARD bytes of
+ * GUARD_BYTE that nothing may write: checked after every launch, copy and
+ * library call's next launch, and at cudaFree. */
+#define GUARD 256
+#define GUARD_BYTE 0xa5
+static size_t rounded(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+/* 0, or -1 after reporting the first allocation whose guard was written. */
+static int guards_intact(const char *after) {
+    std::lock_guard<std::mutex> g(mem_lock);
+    for (const auto &a : allocations) {
+        const unsigned char *guard = (const unsigned char *)a.first + rounded(a.second);
+        for (int i = 0; i < GUARD; i++)
+            if (guard[i] != GUARD_BYTE) {
+                char what[200];
+                snprintf(what, sizeof what,
+                         "wrote past the end of the %zu-byte device allocation at %p (%d bytes "
+                         "beyond its 256-byte rounding)",
+                         a.second, (void *)a.first, i + 1);
+                kernel_fault(after, what, NULL);
+                return -1;
+            }
+    }
+    return 0;
+}
 
 static int on_device(const void *p, size_t bytes) {
     std::lock_guard<std::mutex> g(mem_lock);
@@ -549,24 +577,26 @@ cudaError_t cudaDeviceGetPCIBusId(char *id, int len, int dev) {
 cudaError_t cudaMalloc(void **p, size_t bytes) {
     *p = NULL;
     if (sticky != cudaSuccess) return sticky;
-    const size_t rounded = (bytes + 255) / 256 * 256;
+    const size_t size = rounded(bytes);
     {
         std::lock_guard<std::mutex> g(mem_lock);
-        if (allocated + rounded > device_bytes) return status(cudaErrorMemoryAllocation);
+        if (allocated + size > device_bytes) return status(cudaErrorMemoryAllocation);
     }
-    void *m = aligned_alloc(256, rounded ? rounded : 256);
+    unsigned char *m = (unsigned char *)aligned_alloc(256, size + GUARD);
     if (!m) return status(cudaErrorMemoryAllocation);
     /* device memory starts as garbage: NaN bytes, so a kernel that reads
      * what nobody wrote gives NaNs rather than zeros */
-    memset(m, 0xff, rounded);
+    memset(m, 0xff, size);
+    memset(m + size, GUARD_BYTE, GUARD);
     std::lock_guard<std::mutex> g(mem_lock);
     allocations[(uintptr_t)m] = bytes;
-    allocated += rounded;
+    allocated += size;
     *p = m;
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
     if (!p) return cudaSuccess;
+    guards_intact("(before cudaFree)");
     {
         std::lock_guard<std::mutex> g(mem_lock);
         auto it = allocations.find((uintptr_t)p);
@@ -574,7 +604,7 @@ cudaError_t cudaFree(void *p) {
             fprintf(stderr, "visc-emu: cudaFree of %p, which cudaMalloc did not return\n", p);
             return status(cudaErrorInvalidValue);
         }
-        allocated -= (it->second + 255) / 256 * 256;
+        allocated -= rounded(it->second);
         allocations.erase(it);
     }
     free(p);
