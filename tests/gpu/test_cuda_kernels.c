@@ -2345,7 +2345,7 @@ static void group_conv(void) {
         check_conv("ResNet stem, 7x7/2", 2, 3, 224, 224, 64, 7, 2, 3, type);
         check_conv("CIFAR stem, 3x3", 4, 3, 32, 32, 64, 3, 1, 1, type);
         check_conv("odd sizes", 3, 5, 13, 11, 7, 3, 2, 1, type);
-        /* the README's ResNet-20 at batch 16, its second stage's entry */
+        /* test_cuda_model's ResNet-20 at batch 16, its second stage's entry */
         check_conv("ResNet-20 stage 2 entry, 3x3/2", 16, 16, 32, 32, 32, 3, 2, 1, type);
         check_conv("ResNet-20 downsample, 1x1/2", 16, 16, 32, 32, 32, 1, 2, 0, type);
     }
@@ -2374,7 +2374,7 @@ static void group_batchnorm(void) {
     check_batchnorm(9000, 3, 1, 0, 1, 0.0f);
     check_batchnorm(16, 96, 28 * 28, 1, 0, 0.0f);
     check_batchnorm_sync(1400, 4, 13, 1);
-    /* the README's ResNet-20 at batch 16 (test_cuda_model): 4 ranges of
+    /* test_cuda_model's ResNet-20 at batch 16: 4 ranges of
      * exactly 4096 values, each 4 whole images, in stage 1 */
     check_batchnorm(16, 16, 32 * 32, 1, 1, 0.0f);
     check_batchnorm(16, 16, 32 * 32, 0, 1, 0.0f);
