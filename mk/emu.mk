@@ -29,7 +29,9 @@ EMU_MODEL_TEST := $(BUILD)/tests/gpu/test_cuda_model_emu
 # arithmetic round each operation, as nvcc's code does where it matters
 # (the kernels that must match the CPU bit for bit spell their roundings
 # with __fmul_rn and friends).
-EMU_CXXFLAGS := -std=c++17 $(OPT) $(filter-out --coverage,$(SANFLAGS)) -ffp-contract=off -Wall -Wno-unused-parameter \
+# (The coverage build's -O0/-O1 would only slow them: there they keep -O2.)
+EMU_OPT      := $(if $(findstring --coverage,$(SANFLAGS)),-O2 -g,$(OPT))
+EMU_CXXFLAGS := -std=c++17 $(EMU_OPT) $(filter-out --coverage,$(SANFLAGS)) -ffp-contract=off -Wall -Wno-unused-parameter \
                 -Wno-unused-function -Wno-unknown-pragmas -Wno-sign-compare -Iinclude -I$(CUDA_HOME)/include -include tests/gpu/emu/emu.h \
                 -DVISC_CUDA_SM=$(CUDA_ARCH) -DVISC_CUDA_LIBDIR='"$(EMU_LIBDIR)"' -MMD -MP
 

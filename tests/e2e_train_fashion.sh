@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
-# End to end: the default recipe (configs/fashion_mnist.ini) shortened to 4
-# epochs must reach at least 90% test accuracy on Fashion-MNIST (PyTorch's
-# 4-epoch run of the same model and recipe reaches 90.8%,
-# ../shared/reference/anchors.md). Also checks what the run leaves behind:
-# the model loads back, the TensorBoard file holds the validation curve, and
-# the JSON log is complete.
+# End to end: the default recipe (configs/fashion_mnist.ini), its one-cycle
+# schedule shortened to EPOCHS epochs (30% warm-up, as the config), must
+# reach the floor of that length on the Fashion-MNIST test set. Also checks
+# what the run leaves behind: the model loads back, the TensorBoard file
+# holds the validation curve, the JSON log is complete, the PNG is drawn.
+#   EPOCHS=1  (make test)       >= 87%: measured 88.46% here (2026-12-04,
+#             AVX2 CI machine, 261 s; the run is deterministic for a seed)
+#   EPOCHS=4  (make test-long)  >= 90%: PyTorch's 4-epoch run of the same
+#             model and recipe reaches 90.8% (../shared/reference/anchors.md);
+#             ours 92.2-92.4%
+#   EPOCHS=12 (make test-long)  >= 93%: the README's main job as it is (93.67%)
+# make test runs one epoch: the CI machine now has no AVX-512 and there the
+# four epochs alone took 20 minutes (1,219 s), a quarter of CI's limit.
 set -euo pipefail
 V=${VISC:-build/visc}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-"$V" train --config configs/fashion_mnist.ini --epochs 4 --warmup-epochs 1.2 --print-freq 0 \
+EPOCHS=${EPOCHS:-1}
+case $EPOCHS in
+    1) floor=87;; 4) floor=90;; 12) floor=93;;
+    *) echo "e2e_train_fashion: EPOCHS=$EPOCHS has no floor (1, 4 or 12)"; exit 2;;
+esac
+"$V" train --config configs/fashion_mnist.ini --epochs "$EPOCHS" \
+    --warmup-epochs "$(awk -v e="$EPOCHS" 'BEGIN { print 0.3 * e }')" --print-freq 0 \
     --no-progress --output "$tmp/run"
 top1=$(grep '"type":"val"' "$tmp/run/log.jsonl" | tail -1 | sed 's/.*"top1":\([0-9.]*\).*/\1/')
-echo "final test top-1: $top1%"
-awk -v a="$top1" 'BEGIN { exit !(a >= 90.0) }' || { echo "FAIL: below 90%"; exit 1; }
-[ "$(grep -c '"type":"val"' "$tmp/run/log.jsonl")" -eq 4 ]
+echo "final test top-1 after $EPOCHS epochs: $top1% (needs >= $floor%)"
+awk -v a="$top1" -v f="$floor" 'BEGIN { exit !(a >= f) }' || { echo "FAIL: below $floor%"; exit 1; }
+[ "$(grep -c '"type":"val"' "$tmp/run/log.jsonl")" -eq "$EPOCHS" ]
 grep -q '"type":"done"' "$tmp/run/log.jsonl"
 ls "$tmp/run"/events.out.tfevents.* >/dev/null
 [ "$(head -c 8 "$tmp/run/curves.png" | od -An -tx1 | tr -d ' ')" = 89504e470d0a1a0a ]  # a PNG
