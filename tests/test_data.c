@@ -488,6 +488,42 @@ TEST(augment_pad_to) {
     visc_dataset_free(ds);
 }
 
+/* --subset on in-memory data: n samples per class, in stored order, the
+ * draw visc_subset_per_class makes (which image folders use too), images
+ * moved with their labels; fewer than n: the whole class. */
+TEST(memory_subset_per_class) {
+    const int n = 40, classes = 4;
+    uint8_t *images = malloc((size_t)n * 2 * 3 * 3);
+    int32_t *labels = malloc((size_t)n * sizeof *labels);
+    for (int i = 0; i < n; i++) {
+        labels[i] = i % 7 == 0 ? 3 : i % 3; /* class 3: 6 samples */
+        for (int j = 0; j < 18; j++) images[i * 18 + j] = (uint8_t)(i * 5 + j);
+    }
+    int32_t before[40];
+    memcpy(before, labels, sizeof before);
+    int64_t want[40];
+    int64_t m = visc_subset_per_class(before, n, classes, 8, 1, 7, want);
+    visc_dataset *ds = visc_dataset_from_memory(images, labels, n, 2, 3, 3, classes);
+    CHECK(visc_dataset_keep_per_class(ds, 8, 7) == 0);
+    CHECK(ds->size == m && m == 3 * 8 + 6);
+    int count[4] = {0, 0, 0, 0}, first_eight = 1;
+    for (int64_t i = 0; i < ds->size; i++) {
+        float x[18];
+        int32_t y;
+        visc_augment plain = {0, 0, {0, 0, 0}, {1, 1, 1}, 0};
+        CHECK(ds->get(ds, i, &plain, 0, 0, 0, x, &y) == 0);
+        CHECK(y == before[want[i]]);
+        CHECK(x[0] == (float)(uint8_t)(want[i] * 5) / 255.0f);
+        if (i > 0) CHECK(want[i] > want[i - 1]);
+        count[y]++;
+        first_eight &= want[i] < 26; /* the unseeded rule would keep only early samples */
+    }
+    CHECK(count[0] == 8 && count[1] == 8 && count[2] == 8 && count[3] == 6);
+    CHECK(!first_eight);
+    CHECK_ERR(visc_dataset_keep_per_class(ds, 0, 7), "positive");
+    visc_dataset_free(ds);
+}
+
 TEST(augment_geometry_exact) {
     int c = 4, h = 5, w = 7; /* 4 channels: the fourth reuses mean[2]/std[2] */
     uint8_t img[4 * 5 * 7];

@@ -54,6 +54,20 @@ struct visc_dataset {
 visc_dataset *visc_dataset_from_memory(uint8_t *images, int32_t *labels, int64_t n, int c, int h,
                                        int w, int num_classes);
 void visc_dataset_free(visc_dataset *ds);
+/* --subset N on an in-memory dataset: keeps N samples of each class (all of
+ * a class with fewer), drawn as visc_subset_per_class does with seeded = 1,
+ * in their stored order. Fails on any other kind of dataset. */
+int visc_dataset_keep_per_class(visc_dataset *ds, int64_t n, uint64_t seed);
+
+/* ---- subset.c ---- */
+/* The samples a per-class subset keeps, the same rule for every data set:
+ * per class (labels in 0..num_classes-1), n of its samples drawn without
+ * replacement from the Philox stream (seed, VISC_STREAM_SHUFFLE, 2^62 +
+ * class), or its first n when seeded = 0; classes with at most n keep all.
+ * Writes the kept indices, ascending, to kept (room for count) and returns
+ * how many. */
+int64_t visc_subset_per_class(const int32_t *labels, int64_t count, int num_classes, int64_t n,
+                              int seeded, uint64_t seed, int64_t *kept);
 /* Makes an in-memory dataset deliver its images centred on a zero-padded
  * size x size canvas (as torchvision's Pad before ToTensor): Fashion-MNIST's
  * 28 px for models that want 32. size must be >= the image size. */

@@ -36,7 +36,7 @@ static const option options[] = {
     {"reprob", NULL, FLOAT, O(reprob), "images: RandomErasing probability"},
     {"crop-pct", NULL, FLOAT, O(crop_pct), "images: eval center-crop fraction"},
     {"fast-decode", NULL, FLAG, O(fast_decode), "images: decode only the crop, downscaled"},
-    {"subset", NULL, INT, O(subset), "images: keep N images per class"},
+    {"subset", NULL, INT, O(subset), "keep N training samples per class (seeded draw)"},
     {"on-bad-image", NULL, STR, O(on_bad_image), "images: skip | error"},
     {"mixup", NULL, FLOAT, O(mixup), "mixup alpha (0: off)"},
     {"cutmix", NULL, FLOAT, O(cutmix), "cutmix alpha (0: off)"},

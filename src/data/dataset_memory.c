@@ -5,6 +5,7 @@
  * buffers, so any number of threads may call it at once, and it allocates
  * nothing. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "visc/core.h"
 #include "visc/data.h"
@@ -72,6 +73,26 @@ int visc_dataset_pad_to(visc_dataset *ds, int size) {
         return visc_set_error("cannot pad %dx%d images to %d px (smaller)", m->h, m->w, size);
     m->pad_to = size;
     ds->height = ds->width = size;
+    return 0;
+}
+
+int visc_dataset_keep_per_class(visc_dataset *ds, int64_t n, uint64_t seed) {
+    if (ds->get != memory_get)
+        return visc_set_error("keeping %lld samples per class is only for in-memory datasets",
+                              (long long)n);
+    if (n <= 0) return visc_set_error("--subset %lld: expected a positive count", (long long)n);
+    memory_impl *m = ds->impl;
+    int64_t *kept = visc_malloc((size_t)ds->size * sizeof *kept, "subset indices");
+    int64_t out = visc_subset_per_class(m->labels, ds->size, ds->num_classes, n, 1, seed, kept);
+    /* compacted in place: kept[i] >= i, so no sample is overwritten before it moves */
+    for (int64_t i = 0; i < out; i++) {
+        if (kept[i] != i)
+            memmove(m->images + (size_t)i * m->sample_bytes,
+                    m->images + (size_t)kept[i] * m->sample_bytes, m->sample_bytes);
+        m->labels[i] = m->labels[kept[i]];
+    }
+    ds->size = out;
+    free(kept);
     return 0;
 }
 

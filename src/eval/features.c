@@ -138,6 +138,11 @@ visc_dataset *visc_eval_open_data(const visc_train_config *c, int which, visc_au
     if (visc_is_image_data(c->data_dir)) return open_images(c, which, tc, pl);
     visc_dataset *ds = visc_open_dataset(c->dataset, c->data_dir, which != 2, aug);
     if (!ds) return NULL;
+    /* the training subset visc train uses, for the bank and the probe alike */
+    if (which != 2 && c->subset > 0 && visc_dataset_keep_per_class(ds, c->subset, c->seed)) {
+        visc_dataset_free(ds);
+        return NULL;
+    }
     if (which == 1) {
         aug->pad_crop = c->pad_crop;
         aug->hflip = c->hflip;

@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 
 #include "visc/core.h"
+#include "visc/data.h"
 #include "visc/loader.h"
 #include "visc/rng.h"
 
@@ -282,40 +283,18 @@ int visc_file_list_open(visc_file_list *fl, const char *spec, int train) {
 
 void visc_file_list_subset(visc_file_list *fl, int64_t n, int seeded, uint64_t seed) {
     if (n <= 0) return;
-    /* files of a class are contiguous in every layout but flat; count and
-     * select per class by label, keeping scan order */
-    int64_t *seen = visc_calloc((size_t)fl->num_classes, sizeof *seen, "subset counts");
-    int64_t *total = visc_calloc((size_t)fl->num_classes, sizeof *total, "subset counts");
-    for (int64_t i = 0; i < fl->count; i++) total[fl->labels[i]]++;
-    /* keep[c] marks, per class, which of its files (by rank in the class) stay */
-    uint8_t **keep = visc_calloc((size_t)fl->num_classes, sizeof *keep, "subset marks");
-    for (int c = 0; c < fl->num_classes; c++) {
-        keep[c] = visc_calloc((size_t)total[c] + 1, 1, "subset marks");
-        int64_t m = total[c] < n ? total[c] : n;
-        if (!seeded || total[c] <= n || total[c] > INT32_MAX) {
-            for (int64_t j = 0; j < m; j++) keep[c][j] = 1;
-        } else {
-            int32_t *perm = visc_malloc((size_t)total[c] * sizeof *perm, "subset permutation");
-            visc_rng_permutation(perm, (int32_t)total[c], seed, VISC_STREAM_SHUFFLE,
-                                 ((uint64_t)1 << 62) + (uint64_t)c);
-            for (int64_t j = 0; j < m; j++) keep[c][perm[j]] = 1;
-            free(perm);
-        }
-    }
-    int64_t out = 0;
-    for (int64_t i = 0; i < fl->count; i++) {
-        int32_t c = fl->labels[i];
-        if (keep[c][seen[c]++]) {
-            fl->name_off[out] = fl->name_off[i];
-            fl->labels[out] = c;
-            out++;
-        }
+    /* files of a class are contiguous in every layout but flat; the rule
+     * selects per class by label, keeping scan order */
+    int64_t *kept =
+        visc_malloc((size_t)(fl->count > 0 ? fl->count : 1) * sizeof *kept, "subset indices");
+    int64_t out =
+        visc_subset_per_class(fl->labels, fl->count, fl->num_classes, n, seeded, seed, kept);
+    for (int64_t i = 0; i < out; i++) {
+        fl->name_off[i] = fl->name_off[kept[i]];
+        fl->labels[i] = fl->labels[kept[i]];
     }
     fl->count = out;
-    for (int c = 0; c < fl->num_classes; c++) free(keep[c]);
-    free(keep);
-    free(seen);
-    free(total);
+    free(kept);
 }
 
 int visc_file_list_path(const visc_file_list *fl, int64_t i, char *buf, size_t size) {

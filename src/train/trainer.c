@@ -744,6 +744,8 @@ int visc_train(const visc_train_config *c) {
     } else {
         t.train = visc_open_dataset(c->dataset, c->data_dir, 1, &t.aug);
         if (!t.train) goto done;
+        /* --subset: the same per-class draw as on image folders */
+        if (c->subset > 0 && visc_dataset_keep_per_class(t.train, c->subset, c->seed)) goto done;
         t.val = visc_open_dataset(c->dataset, c->data_dir, 0, &t.aug);
         if (!t.val) goto done;
         t.aug.pad_crop = c->pad_crop;
