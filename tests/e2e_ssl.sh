@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Self-supervised pretraining end to end (issue 5), small and fast (it also
-# runs under the sanitizers and coverage); e2e_ssl_learns.sh checks that
-# pretraining learns something.
+# runs under the sanitizers and coverage); tests/long/ssl_learns.sh (make
+# test-long) checks that pretraining learns something.
 # - MoCo v2: pretrains, logs the online classifier per epoch, its model file
 #   is the query encoder that `visc eval` reads;
 # - resume: stopped mid-epoch and resumed, the checkpoint (query and key
