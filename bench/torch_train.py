@@ -7,8 +7,9 @@ momentum 0.9, warm-up steps and then timed steps; prints images/s and one
 machine-readable "RESULT ..." line.
 
 Run it with Debian's PyTorch (/usr/bin/python3, torch 1.13) and
-OPENBLAS_CORETYPE=SkylakeX (Debian's OpenBLAS misdetects recent Xeons and
-runs sgemm ~7x slower without it; bench/train_vs_pytorch.sh sets it).
+OPENBLAS_CORETYPE set for the CPU (Debian's OpenBLAS misdetects recent Xeons
+and runs sgemm ~7x slower without SkylakeX; on the AVX2 EPYCs Zen is the
+fastest; bench/train_vs_pytorch.sh picks it).
 
 --channels-last auto (default) times a few steps in each memory format and
 keeps the faster, so the comparison is against PyTorch at its best; the

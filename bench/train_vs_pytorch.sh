@@ -13,9 +13,11 @@
 # 2.6): OMP_NUM_THREADS=--threads and OMP_WAIT_POLICY=passive by default,
 # because spin-waiting threads collapse when the cores are shared (measured
 # 3-10x slower for both at load 6 on 2 cores); --wait-policy default keeps
-# libgomp's spinning. PyTorch also gets OPENBLAS_CORETYPE=SkylakeX and, on
-# its first run per setting, picks NCHW or channels_last, whichever is
-# faster; later runs reuse that choice.
+# libgomp's spinning. PyTorch also gets the OpenBLAS core type that suits
+# this CPU (openblas_coretype below: SkylakeX with AVX-512, Zen or Haswell
+# with AVX2; Debian's OpenBLAS misdetects these CPUs) and, on its first run
+# per setting, picks NCHW or channels_last, whichever is faster; later runs
+# reuse that choice.
 #
 # --precision bf16 runs visc's linear-layer matmuls with bf16 operands and
 # fp32 accumulation (bench_train --precision; fp32 on CPUs without
@@ -55,7 +57,22 @@ bash tools/install_deps.sh python3-torch python3-torchvision libopenblas0-pthrea
 "$PY" -c "import timm" 2>/dev/null || "$PY" -m pip install -q --break-system-packages timm==0.9.16
 [ -x "$BENCH" ] || make -s -j2 BUILD="$BUILD" "$BENCH"
 
-export OMP_NUM_THREADS=$threads OPENBLAS_CORETYPE=SkylakeX
+# Debian's OpenBLAS misdetects these virtual CPUs and falls back to a slow
+# generic kernel; forcing SkylakeX where there is no AVX-512 dies of an
+# illegal instruction (the AVX2 EPYC CI machines). 2048^3 sgemm on 2 cores
+# of that EPYC: Zen 60, Haswell 48, undetected 43 GFLOP/s.
+openblas_coretype() {
+    local flags vendor
+    flags=$(grep -m1 '^flags' /proc/cpuinfo)
+    vendor=$(sed -n 's/^vendor_id\s*: //p' /proc/cpuinfo | head -1)
+    if [[ " $flags " == *" avx512f "* ]]; then echo SkylakeX
+    elif [[ " $flags " == *" avx2 "* && "$vendor" == AuthenticAMD ]]; then echo Zen
+    elif [[ " $flags " == *" avx2 "* ]]; then echo Haswell
+    fi
+}
+export OMP_NUM_THREADS=$threads
+OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-$(openblas_coretype)}
+[ -n "$OPENBLAS_CORETYPE" ] && export OPENBLAS_CORETYPE
 if [ "$wait_policy" = default ]; then unset OMP_WAIT_POLICY; else export OMP_WAIT_POLICY=$wait_policy; fi
 
 # settings: tag model batch res warmup steps
@@ -74,7 +91,8 @@ load() { cut -d' ' -f1 /proc/loadavg; }
 echo "visc vs PyTorch training speed: $(nproc) cores, OMP_NUM_THREADS=$threads," \
      "OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-default}, $repeats interleaved repeats, medians," \
      "visc $precision / torch fp32"
-echo "cpu: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)"
+echo "cpu: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1)," \
+     "OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
 load_start=$(load)
 rows=()
 for s in "${settings[@]}"; do

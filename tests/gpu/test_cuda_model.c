@@ -8,13 +8,26 @@
  *     parameter's gradient, tensor by tensor;
  *   - the BatchNorm running statistics the forward updated;
  *   - the optimizer's step (SGD with Nesterov momentum and weight decay, the
- *     default recipe), then four more steps: the weights;
+ *     default recipe): the weights; then four more steps in lock-step, each
+ *     from the CPU's weights (see the loop): the weights, the momentum and
+ *     the running statistics after the fifth;
  *   - an evaluation forward with the running statistics.
  * Tolerances: the CPU runs oneDNN's fp32 convolutions, the GPU cuDNN's fp32
  * ones (FMA, no TF32), which add in other orders; through 20-50 layers with
  * BatchNorm the relative difference of a tensor stays near 1e-5. A tensor
  * passes when ||gpu - cpu|| <= 1e-3 ||cpu|| (2e-3 after five steps), and the
  * logits also elementwise within 1e-3 of the largest |logit|.
+ * Some tensors are worse conditioned than that, whatever adds them up: in
+ * ResNet-20 the gradients from layer1.2 back to the stem differ by 1.7e-3
+ * between two fp32 runs of the CPU itself (oneDNN's blocked convolutions
+ * against its plain ones), against ~2e-6 from layer2.0 on. (The gradient
+ * that reaches layer1's output is the transposed convolutions of BatchNorm
+ * gradients, whose per-channel sums are 0, so the sums taken from it
+ * cancel.) So a third model, the CPU twin, runs every step with the other
+ * convolution layout, and a tensor's limit is the larger of the fixed one
+ * and TWIN_FACTOR times the twin's own difference from the CPU: rounding
+ * is let through where rounding is shown to be that large, and nowhere
+ * else.
  * Two transformers and a ResNet again with --precision bf16 on both
  * sides: the linear layers' products with bf16 operands, and on the GPU the
  * convolutions' too (the CPU's stay fp32). A bf16 rounding that tips the
@@ -47,6 +60,14 @@
 #include "visc/optim.h"
 
 static int passed, failed;
+/* How much more than the CPU's own fp32 spread (the twin's) the GPU may
+ * differ: its convolutions add in other orders again, and cuDNN's
+ * Winograd and FFT algorithms round more than a direct sum. */
+#define TWIN_FACTOR 8.0
+/* A tensor on which the CPU's two runs differ by more than this is left out
+ * of a comparison (and counted on its line): no limit can tell a GPU's
+ * rounding from a fault there. More than half of a table left out fails. */
+#define TWIN_CHAOTIC 1e-2
 static double tol_scale = 1.0; /* 20 in bf16 */
 /* Whether both sides multiply the same operands: not a ResNet in bf16,
  * whose convolutions take bf16 operands on the GPU only (the CPU's bf16
@@ -79,50 +100,78 @@ static double rel_error(const float *g, const float *c, size_t n) {
     return s > 0 ? sqrt(d / s) : sqrt(d);
 }
 
-/* Every tensor of a table (params or buffers) within `limit`; one line for
- * the worst tensor. A ResNet with bf16 convolutions on one side only is
- * held to the error of the whole table instead: a BatchNorm bias's
- * gradient is a sum of terms that nearly cancel, so its own relative error
- * is that of bf16 over its tiny size, and says nothing about the step. */
+/* The limit for one comparison: `limit`, widened to TWIN_FACTOR times the
+ * twin's difference from the CPU where a twin ran (not on the stand-in). */
+static double widened(double limit, double twin_error) {
+    return limit > 0 ? fmax(limit, TWIN_FACTOR * twin_error) : limit;
+}
+
+/* Every tensor of a table (params or buffers) within its limit (`limit`,
+ * widened by the twin's values where `twin` is not NULL); one line for the
+ * tensor that used most of its limit. A ResNet with bf16 convolutions on
+ * one side only is held to the error of the whole table instead: a
+ * BatchNorm bias's gradient is a sum of terms that nearly cancel, so its
+ * own relative error is that of bf16 over its tiny size, and says nothing
+ * about the step. */
 static void expect_tables(const char *arch, const char *what, const visc_table *t, const float *gpu,
-                          const float *cpu, double limit) {
+                          const float *cpu, const float *twin, double limit) {
+    char label[256];
     if (!same_products) {
-        char label[256];
         snprintf(label, sizeof label, "%s (%d tensors, as one)", what, t->count);
         const double r = rel_error(gpu, cpu, t->total);
-        result(r <= limit, "relative error %.3g (limit %.3g)", arch, label, r, limit);
+        const double lim = twin ? widened(limit, rel_error(twin, cpu, t->total)) : limit;
+        result(r <= lim, "relative error %.3g (limit %.3g)", arch, label, r, lim);
         return;
     }
-    double worst = 0;
-    int at = 0;
+    double worst = 0, worst_limit = limit, worst_share = 0;
+    int at = 0, left_out = 0;
     for (int i = 0; i < t->count; i++) {
         const visc_tensor_entry *e = &t->entries[i];
-        double r = rel_error(gpu + e->offset, cpu + e->offset, e->numel);
+        const double r = rel_error(gpu + e->offset, cpu + e->offset, e->numel);
+        const double spread = twin ? rel_error(twin + e->offset, cpu + e->offset, e->numel) : 0;
+        const double lim = widened(limit, spread);
         if (getenv("VISC_TEST_VERBOSE"))
-            printf("     %s %s %s: relative error %.3g\n", arch, what, e->name, r);
-        if (!(r <= worst)) {
+            printf("     %s %s %s: relative error %.3g (limit %.3g; the CPU's two runs: %.3g)\n",
+                   arch, what, e->name, r, lim, spread);
+        if (spread > TWIN_CHAOTIC) {
+            left_out++;
+            continue;
+        }
+        /* the share of its limit; NaN, or anything over a limit of 0, is infinite */
+        const double share = r <= 0 ? 0 : lim > 0 ? r / lim : INFINITY;
+        if (!(share <= worst_share)) {
+            worst_share = share;
             worst = r;
+            worst_limit = lim;
             at = i;
         }
     }
-    char label[256];
-    snprintf(label, sizeof label, "%s (%d tensors, worst %s)", what, t->count,
-             t->count ? t->entries[at].name : "-");
-    result(worst <= limit, "relative error %.3g (limit %.3g)", arch, label, worst, limit);
+    char out[96] = "";
+    if (left_out)
+        snprintf(out, sizeof out, "; %d left out, where the CPU's two runs differ by over %g",
+                 left_out, TWIN_CHAOTIC);
+    snprintf(label, sizeof label, "%s (%d tensors, closest to its limit: %s%s)", what, t->count,
+             t->count ? t->entries[at].name : "-", out);
+    result(worst <= worst_limit && 2 * left_out <= t->count, "relative error %.3g (limit %.3g)",
+           arch, label, worst, worst_limit);
 }
 
+/* Logits within 1e-3 of the largest |logit| elementwise and 1e-3 as a
+ * whole, each widened by the twin's logits where `twin` is not NULL. */
 static void expect_logits(const char *arch, const char *what, const float *g, const float *c,
-                          size_t n) {
-    double big = 0, worst = 0;
+                          const float *twin, size_t n) {
+    double big = 0, worst = 0, twin_worst = 0;
     for (size_t i = 0; i < n; i++) big = fmax(big, fabs(c[i]));
     for (size_t i = 0; i < n; i++) {
         double e = fabs((double)g[i] - c[i]);
         if (!(e <= worst)) worst = e;
+        if (twin) twin_worst = fmax(twin_worst, fabs((double)twin[i] - c[i]));
     }
-    result(worst <= LIMIT(1e-3) * big, "largest difference %.3g (limit %.3g)", arch, what, worst,
-           LIMIT(1e-3) * big);
-    result(rel_error(g, c, n) <= LIMIT(1e-3), "relative error %.3g (limit %.3g)", arch, what,
-           rel_error(g, c, n), LIMIT(1e-3));
+    const double lim = widened(LIMIT(1e-3) * big, twin_worst);
+    result(worst <= lim, "largest difference %.3g (limit %.3g)", arch, what, worst, lim);
+    const double rel_lim = widened(LIMIT(1e-3), twin ? rel_error(twin, c, n) : 0);
+    result(rel_error(g, c, n) <= rel_lim, "relative error %.3g (limit %.3g)", arch, what,
+           rel_error(g, c, n), rel_lim);
 }
 
 static void fill(float *x, size_t n, uint64_t seed) {
@@ -146,6 +195,37 @@ static int model_pair(visc_cuda *ctx, const visc_model_config *cfg, const char *
     if (*a) visc_model_destroy(*a);
     if (*b) visc_model_destroy(*b);
     return -1;
+}
+
+/* The CPU twin: the same model and weights, its convolutions oneDNN's
+ * plain (NCHW) ones where the CPU model's chose blocked layouts. NULL on
+ * the stand-in, whose limits are all 0. */
+static visc_model *cpu_twin(const visc_model_config *cfg) {
+#ifdef VISC_GPU_STANDIN
+    (void)cfg;
+    return NULL;
+#else
+    const char *env = getenv("VISC_CONV_LAYOUT");
+    char *was = env ? strdup(env) : NULL;
+    setenv("VISC_CONV_LAYOUT", "plain", 1); /* read as each convolution is set up */
+    visc_model *twin = visc_model_create(cfg, 7);
+    if (was) setenv("VISC_CONV_LAYOUT", was, 1);
+    else unsetenv("VISC_CONV_LAYOUT");
+    free(was);
+    return twin;
+#endif
+}
+
+/* The CPU's weights and running statistics on the GPU model and the twin
+ * (each keeps its own optimizer state). */
+static int take_cpu_weights(const visc_model *cpu, visc_model *gpu, visc_model *twin) {
+    visc_model *sides[2] = {gpu, twin};
+    for (int k = 0; k < 2; k++) {
+        if (!sides[k]) continue;
+        memcpy(sides[k]->params.data, cpu->params.data, cpu->params.total * sizeof(float));
+        memcpy(sides[k]->buffers.data, cpu->buffers.data, cpu->buffers.total * sizeof(float));
+    }
+    return visc_model_upload(gpu);
 }
 
 static void check_model(visc_cuda *ctx, const char *name, int image, int channels, int classes,
@@ -172,6 +252,7 @@ static void check_model(visc_cuda *ctx, const char *name, int image, int channel
     cfg.drop_path_rate = drop_path;
     visc_model *cpu, *gpu;
     if (model_pair(ctx, &cfg, arch, 0, &cpu, &gpu)) return;
+    visc_model *twin = cpu_twin(&cfg);
     const size_t xn = (size_t)batch * channels * image * image, ln = (size_t)batch * classes;
     const size_t P = cpu->params.total;
     float *x = malloc(xn * sizeof(float)), *probs = malloc(ln * sizeof(float));
@@ -181,48 +262,78 @@ static void check_model(visc_cuda *ctx, const char *name, int image, int channel
     oc.momentum = 0.9f;
     oc.nesterov = 1;
     oc.weight_decay = 5e-4f;
-    visc_optimizer opt_cpu, opt_gpu;
+    visc_optimizer opt_cpu, opt_gpu, opt_twin = {0};
     visc_optimizer_init(&opt_cpu, &oc, &cpu->params);
     visc_optimizer_init(&opt_gpu, &oc, &gpu->params);
+    if (twin) visc_optimizer_init(&opt_twin, &oc, &twin->params);
+        /* the twin's tables where it ran, else NULL: a fixed limit */
+#define TWIN(member) (twin ? twin->member : NULL)
     visc_gpu_optim *gopt = visc_gpu_optim_create(ctx, &opt_gpu);
     if (!gopt) goto broken;
+    /* Five steps in lock-step: each starts from the CPU's weights and
+     * running statistics on all three sides, and each side keeps its own
+     * momentum. Left to run apart, no two fp32 runs of these ResNets stay
+     * comparable: on random inputs and labels the gradients of the first
+     * stage are sums that cancel, and weights 1e-6 apart give gradients 1%
+     * apart, so the CPU's own two runs (blocked and plain convolutions)
+     * part by 3% (lr 0.001) to 86% (lr 0.1) in weights within five steps
+     * of SGD. Lock-step keeps what the steps are here
+     * for: the GPU's optimizer state carried from step to step. (That the
+     * GPU's own trajectory is the CPU's is e2e_gpu_standin.sh's, bit for
+     * bit on the stand-in; that it trains, tools/gpu/device_check.sh's.) */
     for (int step = 0; step < 5; step++) {
+        if (step > 0 && take_cpu_weights(cpu, gpu, twin)) goto broken;
         fill(x, xn, 100 + (uint64_t)step);
         for (int b = 0; b < batch; b++) labels[b] = (b * 7 + step) % classes;
         cpu->noise_seed = gpu->noise_seed = 1000 + (uint64_t)step; /* drop-path's draws */
+        if (twin) twin->noise_seed = cpu->noise_seed;
         cpu->forward(cpu, x, 1);
         gpu->forward(gpu, x, 1);
+        if (twin) twin->forward(twin, x, 1);
         visc_softmax_xent_forward(probs, cpu->logits, labels, batch, classes, 0.0f);
         visc_softmax_xent_backward(dlogits, probs, labels, batch, classes, 0.0f);
-        if (step == 0) expect_logits(arch, "training logits", gpu->logits, cpu->logits, ln);
+        if (step == 0)
+            expect_logits(arch, "training logits", gpu->logits, cpu->logits, TWIN(logits), ln);
         cpu->backward(cpu, dlogits);
         gpu->backward(gpu, dlogits);
+        if (twin) twin->backward(twin, dlogits);
         if (step == 0) {
             visc_gpu_download(ctx, host, gpu->dev_grads, P * sizeof(float));
             if (same_products)
-                expect_tables(arch, "gradients", &cpu->params, host, cpu->grads, LIMIT(1e-3));
+                expect_tables(arch, "gradients", &cpu->params, host, cpu->grads, TWIN(grads),
+                              LIMIT(1e-3));
             if (visc_model_download(gpu)) goto broken;
             if (cpu->buffers.count > 0) /* BatchNorm's; the transformers have none */
                 expect_tables(arch, "running statistics", &cpu->buffers, gpu->buffers.data,
-                              cpu->buffers.data, LIMIT(1e-4));
+                              cpu->buffers.data, TWIN(buffers.data), LIMIT(1e-4));
         }
         visc_optimizer_step(&opt_cpu, cpu->params.data, cpu->grads, 0.1f);
+        if (twin) visc_optimizer_step(&opt_twin, twin->params.data, twin->grads, 0.1f);
         if (visc_gpu_optim_step(gopt, &opt_gpu, gpu->dev_params, gpu->dev_grads, 0.1f)) goto broken;
         if (step == 0 || (step == 4 && same_products)) {
             if (visc_model_download(gpu)) goto broken;
             expect_tables(arch, step == 0 ? "weights after 1 step" : "weights after 5 steps",
-                          &cpu->params, gpu->params.data, cpu->params.data,
+                          &cpu->params, gpu->params.data, cpu->params.data, TWIN(params.data),
                           step == 0 ? LIMIT(1e-3) : LIMIT(2e-3));
         }
     }
     if (!same_products) goto done;
     if (visc_gpu_optim_download(gopt, &opt_gpu)) goto broken;
     expect_tables(arch, "momentum after 5 steps", &cpu->params, opt_gpu.state, opt_cpu.state,
-                  LIMIT(2e-3));
+                  twin ? opt_twin.state : NULL, LIMIT(2e-3));
+    if (cpu->buffers.count > 0) /* downloaded with the weights after step 5 */
+        expect_tables(arch, "running statistics after 5 steps", &cpu->buffers, gpu->buffers.data,
+                      cpu->buffers.data, TWIN(buffers.data), LIMIT(2e-3));
+    /* Evaluation (BatchNorm on its running statistics), from the CPU's
+     * weights and statistics on every side as each step was. */
+    if (take_cpu_weights(cpu, gpu, twin)) goto broken;
     cpu->forward(cpu, x, 0);
     gpu->forward(gpu, x, 0);
-    expect_logits(arch, "evaluation logits after 5 steps", gpu->logits, cpu->logits, ln);
+    if (twin) twin->forward(twin, x, 0);
+    expect_logits(arch, "evaluation logits after 5 steps", gpu->logits, cpu->logits, TWIN(logits),
+                  ln);
     goto done;
+#undef TWIN
 broken:
     printf("FAIL %s: %s\n", arch, visc_last_error());
     failed++;
@@ -230,6 +341,10 @@ done:
     visc_gpu_optim_free(gopt);
     visc_optimizer_free(&opt_cpu);
     visc_optimizer_free(&opt_gpu);
+    if (twin) {
+        visc_optimizer_free(&opt_twin);
+        visc_model_destroy(twin);
+    }
     visc_model_destroy(cpu);
     visc_model_destroy(gpu);
     free(x);
@@ -295,11 +410,11 @@ static void check_device_io(visc_cuda *ctx, const char *name, int image, int cha
         printf("FAIL %s %s\n", arch, visc_last_error());
         failed++;
     } else {
-        expect_logits(arch, "training logits", logits, fed->logits, ln);
+        expect_logits(arch, "training logits", logits, fed->logits, NULL, ln);
         const double dl = fabs((double)loss_kept - loss);
         result(dl <= LIMIT(1e-6) * fabs(loss), "difference %.3g (limit %.3g)", arch, "loss", dl,
                LIMIT(1e-6) * fabs(loss));
-        expect_tables(arch, "gradients", &fed->params, g_kept, g_fed, LIMIT(1e-5));
+        expect_tables(arch, "gradients", &fed->params, g_kept, g_fed, NULL, LIMIT(1e-5));
         size_t written = 0;
         for (size_t i = 0; i < ln; i++) written += kept->logits[i] != -1.0f;
         result(written == 0, "%.0f written (limit %.0f)", arch, "host logits", (double)written,

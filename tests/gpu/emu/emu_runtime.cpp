@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -532,6 +533,10 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorNotReady: return "device not ready";
+    case cudaErrorHostMemoryAlreadyRegistered:
+        return "part or all of the requested memory range is already mapped";
+    case cudaErrorHostMemoryNotRegistered:
+        return "pointer does not correspond to a registered memory region";
     default: return "emulated CUDA error";
     }
 }
@@ -544,6 +549,8 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
     default: return "cudaErrorUnknown";
     }
 }
@@ -660,8 +667,28 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t) {
     return cudaSuccess;
 }
 
-cudaError_t cudaHostRegister(void *, size_t, unsigned) { return cudaSuccess; }
-cudaError_t cudaHostUnregister(void *) { return cudaSuccess; }
+/* Page-locked host memory, held to CUDA's rules: no byte registered twice
+ * (cudaErrorHostMemoryAlreadyRegistered), unregister only a registered
+ * region's start (cudaErrorHostMemoryNotRegistered). Nothing is locked. */
+static std::map<uintptr_t, size_t> host_registered; /* start -> bytes */
+static std::mutex host_lock;
+cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned) {
+    if (!p || !bytes) return status(cudaErrorInvalidValue);
+    const uintptr_t a = (uintptr_t)p;
+    std::lock_guard<std::mutex> g(host_lock);
+    auto next = host_registered.lower_bound(a); /* the first region starting at or after a */
+    if (next != host_registered.end() && next->first < a + bytes)
+        return status(cudaErrorHostMemoryAlreadyRegistered);
+    if (next != host_registered.begin() && std::prev(next)->first + std::prev(next)->second > a)
+        return status(cudaErrorHostMemoryAlreadyRegistered);
+    host_registered[a] = bytes;
+    return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void *p) {
+    std::lock_guard<std::mutex> g(host_lock);
+    if (!host_registered.erase((uintptr_t)p)) return status(cudaErrorHostMemoryNotRegistered);
+    return cudaSuccess;
+}
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned) {
     *p = malloc(bytes ? bytes : 1);
     return *p ? cudaSuccess : status(cudaErrorMemoryAllocation);
