@@ -13,6 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 # The floor only goes up: 95.9% measured on 2026-11-29 (CI's run, the
 # Fashion-MNIST training script left out); the issue's minimum is 85%.
+# 95.2% on the run of 2026-12-05 (7cb0dcb; one thread, -O1,
+# -fprofile-update=single), read with --gcov-ignore-parse-errors (below).
 floor=${COV_FLOOR:-95}
 build=build-cov
 jobs=${JOBS:-$(nproc)}
@@ -36,9 +38,19 @@ make "${flags[@]}" test
 [ -n "${VISC_SKIP_E2E:-}" ] && echo "coverage: VISC_SKIP_E2E=${VISC_SKIP_E2E}: the figure below leaves those e2e scripts out"
 # Only the library and the program (src/) count: tests/ and fuzz/ would
 # flatter the figure. Generated objects live under build-cov/, sources under src/.
+# --gcov-ignore-parse-errors: with -fprofile-update=single (above), counters
+# bumped from several threads at once (the data loader's workers in
+# src/transforms/, a script's --threads 2 in src/models/) can lose
+# increments, and gcov derives some branch counts by subtraction, so a few
+# come out negative ("branch 3 taken -96"), a line gcovr 5.2 cannot parse
+# and stops at: 3 files' worth in CI's run of 2026-12-05, which failed the
+# pass. Those branch lines are left out of the branch figure (the count of
+# them is printed); the line records are read as gcov wrote them.
 json=$build/coverage.json
 gcovr --root . --object-directory $build --filter 'src/' \
-      --exclude-unreachable-branches --json-summary "$json" --json-summary-pretty \
-      --txt $build/coverage.txt $build >/dev/null
+      --exclude-unreachable-branches --gcov-ignore-parse-errors --json-summary "$json" \
+      --json-summary-pretty --txt $build/coverage.txt $build >/dev/null 2>$build/gcovr.err ||
+    { cat $build/gcovr.err; echo "coverage: FAIL: gcovr failed"; exit 1; }
+echo "coverage: $(grep -c 'Unrecognized GCOV output' $build/gcovr.err || true) gcov file(s) with lines gcovr could not parse (negative counts from racing threads), left out: $build/gcovr.err"
 # gcovr depends on Debian's python3, so it is there.
 /usr/bin/python3 tools/ci/coverage_summary.py "$json" "$floor"
