@@ -65,7 +65,7 @@ for bin in "${waiting_bins[@]}"; do report bin "$bin"; done
 # swarm to test; every other build runs the swarm scripts.
 has_swarm=1
 "${VISC:-build/visc}" swarm --help >/dev/null 2>&1 || has_swarm=0
-scripts=(); waiting_scripts=()
+scripts=(); waiting_scripts=(); declare -A waiting=()
 for script in tests/e2e_*.sh; do
     [ -f "$script" ] || continue
     name=$(basename "$script")
@@ -77,7 +77,11 @@ for script in tests/e2e_*.sh; do
     case " ${VISC_SKIP_E2E:-} " in
         " 1 "|*" $name "*) echo "# $name: not run here (VISC_SKIP_E2E)"; continue;;
     esac
-    if is_concurrent "$name"; then waiting_scripts+=("$script"); else scripts+=("$script"); fi
+    if is_concurrent "$name"; then waiting[$name]=$script; else scripts+=("$script"); fi
+done
+# the waiting scripts in the order tests/concurrent_tests lists them (longest first)
+for name in $concurrent; do
+    [ -n "${waiting[$name]:-}" ] && waiting_scripts+=("${waiting[$name]}")
 done
 run_pool 3 script "${waiting_scripts[@]}"
 for script in "${waiting_scripts[@]}"; do report script "$script"; done
