@@ -1,20 +1,47 @@
 #!/usr/bin/env bash
-# Delayed parameter updates (`--delay-updates`), free-running (the default
-# mode): a step's all-reduce runs in the background while the next batches
-# are computed, and its mean gradient is applied one step late. Three
-# peers, one of them slowed down (SIGSTOP/SIGCONT), target batch 96. They
-# reach the last step and end bit-identical, no step is taken alone, the
-# loss goes down, and every peer computed batches while its rounds ran
-# (the overlap the mode is for: counted in its closing line). No exact
-# reference: one process has no delayed-gradient mode.
-# Lockstep: e2e_swarm_delay_lockstep.sh.
+# Delayed parameter updates (`--delay-updates`): a step's all-reduce runs
+# in the background while the next batches are computed, and its mean
+# gradient is applied one step late. No exact reference: one process has
+# no delayed-gradient mode.
+#  1. Lockstep: three peers (batch 16 on their shards i/3) end bit-identical
+#     to each other, every round averaged, the loss goes down, and each
+#     peer computed one batch more than its steps (the first batch's round
+#     is applied after the second batch).
+#  2. Free-running (the default mode): three peers, one of them slowed
+#     down (SIGSTOP/SIGCONT), target batch 96. They reach the last step
+#     and end bit-identical, no step is taken alone, the loss goes down,
+#     and every peer computed batches while its rounds ran (the overlap
+#     the mode is for: counted in its closing line).
 set -uo pipefail
 source tests/swarm_run_lib.sh
 source tests/swarm_checks.sh
 
+steps=40
+args=(--model resnet14 --epochs 1 --batch-size 16 --opt sgd --lr 0.1 --no-progress --print-freq 1
+      --threads 1 --max-steps $steps --seed 5 --target-batch-size 48 --lockstep --group-size 3
+      --matchmaking-time 5 --delay-updates --swarm-verbose)
+boot delay
+ps=()
+for i in 0 1 2; do
+    timeout 400 "$V" train "${args[@]}" --swarm-shard "$i/3" --output "$tmp/p$i" --swarm \
+        --run-id delay --key "$tmp/p$i.key" --swarm-secret-file "$tmp/secret" \
+        --listen 127.0.0.1:0 --initial-peers "$boot" >"$tmp/p$i.log" 2>&1 &
+    ps+=($!)
+done
+for i in 0 1 2; do exits_cleanly "p$i" "${ps[$i]}" 400; done
+for i in 1 2; do same_params p0 "p$i"; done
+for i in 0 1 2; do
+    grep -q "swarm: $steps steps, $steps rounds (0 failed, 0 partial), 0 skipped" "$tmp/p$i.log" ||
+        fail "p$i: $(grep 'steps,' "$tmp/p$i.log")"
+    batches=$(grep -c '"type":"train"' "$tmp/p$i/log.jsonl")
+    [ "$batches" -eq $((steps + 1)) ] || fail "p$i: $batches batches for $steps delayed steps"
+done
+loss_goes_down p0 8 0.85
+
+# 2. free-running
 steps=30
 args=(--model resnet14 --epochs 100 --batch-size 16 --opt sgd --lr 0.1 --no-progress --print-freq 1
-      --threads 1 --max-steps "$steps" --seed 5 --target-batch-size 96 --group-size 3
+      --threads 1 --max-steps $steps --seed 5 --target-batch-size 96 --group-size 3
       --matchmaking-time 2 --delay-updates --swarm-verbose)
 boot delay-free
 ps=()

@@ -575,6 +575,22 @@ TEST(mm_all_peers_form_one_group) {
     }
 }
 
+/* A round whose whole group is there starts as soon as the declarations
+ * are seen, not after the settling time (a fifth of the matchmaking time,
+ * here 3 s): four peers, target 4, 15 s to match. */
+TEST(mm_full_group_does_not_wait_out_the_settling_time) {
+    CHECK(swarm_up());
+    if (swarm_ready != 1) return;
+    int idx[4] = {0, 1, 2, 3};
+    job jobs[4];
+    run_round(jobs, idx, 4, 4, 15.0, NULL);
+    for (int i = 0; i < 4; i++) {
+        CHECK_MSG(jobs[i].rc == 0, "peer %d: %s", i, jobs[i].err);
+        CHECK_MSG(jobs[i].took < 2.5, "peer %d took %.2f s (settling alone: 3 s)", i, jobs[i].took);
+    }
+    CHECK(check_consistent(jobs, 4) == 1);
+}
+
 TEST(mm_five_peers_in_groups_of_two_or_three) {
     CHECK(swarm_up());
     if (swarm_ready != 1) return;

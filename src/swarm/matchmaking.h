@@ -12,6 +12,10 @@
  * everywhere. A peer that joins no group returns -1 with "no group":
  * never a silent fallback. Peers with another schema hash are refused.
  *
+ * A peer reads the declarations after letting them spread for a fifth of
+ * the matchmaking time (0.1 to 3 s), or sooner: as soon as its view holds a
+ * whole group (target_group_size peers) and has not changed for 0.1 s.
+ *
  * With more peers than target_group_size, every peer orders the
  * declarations it sees (full peers by expiry then key, clients after them)
  * and deals them round-robin into ceil(n / target) groups whose leaders are
