@@ -37,6 +37,24 @@ TEST(rng_uniform_and_normal_moments) {
     CHECK_CLOSE(n2 / n, 1.0, 0.02, 0);
 }
 
+/* The parallel fill is n calls of visc_rng_normal, bit for bit, and leaves
+ * the stream where they would: from a block boundary (past the parallel
+ * threshold, and after whole blocks drawn) and from mid-block. */
+TEST(rng_normal_fill_is_the_serial_draws) {
+    enum { N = 100003 };
+    float *fill = malloc(N * sizeof(float)), *serial = malloc(N * sizeof(float));
+    for (int start = 0; start < 3; start++) { /* words drawn first: 0, 4, 1 */
+        const int skip = start == 0 ? 0 : start == 1 ? 4 : 1;
+        visc_rng a = visc_rng_make(11, VISC_STREAM_INIT, 5), b = a;
+        for (int k = 0; k < skip; k++) visc_rng_u32(&a), visc_rng_u32(&b);
+        visc_rng_normal_fill(fill, N, 0.37f, &a);
+        for (int j = 0; j < N; j++) serial[j] = 0.37f * visc_rng_normal(&b);
+        CHECK_MSG(memcmp(fill, serial, N * sizeof(float)) == 0, "%d words drawn first", skip);
+        CHECK(visc_rng_u32(&a) == visc_rng_u32(&b));
+    }
+    free(fill), free(serial);
+}
+
 TEST(rng_streams_are_reproducible_and_distinct) {
     visc_rng a = visc_rng_make(7, VISC_STREAM_SHUFFLE, 3),
              b = visc_rng_make(7, VISC_STREAM_SHUFFLE, 3);

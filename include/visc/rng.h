@@ -9,6 +9,7 @@
 #define VISC_RNG_H
 
 #include <stdint.h>
+#include <stddef.h>
 
 enum {
     VISC_STREAM_INIT = 1,    /* parameter initialization */
@@ -33,9 +34,12 @@ typedef struct {
 
 visc_rng visc_rng_make(uint64_t seed, uint64_t stream, uint64_t substream);
 uint32_t visc_rng_u32(visc_rng *r);
-float visc_rng_uniform(visc_rng *r);              /* [0, 1) with 24 random bits */
-double visc_rng_uniform_double(visc_rng *r);      /* [0, 1) with 53 random bits */
-float visc_rng_normal(visc_rng *r);               /* standard normal (Box-Muller) */
+float visc_rng_uniform(visc_rng *r);         /* [0, 1) with 24 random bits */
+double visc_rng_uniform_double(visc_rng *r); /* [0, 1) with 53 random bits */
+float visc_rng_normal(visc_rng *r);          /* standard normal (Box-Muller) */
+/* out[j] = scale * visc_rng_normal(r) for j = 0..n-1, bit for bit and
+ * leaving r where those n calls would; in parallel from a block boundary. */
+void visc_rng_normal_fill(float *out, size_t n, float scale, visc_rng *r);
 uint32_t visc_rng_below(visc_rng *r, uint32_t n); /* uniform in [0, n), unbiased */
 
 /* Fisher-Yates permutation of 0..n-1 drawn from (seed, stream, substream). */

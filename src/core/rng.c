@@ -56,15 +56,44 @@ uint32_t visc_rng_u32(visc_rng *r) {
 
 float visc_rng_uniform(visc_rng *r) { return (float)(visc_rng_u32(r) >> 8) * (1.0f / 16777216.0f); }
 
-double visc_rng_uniform_double(visc_rng *r) {
-    uint64_t hi = visc_rng_u32(r) >> 5, lo = visc_rng_u32(r) >> 6;
+/* [0, 1) with 53 random bits: 27 from the first word, 26 from the second. */
+static inline double uniform53(uint32_t first, uint32_t second) {
+    uint64_t hi = first >> 5, lo = second >> 6;
     return ((double)hi * 67108864.0 + (double)lo) * (1.0 / 9007199254740992.0);
 }
 
-float visc_rng_normal(visc_rng *r) {
-    double u1 = visc_rng_uniform_double(r), u2 = visc_rng_uniform_double(r);
+double visc_rng_uniform_double(visc_rng *r) {
+    uint32_t first = visc_rng_u32(r);
+    return uniform53(first, visc_rng_u32(r));
+}
+
+static inline float box_muller(double u1, double u2) {
     if (u1 < 1e-300) u1 = 1e-300;
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+float visc_rng_normal(visc_rng *r) {
+    double u1 = visc_rng_uniform_double(r);
+    return box_muller(u1, visc_rng_uniform_double(r));
+}
+
+/* From a block boundary, visc_rng_normal takes exactly one Philox block per
+ * value (four words: two 53-bit uniforms), so value j is a function of
+ * block counter + j alone and the loop can run in parallel: ResNet-50's
+ * 23.5 M initial weights were one thread's ~0.8 s. */
+void visc_rng_normal_fill(float *out, size_t n, float scale, visc_rng *r) {
+    if (r->avail != 0) { /* mid-block: the words left first, one by one */
+        for (size_t j = 0; j < n; j++) out[j] = scale * visc_rng_normal(r);
+        return;
+    }
+    const uint64_t key = r->key, stream = r->stream, base = r->counter;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t j = 0; j < n; j++) {
+        uint32_t u[4];
+        visc_philox4x32(key, stream, base + j, u);
+        out[j] = scale * box_muller(uniform53(u[0], u[1]), uniform53(u[2], u[3]));
+    }
+    r->counter = base + n;
 }
 
 uint32_t visc_rng_below(visc_rng *r, uint32_t n) {

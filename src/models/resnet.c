@@ -241,7 +241,7 @@ static void init_params(visc_model *m, resnet *r, uint64_t seed) {
             /* kaiming_normal_(mode="fan_out", nonlinearity="relu") */
             double fan_out = (double)e->shape[0] * e->shape[2] * e->shape[3];
             float std = (float)sqrt(2.0 / fan_out);
-            for (size_t j = 0; j < e->numel; j++) w[j] = std * visc_rng_normal(&rng);
+            visc_rng_normal_fill(w, e->numel, std, &rng);
         } else {
             /* nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias */
             float bound = 1.0f / sqrtf((float)r->feature_dim);

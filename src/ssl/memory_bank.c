@@ -17,6 +17,7 @@ void visc_memory_bank_init(visc_memory_bank *mb, int64_t size, int dim, uint64_t
     mb->dim = dim;
     mb->ptr = 0;
     mb->bank = visc_alloc_aligned((size_t)size * dim * sizeof(float), "memory bank");
+#pragma omp parallel for schedule(static) if ((size_t)size * dim > 65536)
     for (int64_t i = 0; i < size; i++) {
         /* one stream per row: the bank is the same for any thread count */
         visc_rng r = visc_rng_make(seed, VISC_STREAM_SSL, (1ull << 40) + (uint64_t)i);
