@@ -79,8 +79,10 @@ float visc_rng_normal(visc_rng *r) {
 
 /* From a block boundary, visc_rng_normal takes exactly one Philox block per
  * value (four words: two 53-bit uniforms), so value j is a function of
- * block counter + j alone and the loop can run in parallel: ResNet-50's
- * 23.5 M initial weights were one thread's ~0.8 s. */
+ * block counter + j alone and the loop can run in parallel (ResNet-50's
+ * 23.5 M convolution weights). The transformers' init (transformer_common.c)
+ * is another draw, float Box-Muller on 24-bit uniforms; this one keeps the
+ * ResNets' weights what they were for a seed. */
 void visc_rng_normal_fill(float *out, size_t n, float scale, visc_rng *r) {
     if (r->avail != 0) { /* mid-block: the words left first, one by one */
         for (size_t j = 0; j < n; j++) out[j] = scale * visc_rng_normal(r);

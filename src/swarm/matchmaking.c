@@ -563,18 +563,20 @@ static double clamp(double x, double lo, double hi) { return x < lo ? lo : x > h
 
 /* Waits until `until` for the round's declarations to spread, then reads
  * the view; but a view that already holds a whole group (target_group_size
- * peers, this one's declaration confirmed) and has not changed over the
- * last SETTLE_POLL_S ends the wait at once: a round whose peers are all
- * there starts in a few tenths of a second instead of a fifth of the
- * matchmaking time (3 s at hivemind's 15 s), as hivemind's leader starts a
- * full group at once. Views that still differ (more peers than a group,
- * some not yet seen) are what the protocol absorbs anyway: a leader
- * re-reads and yields, a refused follower tries the next leader. */
-#define SETTLE_POLL_S 0.1
-static void settle_view(round_state *s, double until) {
+ * peers, this one's declaration confirmed) and has not changed since the
+ * previous read ends the wait at once: a round whose peers are all there
+ * starts within two polls instead of after a fifth of the matchmaking time
+ * (3 s at hivemind's 15 s), as hivemind's leader starts a full group at
+ * once. The poll is a tenth of the settling time (at least 0.1 s), so a
+ * round costs at most ten DHT reads more than before, whatever its length.
+ * Views that still differ (more peers than a group, some not yet seen) are
+ * what the protocol absorbs anyway: a leader re-reads and yields, a
+ * refused follower tries the next leader. */
+static void settle_view(round_state *s, double settle, double until) {
+    const double poll = settle / 10 > 0.1 ? settle / 10 : 0.1;
     int last = -1;
-    while (visc_now() + SETTLE_POLL_S < until) {
-        sleep_until(visc_now() + SETTLE_POLL_S);
+    while (visc_now() + poll < until) {
+        sleep_until(visc_now() + poll);
         read_view(s);
         if (s->declared && s->n_view >= s->cfg->target_group_size && s->n_view == last) return;
         last = s->n_view;
@@ -592,7 +594,7 @@ static int run_round(round_state *s, visc_group *out) {
     if (s->declaration_len < 0) return -1;
     /* a failed put is not fatal: we retry it, and can join a leader we see */
     declare(s, settle);
-    settle_view(s, t0 + settle);
+    settle_view(s, settle, t0 + settle);
     while (visc_now() < s->deadline) {
         int at = choose_leader(s);
         if (at >= 0 && memcmp(s->view[at].key, s->self_key, VISC_KEY_BYTES) == 0) {

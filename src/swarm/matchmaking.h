@@ -14,7 +14,8 @@
  *
  * A peer reads the declarations after letting them spread for a fifth of
  * the matchmaking time (0.1 to 3 s), or sooner: as soon as its view holds a
- * whole group (target_group_size peers) and has not changed for 0.1 s.
+ * whole group (target_group_size peers) and has not changed between two
+ * reads a tenth of that time (at least 0.1 s) apart.
  *
  * With more peers than target_group_size, every peer orders the
  * declarations it sees (full peers by expiry then key, clients after them)
