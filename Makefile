@@ -207,12 +207,14 @@ endif
 # objects come before libvisc.a, so its own copies are not linked.
 STANDIN_DIR := $(BUILD)/tests/gpu/standin
 STANDIN_OBJ := $(patsubst src/gpu/%.c,$(STANDIN_DIR)/%.o,$(sort $(wildcard src/gpu/*.c))) \
-               $(STANDIN_DIR)/cpu_standin.o $(STANDIN_DIR)/standin_nccl.o
+               $(STANDIN_DIR)/cpu_standin.o $(STANDIN_DIR)/standin_nhwc.o \
+               $(STANDIN_DIR)/standin_nccl.o
 STANDIN_BIN := $(BUILD)/tests/gpu/test_gpu_standin $(BUILD)/tests/gpu/visc_standin
 $(STANDIN_DIR)/%.o: src/gpu/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DVISC_WITH_CUDA -c $< -o $@
-$(STANDIN_DIR)/cpu_standin.o $(STANDIN_DIR)/standin_nccl.o: $(STANDIN_DIR)/%.o: tests/gpu/%.c
+$(STANDIN_DIR)/cpu_standin.o $(STANDIN_DIR)/standin_nhwc.o $(STANDIN_DIR)/standin_nccl.o: \
+    $(STANDIN_DIR)/%.o: tests/gpu/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 $(STANDIN_DIR)/test_cuda_model.o: tests/gpu/test_cuda_model.c

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A ResNet in bf16 on the stand-in GPU (tests/gpu/visc_standin) learns as
-# the CPU does. On the GPU its convolutions also take bf16 operands and
-# give bf16-rounded results, which the CPU's bf16 mode does not do, so the
-# run is no longer the CPU's bit for bit (e2e_gpu_standin.sh checks the
+# the CPU does. On the GPU its activations are bf16 channels-last (every
+# convolution, batch norm, pooling and residual sum rounds its results to
+# bf16: tests/gpu/standin_nhwc.c), which the CPU's bf16 mode does not do, so
+# the run is no longer the CPU's bit for bit (e2e_gpu_standin.sh checks the
 # rest of the GPU path that way); instead 120 steps of ResNet-14 on
 # Fashion-MNIST in bf16 on the stand-in GPU and in fp32 on the CPU must
 # learn alike: the running training loss and top-1 over all 120 steps

@@ -21,13 +21,15 @@
  * matmul.cu       cuBLASLt: bf16 or fp32 operands, fp32 accumulation and output, bias epilogue
  * linear.cu       the linear layer in fp32 or bf16, as visc_linear_forward/backward
  *                 (src/nn/linear.c, linear_bf16.c)
- * eltwise.cu      sums, the residual sum + ReLU, zeroing, copies (src/nn/eltwise.c)
+ * eltwise.cu      sums, the residual sum + ReLU, zeroing, copies (src/nn/eltwise.c);
+ *                 the sums and ReLU's backward on bf16 too
  * swin_window.cu  window partition / reverse with the cyclic shift (src/models/swin_window.c)
  * cudnn_dl.cu     cuDNN, opened with dlopen at the first convolution
  * conv.cu         convolutions through cuDNN, fp32 NCHW and bf16 NHWC (src/nn/conv2d.c)
- * batchnorm.cu    visc_batchnorm2d_* with the fused ReLU (src/nn/batchnorm2d.c)
+ * batchnorm.cu    visc_batchnorm2d_* with the fused ReLU, fp32 or bf16 activations
+ *                 (src/nn/batchnorm2d.c)
  * pool.cu         max pooling, global average pooling, ReLU (src/nn/pool2d.c,
- *                 global_pool.c, eltwise.c)
+ *                 global_pool.c, eltwise.c); the poolings on bf16 NHWC too
  * attention.cu    fused multi-head attention, forward and backward (src/nn/attention.c)
  * swin.cu         Swin's bias gather / scatter, V2's head normalization and
  *                 temperature, patch merging, the token mean (models/swin_window.c,
@@ -339,6 +341,13 @@ int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float 
 int visc_cuda_add(visc_cuda *ctx, float *out, const float *a, const float *b, size_t n);
 /* out = relu(out + identity): the end of a residual block */
 int visc_cuda_add_relu(visc_cuda *ctx, float *out, const float *identity, size_t n);
+/* The same three on bf16 tensors (the sum in fp32, rounded to bf16). */
+int visc_cuda_add_bf16(visc_cuda *ctx, uint16_t *out, const uint16_t *a, const uint16_t *b,
+                       size_t n);
+int visc_cuda_add_relu_bf16(visc_cuda *ctx, uint16_t *out, const uint16_t *identity, size_t n);
+/* din = dout where out > 0, else 0 (din may alias dout) */
+int visc_cuda_relu_backward_bf16(visc_cuda *ctx, uint16_t *din, const uint16_t *dout,
+                                 const uint16_t *out, size_t n);
 int visc_cuda_zero(visc_cuda *ctx, void *p, size_t bytes);
 int visc_cuda_copy(visc_cuda *ctx, void *dst, const void *src, size_t bytes);
 
@@ -360,7 +369,11 @@ int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
  * A third form has the first one's fp32 NCHW tensors and the second one's
  * products: it runs as the bf16 form on channels-last bf16 copies of its
  * operands (in the scratch), its results converted back (fp32 tensors
- * holding bf16-rounded values).
+ * holding bf16-rounded values). A fourth has the second one's tensors
+ * and fp32 weights [K, C, R, S] (a model's master weights and their
+ * gradient): the weights are copied to bf16 [K, R, S, C] in the scratch
+ * for forward and backward-data, and the bf16 weight gradient is
+ * converted back.
  * P = (H + 2 pad - R) / stride + 1, likewise Q. The algorithm of each
  * direction is cuDNN's first deterministic heuristic choice that fits the
  * workspace, cached per shape with its descriptors (the context keeps the
@@ -369,7 +382,8 @@ int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
 typedef enum {
     VISC_CUDA_CONV_F32_NCHW = 0,
     VISC_CUDA_CONV_BF16_NHWC = 1,
-    VISC_CUDA_CONV_F32_NCHW_BF16 = 2 /* fp32 NCHW tensors, bf16 products */
+    VISC_CUDA_CONV_F32_NCHW_BF16 = 2, /* fp32 NCHW tensors, bf16 products */
+    VISC_CUDA_CONV_BF16_NHWC_F32W = 3 /* bf16 channels-last tensors, fp32 weights */
 } visc_cuda_conv_type;
 typedef struct {
     int N, C, H, W; /* input */
@@ -385,9 +399,12 @@ int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, 
 int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dw,
                                     const void *x, const void *dy, float beta);
 
-/* ---- batchnorm.cu: as visc_batchnorm2d_* (PyTorch semantics), fp32 ----
+/* ---- batchnorm.cu: as visc_batchnorm2d_* (PyTorch semantics) ----
  * Over [N, C, HW] (nchw = 1, the CPU's layout) or [N, HW, C] (nchw = 0,
- * channels-last). Training: batch statistics, save_mean and save_rstd
+ * channels-last); the activations (in, out, dout, din) fp32, or bf16 with
+ * bf16 = 1 (each value read as fp32, the arithmetic as for fp32, each
+ * result rounded to bf16); statistics, parameters and their gradients
+ * fp32 always. Training: batch statistics, save_mean and save_rstd
  * (1/sqrt(var + eps)) kept for backward, running statistics updated with
  * `momentum` and the unbiased variance (or left alone when NULL: a
  * recomputed forward); relu = 1 fuses a following ReLU
@@ -398,18 +415,19 @@ int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *
 typedef struct {
     int N, C, HW, nchw, relu;
     float eps, momentum;
+    int bf16;
 } visc_cuda_bn_shape;
-int visc_cuda_batchnorm_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *out,
-                                      float *save_mean, float *save_rstd, const float *in,
+int visc_cuda_batchnorm_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                                      float *save_mean, float *save_rstd, const void *in,
                                       const float *gamma, const float *beta, float *running_mean,
                                       float *running_var);
-int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *out,
-                                     const float *in, const float *gamma, const float *beta,
+int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                                     const void *in, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var);
 /* din may be NULL (parameter gradients only) or alias dout. */
-int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *din,
-                                 float *dgamma, float *dbeta, const float *dout, const float *in,
-                                 const float *out, const float *gamma, const float *save_mean,
+int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *din,
+                                 float *dgamma, float *dbeta, const void *dout, const void *in,
+                                 const void *out, const float *gamma, const float *save_mean,
                                  const float *save_rstd);
 /* Synchronized statistics (SyncBN), as visc_batchnorm2d_sync_* (nn.h) in
  * the same order with the same acc (2C + 1 doubles on the host): each
@@ -417,18 +435,18 @@ int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, fl
  * back, so that the caller reduces acc over the processes between them;
  * the passes that fill acc return once it is there. */
 int visc_cuda_bn_sync_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
-                           const float *in);
+                           const void *in);
 int visc_cuda_bn_sync_sqdev(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
-                            float *save_mean, const float *in);
+                            float *save_mean, const void *in);
 int visc_cuda_bn_sync_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, const double *acc,
-                             float *out, float *save_mean, float *save_rstd, const float *in,
+                             void *out, float *save_mean, float *save_rstd, const void *in,
                              const float *gamma, const float *beta, float *running_mean,
                              float *running_var);
 int visc_cuda_bn_sync_grad_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
-                                float *dgamma, float *dbeta, const float *dout, const float *in,
-                                const float *out, const float *save_mean, const float *save_rstd);
+                                float *dgamma, float *dbeta, const void *dout, const void *in,
+                                const void *out, const float *save_mean, const float *save_rstd);
 int visc_cuda_bn_sync_grad_input(visc_cuda *ctx, const visc_cuda_bn_shape *s, const double *acc,
-                                 float *din, const float *dout, const float *in, const float *out,
+                                 void *din, const void *dout, const void *in, const void *out,
                                  const float *gamma, const float *save_mean,
                                  const float *save_rstd);
 
@@ -445,6 +463,21 @@ int visc_cuda_global_avgpool_forward(visc_cuda *ctx, float *out, const float *in
                                      int HW);
 int visc_cuda_global_avgpool_backward(visc_cuda *ctx, float *din, const float *dout, int N, int C,
                                       int HW);
+/* The same on bf16 channels-last tensors ([N, H, W, C]): max pooling's
+ * argmax is the position h W + w in the image (per channel), its rule the
+ * same; global average pooling sums each (n, c) in position order in fp32
+ * into fp32 features [N, C], and its backward writes dout / HW rounded to
+ * bf16. Max pooling takes no rounding: its outputs are its inputs. */
+int visc_cuda_maxpool_forward_nhwc_bf16(visc_cuda *ctx, uint16_t *out, int32_t *argmax,
+                                        const uint16_t *in, int N, int C, int H, int W, int kernel,
+                                        int stride, int pad);
+int visc_cuda_maxpool_backward_nhwc_bf16(visc_cuda *ctx, uint16_t *din, const uint16_t *dout,
+                                         const int32_t *argmax, int N, int C, int H, int W,
+                                         int kernel, int stride, int pad);
+int visc_cuda_global_avgpool_forward_nhwc_bf16(visc_cuda *ctx, float *out, const uint16_t *in,
+                                               int N, int C, int HW);
+int visc_cuda_global_avgpool_backward_nhwc_bf16(visc_cuda *ctx, uint16_t *din, const float *dout,
+                                                int N, int C, int HW);
 int visc_cuda_relu_forward(visc_cuda *ctx, float *out, const float *in, size_t n);
 /* Masked by the forward OUTPUT; din may alias dout. */
 int visc_cuda_relu_backward(visc_cuda *ctx, float *din, const float *dout, const float *out,

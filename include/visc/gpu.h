@@ -61,8 +61,9 @@ visc_cuda *visc_gpu_open(int index);
 void visc_gpu_close(visc_cuda *ctx);
 /* The precision of the products on this GPU (fp32 until set). bf16: the
  * linear layers' operands rounded to bf16, fp32 accumulation and outputs,
- * as nn.h's bf16 mode; the models' convolutions too (their results then
- * bf16-rounded, cuDNN's bf16 form). Unlike the CPU's, bf16 is always there. */
+ * as nn.h's bf16 mode; and a ResNet's activations kept in bf16
+ * channels-last (the CNN layers below), its convolutions on tensor cores.
+ * Unlike the CPU's, bf16 is always there. */
 void visc_gpu_set_precision(visc_cuda *ctx, visc_precision p);
 /* Waits for the queued work; -1 with the error if any of it failed. */
 int visc_gpu_sync(visc_cuda *ctx);
@@ -146,30 +147,56 @@ int visc_gpu_ntxent(visc_cuda *ctx, visc_gpu_comm *comm, int world, int rank, fl
                     float *dz, const float *z, int n, int D, float t, float *work);
 /* As visc_clip_grad_norm (--clip-grad), on the device. */
 void visc_gpu_clip_grad_norm(visc_cuda *ctx, float *grads, size_t n, float max_norm);
-void visc_gpu_conv2d_forward(visc_cuda *ctx, const visc_conv2d *c, float *out, const float *in,
-                             const float *weight);
+/* ---- layers.c: the CNN layers (a ResNet's), in the context's activation form ----
+ * fp32 NCHW, the CPU's tensors; or, under --precision bf16, bf16
+ * channels-last ([N, H, W, C], each tensor in the first half of the fp32
+ * slot the model planned for it): the convolutions on tensor cores
+ * straight from and into them (the fp32 weights copied to bf16 per call,
+ * their gradient fp32), batch norm, pooling, the residual sums and ReLU's
+ * backward reading and writing bf16 (statistics, features and every
+ * parameter and gradient fp32), as PyTorch's autocast with channels_last
+ * keeps a ResNet. */
+typedef enum { VISC_GPU_F32_NCHW = 0, VISC_GPU_BF16_NHWC = 1 } visc_gpu_act;
+/* The form a CNN takes on this context (its precision: visc_gpu_set_precision). */
+visc_gpu_act visc_gpu_cnn_act(const visc_cuda *ctx);
+/* An fp32 NCHW batch [N, C, HW] to bf16 channels-last (a CNN's input). */
+void visc_gpu_to_nhwc_bf16(visc_cuda *ctx, void *out, const float *in, int N, int C, int HW);
+void visc_gpu_conv2d_forward(visc_cuda *ctx, const visc_conv2d *c, visc_gpu_act act, void *out,
+                             const void *in, const float *weight);
 /* din may be NULL (the first layer) */
-void visc_gpu_conv2d_backward(visc_cuda *ctx, const visc_conv2d *c, float *din, float *dweight,
-                              const float *dout, const float *in, const float *weight);
-void visc_gpu_batchnorm2d_forward_train(visc_cuda *ctx, const visc_batchnorm2d *b, float *out,
-                                        float *save_mean, float *save_rstd, const float *in,
-                                        const float *gamma, const float *beta, float *running_mean,
-                                        float *running_var);
-void visc_gpu_batchnorm2d_forward_eval(visc_cuda *ctx, const visc_batchnorm2d *b, float *out,
-                                       const float *in, const float *gamma, const float *beta,
-                                       const float *running_mean, const float *running_var);
-void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, float *din,
-                                   float *dgamma, float *dbeta, const float *dout, const float *in,
-                                   const float *out, const float *gamma, const float *save_mean,
-                                   const float *save_rstd);
-void visc_gpu_maxpool2d_forward(visc_cuda *ctx, const visc_pool2d *p, float *out, int32_t *argmax,
-                                const float *in);
-void visc_gpu_maxpool2d_backward(visc_cuda *ctx, const visc_pool2d *p, float *din,
-                                 const float *dout, const int32_t *argmax);
-void visc_gpu_global_avgpool_forward(visc_cuda *ctx, float *out, const float *in, int N, int C,
-                                     int HW);
-void visc_gpu_global_avgpool_backward(visc_cuda *ctx, float *din, const float *dout, int N, int C,
-                                      int HW);
+void visc_gpu_conv2d_backward(visc_cuda *ctx, const visc_conv2d *c, visc_gpu_act act, void *din,
+                              float *dweight, const void *dout, const void *in,
+                              const float *weight);
+void visc_gpu_batchnorm2d_forward_train(visc_cuda *ctx, const visc_batchnorm2d *b, visc_gpu_act act,
+                                        void *out, float *save_mean, float *save_rstd,
+                                        const void *in, const float *gamma, const float *beta,
+                                        float *running_mean, float *running_var);
+void visc_gpu_batchnorm2d_forward_eval(visc_cuda *ctx, const visc_batchnorm2d *b, visc_gpu_act act,
+                                       void *out, const void *in, const float *gamma,
+                                       const float *beta, const float *running_mean,
+                                       const float *running_var);
+void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, visc_gpu_act act,
+                                   void *din, float *dgamma, float *dbeta, const void *dout,
+                                   const void *in, const void *out, const float *gamma,
+                                   const float *save_mean, const float *save_rstd);
+void visc_gpu_maxpool2d_forward(visc_cuda *ctx, const visc_pool2d *p, visc_gpu_act act, void *out,
+                                int32_t *argmax, const void *in);
+void visc_gpu_maxpool2d_backward(visc_cuda *ctx, const visc_pool2d *p, visc_gpu_act act, void *din,
+                                 const void *dout, const int32_t *argmax);
+/* fp32 features [N, C] from the activations, and back */
+void visc_gpu_global_avgpool_forward(visc_cuda *ctx, visc_gpu_act act, float *out, const void *in,
+                                     int N, int C, int HW);
+void visc_gpu_global_avgpool_backward(visc_cuda *ctx, visc_gpu_act act, void *din,
+                                      const float *dout, int N, int C, int HW);
+/* out = relu(out + identity): a residual block's end */
+void visc_gpu_add_relu(visc_cuda *ctx, visc_gpu_act act, void *out, const void *identity, size_t n);
+/* out = a + b and ReLU's backward (masked by the output) in either form */
+void visc_gpu_cnn_add(visc_cuda *ctx, visc_gpu_act act, void *out, const void *a, const void *b,
+                      size_t n);
+void visc_gpu_cnn_relu_backward(visc_cuda *ctx, visc_gpu_act act, void *din, const void *dout,
+                                const void *out, size_t n);
+
+/* ---- layers.c: the linear layer and elementwise steps, fp32 ---- */
 void visc_gpu_linear_forward(visc_cuda *ctx, float *out, const float *in, const float *weight,
                              const float *bias, int N, int in_features, int out_features);
 void visc_gpu_linear_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
@@ -178,8 +205,6 @@ void visc_gpu_linear_backward(visc_cuda *ctx, float *din, float *dweight, float 
 void visc_gpu_relu_backward(visc_cuda *ctx, float *din, const float *dout, const float *out,
                             size_t n);
 void visc_gpu_add(visc_cuda *ctx, float *out, const float *a, const float *b, size_t n);
-/* out = relu(out + identity) */
-void visc_gpu_add_relu(visc_cuda *ctx, float *out, const float *identity, size_t n);
 
 /* ---- layers.c: the token layers (tokens.h, models/transformer_common.h) ---- */
 void visc_gpu_layernorm_forward(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,

@@ -1,11 +1,15 @@
 /* batchnorm.cu: batch normalization over (N, HW) per channel, as
- * src/nn/batchnorm2d.c computes it, in NCHW or channels-last.
+ * src/nn/batchnorm2d.c computes it, in NCHW or channels-last, on fp32 or
+ * bf16 activations (s.bf16: read as fp32, written rounded to nearest even;
+ * the statistics, parameters and their gradients stay fp32).
  *
  * Each channel's N * HW values are cut into S ranges (bn_splits: enough
  * blocks to fill the GPU, a few thousand values each at least); block
  * (c, k) sums range k of channel c in double (a fixed tree) into a
  * partial, and one thread per channel adds its S partials in range order,
- * so the statistics do not depend on timing. The passes are SyncBN's
+ * so the statistics do not depend on timing. In channels-last a block
+ * takes 32 neighbouring channels instead, a warp reading them side by side
+ * at one position, so that every pass reads whole cache lines. The passes are SyncBN's
  * (visc_batchnorm2d_sync_*) with their sums in `acc` on the device: the
  * sums, the mean; the squared deviations around its float rounding; then
  * the statistics and the output. A process alone runs them back to back;
@@ -15,16 +19,45 @@
  * folded out; the element formulas in float with the CPU's operation
  * order, written with __fmul_rn / __fadd_rn so that nvcc does not contract
  * them into FMAs (the CPU, compiled as ISO C11, does not either). */
+#include <cuda_bf16.h>
+
 #include "common.cuh"
 
 #define BN_THREADS 256
 #define BN_MAX_SPLITS 64
+/* channels-last: a block takes BN_LANES channels side by side (a warp reads
+ * them at one position: coalesced), its threads BN_ROWS positions apart */
+#define BN_LANES 32
+#define BN_ROWS (BN_THREADS / BN_LANES)
+#define BN_MAX_SPLITS_NHWC 1024
 
-/* The element addresses a thread of block (c, k) walks: channel c =
- * blockIdx.x, its range k = blockIdx.y of gridDim.y, values m0 + t,
- * m0 + t + BN_THREADS, ... below the range's end (t the thread's index),
- * without a division per step (NCHW: image n, position i, advanced by the
- * block's stride). Every element loop below is `for (BN_RANGE(s, c, w))`. */
+/* The channel a thread of block (g, k) works on: NCHW, channel g, every
+ * thread; channels-last, channel g BN_LANES + lane (active below C; an
+ * inactive thread reads channel C - 1's constants and walks nothing).
+ * `writer`: the thread that stores the block's partial sums for it. */
+typedef struct {
+    int c, active, writer;
+} bn_lane;
+
+__device__ __forceinline__ bn_lane bn_lane_of(const visc_cuda_bn_shape &s) {
+    bn_lane L;
+    if (s.nchw) {
+        L.c = blockIdx.x, L.active = 1, L.writer = threadIdx.x == 0;
+        return L;
+    }
+    const int c = blockIdx.x * BN_LANES + threadIdx.x % BN_LANES;
+    L.active = c < s.C;
+    L.c = L.active ? c : s.C - 1;
+    L.writer = L.active && threadIdx.x < BN_LANES;
+    return L;
+}
+
+/* The element addresses a thread walks in range k = blockIdx.y of
+ * gridDim.y of its channel's M = N HW positions: NCHW, positions m0 + t,
+ * m0 + t + BN_THREADS, ... (t the thread's index), without a division per
+ * step (image n, position i, advanced by the block's stride); channels-
+ * last, m0 + r, m0 + r + BN_ROWS, ... (r = t / BN_LANES, the thread's row).
+ * Every element loop below is `for (BN_RANGE(s, L, w))`. */
 typedef struct {
     size_t m, end, n, i, a, dn, di;
 } bn_walk;
@@ -33,36 +66,51 @@ __device__ __forceinline__ void bn_walk_at(const visc_cuda_bn_shape &s, int c, b
     w->a = s.nchw ? (w->n * (size_t)s.C + c) * (size_t)s.HW + w->i : w->m * (size_t)s.C + c;
 }
 
-__device__ __forceinline__ bn_walk bn_walk_start(const visc_cuda_bn_shape &s, int c) {
+__device__ __forceinline__ bn_walk bn_walk_start(const visc_cuda_bn_shape &s, const bn_lane &L) {
     bn_walk w;
     const size_t HW = (size_t)s.HW, M = (size_t)s.N * HW;
-    w.m = M * blockIdx.y / gridDim.y + threadIdx.x;
-    w.end = M * (blockIdx.y + 1) / gridDim.y;
+    const int step = s.nchw ? BN_THREADS : BN_ROWS;
+    w.m = M * blockIdx.y / gridDim.y + (s.nchw ? threadIdx.x : threadIdx.x / BN_LANES);
+    w.end = L.active ? M * (blockIdx.y + 1) / gridDim.y : 0;
     w.n = w.m / HW, w.i = w.m % HW;
-    w.dn = BN_THREADS / HW, w.di = BN_THREADS % HW;
-    bn_walk_at(s, c, &w);
+    w.dn = step / HW, w.di = step % HW;
+    bn_walk_at(s, L.c, &w);
     return w;
 }
 
-__device__ __forceinline__ void bn_walk_next(const visc_cuda_bn_shape &s, int c, bn_walk *w) {
-    w->m += BN_THREADS;
+__device__ __forceinline__ void bn_walk_next(const visc_cuda_bn_shape &s, const bn_lane &L,
+                                             bn_walk *w) {
+    w->m += s.nchw ? BN_THREADS : BN_ROWS;
     w->n += w->dn, w->i += w->di;
     if (w->i >= (size_t)s.HW) w->i -= (size_t)s.HW, w->n++;
-    bn_walk_at(s, c, w);
+    bn_walk_at(s, L.c, w);
 }
 
-#define BN_RANGE(s, c, w) bn_walk w = bn_walk_start(s, c); w.m < w.end; bn_walk_next(s, c, &w)
+#define BN_RANGE(s, L, w) bn_walk w = bn_walk_start(s, L); w.m < w.end; bn_walk_next(s, L, &w)
 
-/* The sum over the block of each thread's v, in a fixed tree; thread 0
- * gets it. `buf` holds BN_THREADS doubles. */
-__device__ double block_sum(double v, double *buf) {
-    buf[threadIdx.x] = v;
+/* Element a of an activation tensor, fp32 or bf16. */
+__device__ __forceinline__ float act_ld(const void *p, size_t a, int bf16) {
+    return bf16 ? __bfloat162float(((const __nv_bfloat16 *)p)[a]) : ((const float *)p)[a];
+}
+__device__ __forceinline__ void act_st(void *p, size_t a, float v, int bf16) {
+    if (bf16) ((__nv_bfloat16 *)p)[a] = __float2bfloat16_rn(v);
+    else ((float *)p)[a] = v;
+}
+
+/* The sum over the block of each thread's v for its channel, in a fixed
+ * tree: NCHW, over all the block's threads; channels-last, over the
+ * BN_ROWS threads of each lane. Every thread gets its channel's sum.
+ * `buf` holds BN_THREADS doubles. */
+__device__ double bn_block_sum(const visc_cuda_bn_shape &s, double v, double *buf) {
+    const int t = threadIdx.x;
+    buf[t] = v;
     __syncthreads();
-    for (int o = BN_THREADS / 2; o > 0; o >>= 1) {
-        if ((int)threadIdx.x < o) buf[threadIdx.x] += buf[threadIdx.x + o];
+    const int lanes = s.nchw ? 1 : BN_LANES;
+    for (int o = BN_THREADS / 2; o >= lanes; o >>= 1) {
+        if (t < o) buf[t] += buf[t + o];
         __syncthreads();
     }
-    const double r = buf[0];
+    const double r = buf[s.nchw ? 0 : t % BN_LANES];
     __syncthreads();
     return r;
 }
@@ -75,57 +123,57 @@ __device__ __forceinline__ float bn_affine(float x, float mean, float scale, flo
 }
 
 /* dout masked by the fused ReLU: the gradient reaching bn's output. */
-__device__ __forceinline__ float bn_dy(const visc_cuda_bn_shape &s, const float *dout,
-                                       const float *out, size_t a) {
-    const float g = dout[a];
-    return s.relu ? (out[a] > 0 ? g : 0.0f) : g;
+__device__ __forceinline__ float bn_dy(const visc_cuda_bn_shape &s, const void *dout,
+                                       const void *out, size_t a) {
+    const float g = act_ld(dout, a, s.bf16);
+    return s.relu ? (act_ld(out, a, s.bf16) > 0 ? g : 0.0f) : g;
 }
 
 /* ---- the partial sums of block (c, k), into part[(c * S + k) * width + j] ---- */
 
 /* the values */
 __global__ void __launch_bounds__(BN_THREADS)
-    bn_sum_kernel(visc_cuda_bn_shape s, double *part, const float *in) {
+    bn_sum_kernel(visc_cuda_bn_shape s, double *part, const void *in) {
     __shared__ double buf[BN_THREADS];
-    const int c = blockIdx.x;
+    const bn_lane L = bn_lane_of(s);
     double acc = 0;
-    for (BN_RANGE(s, c, w)) acc += in[w.a];
-    acc = block_sum(acc, buf);
-    if (threadIdx.x == 0) part[(size_t)c * gridDim.y + blockIdx.y] = acc;
+    for (BN_RANGE(s, L, w)) acc += act_ld(in, w.a, s.bf16);
+    acc = bn_block_sum(s, acc, buf);
+    if (L.writer) part[(size_t)L.c * gridDim.y + blockIdx.y] = acc;
 }
 
 /* the squared deviations around the float rounding of the mean acc[c] / acc[C] */
 __global__ void __launch_bounds__(BN_THREADS)
-    bn_sqdev_kernel(visc_cuda_bn_shape s, double *part, const double *acc, const float *in) {
+    bn_sqdev_kernel(visc_cuda_bn_shape s, double *part, const double *acc, const void *in) {
     __shared__ double buf[BN_THREADS];
-    const int c = blockIdx.x;
-    const float fmean = (float)(acc[c] / acc[s.C]);
+    const bn_lane L = bn_lane_of(s);
+    const float fmean = (float)(acc[L.c] / acc[s.C]);
     double ss = 0;
-    for (BN_RANGE(s, c, w)) {
-        const float d = __fsub_rn(in[w.a], fmean);
+    for (BN_RANGE(s, L, w)) {
+        const float d = __fsub_rn(act_ld(in, w.a, s.bf16), fmean);
         ss += (double)d * d;
     }
-    ss = block_sum(ss, buf);
-    if (threadIdx.x == 0) part[(size_t)c * gridDim.y + blockIdx.y] = ss;
+    ss = bn_block_sum(s, ss, buf);
+    if (L.writer) part[(size_t)L.c * gridDim.y + blockIdx.y] = ss;
 }
 
 /* dy and dy (x - mean), mean the saved one */
 __global__ void __launch_bounds__(BN_THREADS)
-    bn_grad_sums_kernel(visc_cuda_bn_shape s, double *part, const float *dout, const float *in,
-                        const float *out, const float *save_mean) {
+    bn_grad_sums_kernel(visc_cuda_bn_shape s, double *part, const void *dout, const void *in,
+                        const void *out, const float *save_mean) {
     __shared__ double buf[BN_THREADS];
-    const int c = blockIdx.x;
-    const float mean = save_mean[c];
+    const bn_lane L = bn_lane_of(s);
+    const float mean = save_mean[L.c];
     double a1 = 0, a2 = 0;
-    for (BN_RANGE(s, c, w)) {
+    for (BN_RANGE(s, L, w)) {
         const float dy = bn_dy(s, dout, out, w.a);
         a1 += dy;
-        a2 += (double)dy * __fsub_rn(in[w.a], mean);
+        a2 += (double)dy * __fsub_rn(act_ld(in, w.a, s.bf16), mean);
     }
-    a1 = block_sum(a1, buf);
-    a2 = block_sum(a2, buf);
-    if (threadIdx.x == 0) {
-        double *p = part + ((size_t)c * gridDim.y + blockIdx.y) * 2;
+    a1 = bn_block_sum(s, a1, buf);
+    a2 = bn_block_sum(s, a2, buf);
+    if (L.writer) {
+        double *p = part + ((size_t)L.c * gridDim.y + blockIdx.y) * 2;
         p[0] = a1, p[1] = a2;
     }
 }
@@ -166,17 +214,18 @@ __global__ void bn_combine_kernel(visc_cuda_bn_shape s, int what, int S, const d
  * as the CPU's finish_channel: the saved and running statistics (the
  * first range's thread 0), then the block's range of out. */
 __global__ void __launch_bounds__(BN_THREADS)
-    bn_finish_kernel(visc_cuda_bn_shape s, const double *acc, float *out, float *save_mean,
-                     float *save_rstd, const float *in, const float *gamma, const float *beta,
+    bn_finish_kernel(visc_cuda_bn_shape s, const double *acc, void *out, float *save_mean,
+                     float *save_rstd, const void *in, const float *gamma, const float *beta,
                      float *running_mean, float *running_var) {
-    const int c = blockIdx.x;
+    const bn_lane L = bn_lane_of(s);
+    const int c = L.c;
     const double Md = acc[s.C], mean = acc[c] / Md, ss = acc[s.C + 1 + c];
     const float fmean = (float)mean;
     const double dm = mean - (double)fmean;
     double var = ss / Md - dm * dm;
     if (var < 0) var = 0;
     const double rstd = 1.0 / sqrt(var + (double)s.eps);
-    if (blockIdx.y == 0 && threadIdx.x == 0) {
+    if (blockIdx.y == 0 && L.writer) {
         save_mean[c] = fmean;
         save_rstd[c] = (float)rstd;
         const double unbiased = Md > 1 ? var * Md / (Md - 1) : var;
@@ -186,29 +235,33 @@ __global__ void __launch_bounds__(BN_THREADS)
         }
     }
     const float scale = (float)(gamma[c] * rstd), shift = beta[c];
-    for (BN_RANGE(s, c, w)) out[w.a] = bn_affine(in[w.a], fmean, scale, shift, s.relu);
+    for (BN_RANGE(s, L, w))
+        act_st(out, w.a, bn_affine(act_ld(in, w.a, s.bf16), fmean, scale, shift, s.relu), s.bf16);
 }
 
 /* din = k (dy - mean(dy) - (x - mean) c2) over the block's range, from the
  * sums in acc over acc[2C] values; every read of element a comes before
  * its write, by the same thread, so din may alias dout. */
 __global__ void __launch_bounds__(BN_THREADS)
-    bn_grad_input_kernel(visc_cuda_bn_shape s, const double *acc, float *din, const float *dout,
-                         const float *in, const float *out, const float *gamma,
+    bn_grad_input_kernel(visc_cuda_bn_shape s, const double *acc, void *din, const void *dout,
+                         const void *in, const void *out, const float *gamma,
                          const float *save_mean, const float *save_rstd) {
-    const int c = blockIdx.x;
+    const bn_lane L = bn_lane_of(s);
+    const int c = L.c;
     const double Md = acc[2 * s.C], rstd = save_rstd[c];
     const float mean = save_mean[c];
     const float k = (float)(gamma[c] * rstd), mean_dy = (float)(acc[c] / Md);
     const float c2 = (float)(acc[s.C + c] / Md * rstd * rstd);
-    for (BN_RANGE(s, c, w)) {
+    for (BN_RANGE(s, L, w)) {
         const float dy = bn_dy(s, dout, out, w.a);
-        din[w.a] = __fmul_rn(
-            k, __fsub_rn(__fsub_rn(dy, mean_dy), __fmul_rn(__fsub_rn(in[w.a], mean), c2)));
+        const float x = act_ld(in, w.a, s.bf16);
+        act_st(din, w.a,
+               __fmul_rn(k, __fsub_rn(__fsub_rn(dy, mean_dy), __fmul_rn(__fsub_rn(x, mean), c2))),
+               s.bf16);
     }
 }
 
-__global__ void bn_forward_eval_kernel(visc_cuda_bn_shape s, float *out, const float *in,
+__global__ void bn_forward_eval_kernel(visc_cuda_bn_shape s, void *out, const void *in,
                                        const float *gamma, const float *beta,
                                        const float *running_mean, const float *running_var) {
     const size_t n = (size_t)s.N * s.C * s.HW;
@@ -216,7 +269,10 @@ __global__ void bn_forward_eval_kernel(visc_cuda_bn_shape s, float *out, const f
          a += (size_t)gridDim.x * blockDim.x) {
         const int c = s.nchw ? (int)(a / (size_t)s.HW % (size_t)s.C) : (int)(a % (size_t)s.C);
         const double rstd = 1.0 / sqrt((double)running_var[c] + (double)s.eps);
-        out[a] = bn_affine(in[a], running_mean[c], (float)(gamma[c] * rstd), beta[c], s.relu);
+        act_st(out, a,
+               bn_affine(act_ld(in, a, s.bf16), running_mean[c], (float)(gamma[c] * rstd), beta[c],
+                         s.relu),
+               s.bf16);
     }
 }
 
@@ -226,13 +282,22 @@ static int bn_check(const visc_cuda_bn_shape *s) {
     return 0;
 }
 
-/* Ranges per channel: about 8 blocks per SM of an H200 over all channels,
- * each range 4096 values at least, at most BN_MAX_SPLITS. */
+/* Ranges per channel (per group of BN_LANES channels in channels-last):
+ * about 8 blocks per SM of an H200 over all channels; NCHW, each range
+ * 4096 values at least and at most BN_MAX_SPLITS of them; channels-last,
+ * 32 positions a row at least, at most BN_MAX_SPLITS_NHWC. */
+static int bn_groups(const visc_cuda_bn_shape *s) {
+    return s->nchw ? s->C : (s->C + BN_LANES - 1) / BN_LANES;
+}
+
 static int bn_splits(const visc_cuda_bn_shape *s) {
-    const size_t M = (size_t)s->N * s->HW, by_size = (M + 4095) / 4096;
-    const size_t by_gpu = (132 * 8 + (size_t)s->C - 1) / (size_t)s->C;
+    const size_t M = (size_t)s->N * s->HW;
+    const size_t per_range = s->nchw ? 4096 : 32 * BN_ROWS;
+    const size_t by_size = (M + per_range - 1) / per_range;
+    const size_t by_gpu = (132 * 8 + (size_t)bn_groups(s) - 1) / (size_t)bn_groups(s);
     size_t S = by_size < by_gpu ? by_size : by_gpu;
-    if (S > BN_MAX_SPLITS) S = BN_MAX_SPLITS;
+    const size_t most = s->nchw ? BN_MAX_SPLITS : BN_MAX_SPLITS_NHWC;
+    if (S > most) S = most;
     return S < 1 ? 1 : (int)S;
 }
 
@@ -248,8 +313,10 @@ static double *bn_partials(double *acc, const visc_cuda_bn_shape *s) {
     return acc + 2 * (size_t)s->C + 1;
 }
 
-/* Block grid of the passes over the elements: (channel, range). */
-static dim3 bn_grid(const visc_cuda_bn_shape *s, int S) { return dim3((unsigned)s->C, S); }
+/* Block grid of the passes over the elements: (channel or group, range). */
+static dim3 bn_grid(const visc_cuda_bn_shape *s, int S) {
+    return dim3((unsigned)bn_groups(s), S);
+}
 
 static int bn_combine(visc_cuda *ctx, const visc_cuda_bn_shape *s, int what, int S, double *acc,
                       float *save_mean, float *dgamma, float *dbeta, const float *save_rstd) {
@@ -260,7 +327,7 @@ static int bn_combine(visc_cuda *ctx, const visc_cuda_bn_shape *s, int what, int
 
 /* The sums into acc[0, C), acc[C] = this process's count. */
 static int bn_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, double *acc,
-                   const float *in) {
+                   const void *in) {
     bn_sum_kernel<<<bn_grid(s, S), BN_THREADS, 0, ctx->stream>>>(*s, bn_partials(acc, s), in);
     if (visc_cuda_launched("batchnorm sums")) return -1;
     return bn_combine(ctx, s, BN_SUMS, S, acc, NULL, NULL, NULL, NULL);
@@ -268,7 +335,7 @@ static int bn_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, double *a
 
 /* The squared deviations into acc[C + 1, 2C + 1), the float mean into save_mean. */
 static int bn_sqdev(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, double *acc,
-                    float *save_mean, const float *in) {
+                    float *save_mean, const void *in) {
     bn_sqdev_kernel<<<bn_grid(s, S), BN_THREADS, 0, ctx->stream>>>(*s, bn_partials(acc, s), acc,
                                                                    in);
     if (visc_cuda_launched("batchnorm squared deviations")) return -1;
@@ -276,7 +343,7 @@ static int bn_sqdev(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, double *
 }
 
 static int bn_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, const double *acc,
-                     float *out, float *save_mean, float *save_rstd, const float *in,
+                     void *out, float *save_mean, float *save_rstd, const void *in,
                      const float *gamma, const float *beta, float *running_mean,
                      float *running_var) {
     bn_finish_kernel<<<bn_grid(s, S), BN_THREADS, 0, ctx->stream>>>(
@@ -287,8 +354,8 @@ static int bn_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, const d
 /* The gradient sums into acc[0, 2C), acc[2C] = this process's count, and
  * dgamma, dbeta. */
 static int bn_grad_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, double *acc,
-                        float *dgamma, float *dbeta, const float *dout, const float *in,
-                        const float *out, const float *save_mean, const float *save_rstd) {
+                        float *dgamma, float *dbeta, const void *dout, const void *in,
+                        const void *out, const float *save_mean, const float *save_rstd) {
     if (s->relu && !out) return visc_set_error("batchnorm backward: the fused ReLU needs `out`");
     bn_grad_sums_kernel<<<bn_grid(s, S), BN_THREADS, 0, ctx->stream>>>(*s, bn_partials(acc, s),
                                                                        dout, in, out, save_mean);
@@ -297,15 +364,15 @@ static int bn_grad_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, doub
 }
 
 static int bn_grad_input(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, const double *acc,
-                         float *din, const float *dout, const float *in, const float *out,
+                         void *din, const void *dout, const void *in, const void *out,
                          const float *gamma, const float *save_mean, const float *save_rstd) {
     bn_grad_input_kernel<<<bn_grid(s, S), BN_THREADS, 0, ctx->stream>>>(
         *s, acc, din, dout, in, out, gamma, save_mean, save_rstd);
     return visc_cuda_launched("batchnorm backward");
 }
 
-int visc_cuda_batchnorm_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *out,
-                                      float *save_mean, float *save_rstd, const float *in,
+int visc_cuda_batchnorm_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                                      float *save_mean, float *save_rstd, const void *in,
                                       const float *gamma, const float *beta, float *running_mean,
                                       float *running_var) {
     if (bn_check(s)) return -1;
@@ -316,8 +383,8 @@ int visc_cuda_batchnorm_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *
                      running_var);
 }
 
-int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *out,
-                                     const float *in, const float *gamma, const float *beta,
+int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                                     const void *in, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var) {
     if (bn_check(s)) return -1;
     const size_t n = (size_t)s->N * s->C * s->HW;
@@ -327,9 +394,9 @@ int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s
     return visc_cuda_launched("batchnorm forward (eval)");
 }
 
-int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *din,
-                                 float *dgamma, float *dbeta, const float *dout, const float *in,
-                                 const float *out, const float *gamma, const float *save_mean,
+int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *din,
+                                 float *dgamma, float *dbeta, const void *dout, const void *in,
+                                 const void *out, const float *gamma, const float *save_mean,
                                  const float *save_rstd) {
     if (bn_check(s)) return -1;
     const int S = bn_splits(s);
@@ -355,7 +422,7 @@ static int acc_copy(visc_cuda *ctx, double *dst, const double *src, int n, cudaM
 }
 
 int visc_cuda_bn_sync_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
-                           const float *in) {
+                           const void *in) {
     if (bn_check(s)) return -1;
     const int S = bn_splits(s);
     double *d = bn_acc(ctx, s, S);
@@ -366,7 +433,7 @@ int visc_cuda_bn_sync_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *
 }
 
 int visc_cuda_bn_sync_sqdev(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
-                            float *save_mean, const float *in) {
+                            float *save_mean, const void *in) {
     if (bn_check(s)) return -1;
     const int S = bn_splits(s);
     double *d = bn_acc(ctx, s, S);
@@ -377,7 +444,7 @@ int visc_cuda_bn_sync_sqdev(visc_cuda *ctx, const visc_cuda_bn_shape *s, double 
 }
 
 int visc_cuda_bn_sync_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, const double *acc,
-                             float *out, float *save_mean, float *save_rstd, const float *in,
+                             void *out, float *save_mean, float *save_rstd, const void *in,
                              const float *gamma, const float *beta, float *running_mean,
                              float *running_var) {
     if (bn_check(s)) return -1;
@@ -389,8 +456,8 @@ int visc_cuda_bn_sync_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, const 
 }
 
 int visc_cuda_bn_sync_grad_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
-                                float *dgamma, float *dbeta, const float *dout, const float *in,
-                                const float *out, const float *save_mean, const float *save_rstd) {
+                                float *dgamma, float *dbeta, const void *dout, const void *in,
+                                const void *out, const float *save_mean, const float *save_rstd) {
     if (bn_check(s)) return -1;
     const int S = bn_splits(s);
     double *d = bn_acc(ctx, s, S);
@@ -402,7 +469,7 @@ int visc_cuda_bn_sync_grad_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, dou
 }
 
 int visc_cuda_bn_sync_grad_input(visc_cuda *ctx, const visc_cuda_bn_shape *s, const double *acc,
-                                 float *din, const float *dout, const float *in, const float *out,
+                                 void *din, const void *dout, const void *in, const void *out,
                                  const float *gamma, const float *save_mean,
                                  const float *save_rstd) {
     if (bn_check(s)) return -1;

@@ -89,7 +89,7 @@ static int shape_check(const visc_cuda_conv_shape *s) {
     if (!s || s->N <= 0 || s->C <= 0 || s->H <= 0 || s->W <= 0 || s->K <= 0 || s->R <= 0 ||
         s->S <= 0 || s->stride <= 0 || s->pad < 0 ||
         (s->type != VISC_CUDA_CONV_F32_NCHW && s->type != VISC_CUDA_CONV_BF16_NHWC &&
-         s->type != VISC_CUDA_CONV_F32_NCHW_BF16))
+         s->type != VISC_CUDA_CONV_F32_NCHW_BF16 && s->type != VISC_CUDA_CONV_BF16_NHWC_F32W))
         return visc_set_error("convolution: bad shape");
     if (s->H + 2 * s->pad < s->R || s->W + 2 * s->pad < s->S)
         return visc_set_error("convolution: kernel %dx%d larger than the padded %dx%d input", s->R,
@@ -298,10 +298,37 @@ static int mixed_run(visc_cuda *ctx, const visc_cuda_conv_shape *s, int dir, flo
     return rc ? -1 : visc_cuda_nhwc_bf16_to_nchw(ctx, out, c[2], d[2].n, d[2].c, d[2].hw, beta);
 }
 
+/* ---- bf16 channels-last tensors, fp32 weights (VISC_CUDA_CONV_BF16_NHWC_F32W) ----
+ * The weights [K, C, R, S] are copied to bf16 [K, R, S, C] in the scratch
+ * for forward and backward-data, and backward-weights' bf16 result is
+ * converted into the fp32 gradient (dw = beta dw + it): a ResNet's step
+ * with bf16 activations and fp32 master weights. */
+static int f32_weights_run(visc_cuda *ctx, const visc_cuda_conv_shape *s, int dir, void *out,
+                           const void *a, const void *b, float beta) {
+    if (shape_check(s)) return -1;
+    visc_cuda_conv_shape t = *s;
+    t.type = VISC_CUDA_CONV_BF16_NHWC;
+    const size_t count = (size_t)s->K * s->C * s->R * s->S;
+    uint16_t *wc;
+    if (visc_cuda_bf16_scratch(ctx, &wc, &count, 1)) return -1;
+    if (dir == BWD_FILTER)
+        return visc_cuda_conv_backward_weights(ctx, &t, wc, a, b, 0.0f) ||
+                       visc_cuda_nhwc_bf16_to_nchw(ctx, (float *)out, wc, s->K, s->C, s->R * s->S,
+                                                   beta)
+                   ? -1
+                   : 0;
+    if (visc_cuda_nchw_to_nhwc_bf16(ctx, wc, (const float *)b, s->K, s->C, s->R * s->S))
+        return -1;
+    return dir == FWD ? visc_cuda_conv_forward(ctx, &t, out, a, wc)
+                      : visc_cuda_conv_backward_data(ctx, &t, out, a, wc);
+}
+
 int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *y, const void *x,
                            const void *w) {
     if (s && s->type == VISC_CUDA_CONV_F32_NCHW_BF16)
         return mixed_run(ctx, s, FWD, (float *)y, (const float *)x, (const float *)w, 0.0f);
+    if (s && s->type == VISC_CUDA_CONV_BF16_NHWC_F32W)
+        return f32_weights_run(ctx, s, FWD, y, x, w, 0.0f);
     visc_conv_state *st;
     conv_plan *p = prepare(ctx, s, FWD, &st);
     if (!p) return -1;
@@ -316,6 +343,8 @@ int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, 
                                  const void *dy, const void *w) {
     if (s && s->type == VISC_CUDA_CONV_F32_NCHW_BF16)
         return mixed_run(ctx, s, BWD_DATA, (float *)dx, (const float *)dy, (const float *)w, 0.0f);
+    if (s && s->type == VISC_CUDA_CONV_BF16_NHWC_F32W)
+        return f32_weights_run(ctx, s, BWD_DATA, dx, dy, w, 0.0f);
     visc_conv_state *st;
     conv_plan *p = prepare(ctx, s, BWD_DATA, &st);
     if (!p) return -1;
@@ -331,6 +360,8 @@ int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *
     if (s && s->type == VISC_CUDA_CONV_F32_NCHW_BF16)
         return mixed_run(ctx, s, BWD_FILTER, (float *)dw, (const float *)x, (const float *)dy,
                          beta);
+    if (s && s->type == VISC_CUDA_CONV_BF16_NHWC_F32W)
+        return f32_weights_run(ctx, s, BWD_FILTER, dw, x, dy, beta);
     visc_conv_state *st;
     conv_plan *p = prepare(ctx, s, BWD_FILTER, &st);
     if (!p) return -1;
@@ -361,4 +392,5 @@ int visc_cuda_conv_backward_weights(visc_cuda *, const visc_cuda_conv_shape *, v
                                     const void *, float) {
     return no_cudnn();
 }
+
 #endif

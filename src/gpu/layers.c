@@ -106,9 +106,21 @@ void visc_gpu_clip_grad_norm(visc_cuda *ctx, float *grads, size_t n, float max_n
     RUN(visc_cuda_clip_grad_norm(ctx, grads, n, max_norm));
 }
 
-/* The CUDA shape of a model's convolution: fp32 NCHW tensors, with bf16
- * products under --precision bf16 (visc_gpu_set_precision). */
-static visc_cuda_conv_shape conv_shape(const visc_cuda *ctx, const visc_conv2d *c) {
+/* ---- the CNN layers, in either activation form (gpu.h) ---- */
+
+visc_gpu_act visc_gpu_cnn_act(const visc_cuda *ctx) {
+    return bf16_products(ctx) ? VISC_GPU_BF16_NHWC : VISC_GPU_F32_NCHW;
+}
+
+void visc_gpu_to_nhwc_bf16(visc_cuda *ctx, void *out, const float *in, int N, int C, int HW) {
+    RUN(visc_cuda_nchw_to_nhwc_bf16(ctx, out, in, N, C, HW));
+}
+
+/* The CUDA shape of a model's convolution: fp32 NCHW tensors (with bf16
+ * products under --precision bf16 where a caller still asks for fp32
+ * tensors), or bf16 channels-last ones; the weights fp32 either way. */
+static visc_cuda_conv_shape conv_shape(const visc_cuda *ctx, const visc_conv2d *c,
+                                       visc_gpu_act act) {
     if (c->dilation != 1 || c->groups != 1 || c->has_bias || c->H != c->W || c->R != c->S)
         visc_die("cuda: convolution %dx%d (dilation %d, groups %d, bias %d) on %dx%d: only square, "
                  "undilated, ungrouped and bias-free ones are on the GPU",
@@ -122,40 +134,43 @@ static visc_cuda_conv_shape conv_shape(const visc_cuda *ctx, const visc_conv2d *
                               .S = c->S,
                               .stride = c->stride,
                               .pad = c->pad,
-                              .type = bf16_products(ctx) ? VISC_CUDA_CONV_F32_NCHW_BF16
-                                                         : VISC_CUDA_CONV_F32_NCHW};
+                              .type = act == VISC_GPU_BF16_NHWC ? VISC_CUDA_CONV_BF16_NHWC_F32W
+                                      : bf16_products(ctx)      ? VISC_CUDA_CONV_F32_NCHW_BF16
+                                                                : VISC_CUDA_CONV_F32_NCHW};
     return s;
 }
 
-void visc_gpu_conv2d_forward(visc_cuda *ctx, const visc_conv2d *c, float *out, const float *in,
-                             const float *weight) {
-    const visc_cuda_conv_shape s = conv_shape(ctx, c);
+void visc_gpu_conv2d_forward(visc_cuda *ctx, const visc_conv2d *c, visc_gpu_act act, void *out,
+                             const void *in, const float *weight) {
+    const visc_cuda_conv_shape s = conv_shape(ctx, c, act);
     RUN(visc_cuda_conv_forward(ctx, &s, out, in, weight));
 }
 
-void visc_gpu_conv2d_backward(visc_cuda *ctx, const visc_conv2d *c, float *din, float *dweight,
-                              const float *dout, const float *in, const float *weight) {
-    const visc_cuda_conv_shape s = conv_shape(ctx, c);
+void visc_gpu_conv2d_backward(visc_cuda *ctx, const visc_conv2d *c, visc_gpu_act act, void *din,
+                              float *dweight, const void *dout, const void *in,
+                              const float *weight) {
+    const visc_cuda_conv_shape s = conv_shape(ctx, c, act);
     RUN(visc_cuda_conv_backward_weights(ctx, &s, dweight, in, dout, 0.0f));
     if (din) RUN(visc_cuda_conv_backward_data(ctx, &s, din, dout, weight));
 }
 
-static visc_cuda_bn_shape bn_shape(const visc_batchnorm2d *b) {
+static visc_cuda_bn_shape bn_shape(const visc_batchnorm2d *b, visc_gpu_act act) {
     visc_cuda_bn_shape s = {.N = b->N,
                             .C = b->C,
                             .HW = b->HW,
-                            .nchw = 1,
+                            .nchw = act == VISC_GPU_F32_NCHW,
                             .relu = b->relu,
                             .eps = b->eps,
-                            .momentum = b->momentum};
+                            .momentum = b->momentum,
+                            .bf16 = act == VISC_GPU_BF16_NHWC};
     return s;
 }
 
-void visc_gpu_batchnorm2d_forward_train(visc_cuda *ctx, const visc_batchnorm2d *b, float *out,
-                                        float *save_mean, float *save_rstd, const float *in,
-                                        const float *gamma, const float *beta, float *running_mean,
-                                        float *running_var) {
-    const visc_cuda_bn_shape s = bn_shape(b);
+void visc_gpu_batchnorm2d_forward_train(visc_cuda *ctx, const visc_batchnorm2d *b, visc_gpu_act act,
+                                        void *out, float *save_mean, float *save_rstd,
+                                        const void *in, const float *gamma, const float *beta,
+                                        float *running_mean, float *running_var) {
+    const visc_cuda_bn_shape s = bn_shape(b, act);
     if (b->sync) { /* SyncBN: the sums reduced over the processes between the passes */
         double *acc = b->impl;
         RUN(visc_cuda_bn_sync_sums(ctx, &s, acc, in));
@@ -170,18 +185,19 @@ void visc_gpu_batchnorm2d_forward_train(visc_cuda *ctx, const visc_batchnorm2d *
                                           running_mean, running_var));
 }
 
-void visc_gpu_batchnorm2d_forward_eval(visc_cuda *ctx, const visc_batchnorm2d *b, float *out,
-                                       const float *in, const float *gamma, const float *beta,
-                                       const float *running_mean, const float *running_var) {
-    const visc_cuda_bn_shape s = bn_shape(b);
+void visc_gpu_batchnorm2d_forward_eval(visc_cuda *ctx, const visc_batchnorm2d *b, visc_gpu_act act,
+                                       void *out, const void *in, const float *gamma,
+                                       const float *beta, const float *running_mean,
+                                       const float *running_var) {
+    const visc_cuda_bn_shape s = bn_shape(b, act);
     RUN(visc_cuda_batchnorm_forward_eval(ctx, &s, out, in, gamma, beta, running_mean, running_var));
 }
 
-void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, float *din,
-                                   float *dgamma, float *dbeta, const float *dout, const float *in,
-                                   const float *out, const float *gamma, const float *save_mean,
-                                   const float *save_rstd) {
-    const visc_cuda_bn_shape s = bn_shape(b);
+void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, visc_gpu_act act,
+                                   void *din, float *dgamma, float *dbeta, const void *dout,
+                                   const void *in, const void *out, const float *gamma,
+                                   const float *save_mean, const float *save_rstd) {
+    const visc_cuda_bn_shape s = bn_shape(b, act);
     if (b->sync) {
         double *acc = b->impl;
         RUN(visc_cuda_bn_sync_grad_sums(ctx, &s, acc, dgamma, dbeta, dout, in, out, save_mean,
@@ -196,27 +212,59 @@ void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, fl
                                      save_rstd));
 }
 
-void visc_gpu_maxpool2d_forward(visc_cuda *ctx, const visc_pool2d *p, float *out, int32_t *argmax,
-                                const float *in) {
-    RUN(visc_cuda_maxpool_forward(ctx, out, argmax, in, p->N, p->C, p->H, p->W, p->kernel,
-                                  p->stride, p->pad));
+void visc_gpu_maxpool2d_forward(visc_cuda *ctx, const visc_pool2d *p, visc_gpu_act act, void *out,
+                                int32_t *argmax, const void *in) {
+    if (act == VISC_GPU_BF16_NHWC)
+        RUN(visc_cuda_maxpool_forward_nhwc_bf16(ctx, out, argmax, in, p->N, p->C, p->H, p->W,
+                                                p->kernel, p->stride, p->pad));
+    else
+        RUN(visc_cuda_maxpool_forward(ctx, out, argmax, in, p->N, p->C, p->H, p->W, p->kernel,
+                                      p->stride, p->pad));
 }
 
-void visc_gpu_maxpool2d_backward(visc_cuda *ctx, const visc_pool2d *p, float *din,
-                                 const float *dout, const int32_t *argmax) {
-    RUN(visc_cuda_maxpool_backward(ctx, din, dout, argmax, p->N, p->C, p->H, p->W, p->kernel,
-                                   p->stride, p->pad));
+void visc_gpu_maxpool2d_backward(visc_cuda *ctx, const visc_pool2d *p, visc_gpu_act act, void *din,
+                                 const void *dout, const int32_t *argmax) {
+    if (act == VISC_GPU_BF16_NHWC)
+        RUN(visc_cuda_maxpool_backward_nhwc_bf16(ctx, din, dout, argmax, p->N, p->C, p->H, p->W,
+                                                 p->kernel, p->stride, p->pad));
+    else
+        RUN(visc_cuda_maxpool_backward(ctx, din, dout, argmax, p->N, p->C, p->H, p->W, p->kernel,
+                                       p->stride, p->pad));
 }
 
-void visc_gpu_global_avgpool_forward(visc_cuda *ctx, float *out, const float *in, int N, int C,
-                                     int HW) {
-    RUN(visc_cuda_global_avgpool_forward(ctx, out, in, N, C, HW));
+void visc_gpu_global_avgpool_forward(visc_cuda *ctx, visc_gpu_act act, float *out, const void *in,
+                                     int N, int C, int HW) {
+    if (act == VISC_GPU_BF16_NHWC)
+        RUN(visc_cuda_global_avgpool_forward_nhwc_bf16(ctx, out, in, N, C, HW));
+    else RUN(visc_cuda_global_avgpool_forward(ctx, out, in, N, C, HW));
 }
 
-void visc_gpu_global_avgpool_backward(visc_cuda *ctx, float *din, const float *dout, int N, int C,
-                                      int HW) {
-    RUN(visc_cuda_global_avgpool_backward(ctx, din, dout, N, C, HW));
+void visc_gpu_global_avgpool_backward(visc_cuda *ctx, visc_gpu_act act, void *din,
+                                      const float *dout, int N, int C, int HW) {
+    if (act == VISC_GPU_BF16_NHWC)
+        RUN(visc_cuda_global_avgpool_backward_nhwc_bf16(ctx, din, dout, N, C, HW));
+    else RUN(visc_cuda_global_avgpool_backward(ctx, din, dout, N, C, HW));
 }
+
+void visc_gpu_add_relu(visc_cuda *ctx, visc_gpu_act act, void *out, const void *identity,
+                       size_t n) {
+    if (act == VISC_GPU_BF16_NHWC) RUN(visc_cuda_add_relu_bf16(ctx, out, identity, n));
+    else RUN(visc_cuda_add_relu(ctx, out, identity, n));
+}
+
+void visc_gpu_cnn_add(visc_cuda *ctx, visc_gpu_act act, void *out, const void *a, const void *b,
+                      size_t n) {
+    if (act == VISC_GPU_BF16_NHWC) RUN(visc_cuda_add_bf16(ctx, out, a, b, n));
+    else RUN(visc_cuda_add(ctx, out, a, b, n));
+}
+
+void visc_gpu_cnn_relu_backward(visc_cuda *ctx, visc_gpu_act act, void *din, const void *dout,
+                                const void *out, size_t n) {
+    if (act == VISC_GPU_BF16_NHWC) RUN(visc_cuda_relu_backward_bf16(ctx, din, dout, out, n));
+    else RUN(visc_cuda_relu_backward(ctx, din, dout, out, n));
+}
+
+/* ---- the linear layer and elementwise steps ---- */
 
 void visc_gpu_linear_forward(visc_cuda *ctx, float *out, const float *in, const float *weight,
                              const float *bias, int N, int in_features, int out_features) {
@@ -237,10 +285,6 @@ void visc_gpu_relu_backward(visc_cuda *ctx, float *din, const float *dout, const
 
 void visc_gpu_add(visc_cuda *ctx, float *out, const float *a, const float *b, size_t n) {
     RUN(visc_cuda_add(ctx, out, a, b, n));
-}
-
-void visc_gpu_add_relu(visc_cuda *ctx, float *out, const float *identity, size_t n) {
-    RUN(visc_cuda_add_relu(ctx, out, identity, n));
 }
 
 /* ---- the token layers ---- */

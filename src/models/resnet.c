@@ -15,7 +15,10 @@
  *
  * On a GPU (--device cuda) the same code runs: the arena is planned again
  * in device memory (resnet_to_cuda), and every layer call below goes to its
- * GPU twin (gpu.h) when m->cuda is set. */
+ * GPU twin (gpu.h) when m->cuda is set. Under --precision bf16 the twins
+ * keep the activations as bf16 channels-last (r->act, gpu.h), each in its
+ * fp32 slot; only the batch is converted (into r->xh), and the pooled
+ * features, logits and their gradients stay fp32. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +64,9 @@ typedef struct {
     /* logits and features in the arena: m->logits and m->features on the
      * CPU; on a GPU those are host copies, downloaded by forward */
     float *x, *stem_c, *stem_b, *pooled_in, *features, *logits;
+    /* on a GPU: the activations' form, and under bf16 the batch in it */
+    visc_gpu_act act;
+    float *xh;
     float *dlogits; /* on a GPU: the uploaded dlogits (NULL on the CPU) */
     /* backward scratch, each the size of the largest activation */
     float *g0, *g1, *t1, *t2, *dfeatures;
@@ -172,9 +178,10 @@ static void plan_block(visc_arena *a, block *b) {
 
 static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     int N = m->cfg.batch;
-    r->x = visc_arena_floats(a, (size_t)N * m->cfg.in_channels * m->cfg.image_size *
-                                    m->cfg.image_size);
+    const size_t image = (size_t)N * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
+    r->x = visc_arena_floats(a, image);
     m->input = r->x;
+    r->xh = r->act == VISC_GPU_BF16_NHWC ? visc_arena_floats(a, (image + 1) / 2) : NULL;
     size_t stem = conv_out_size(&r->stem_conv);
     r->stem_c = visc_arena_floats(a, stem);
     r->stem_b = visc_arena_floats(a, stem);
@@ -268,8 +275,11 @@ static void init_params(visc_model *m, resnet *r, uint64_t seed) {
 #define G(idx) visc_model_grad(m, (idx))
 #define B(idx) visc_model_buffer(m, (idx))
 
+/* The activations' form on the GPU (unused on the CPU). */
+static visc_gpu_act act_of(const visc_model *m) { return ((const resnet *)m->impl)->act; }
+
 static void conv_fwd(visc_model *m, conv_layer *c, float *out, const float *in) {
-    if (m->cuda) visc_gpu_conv2d_forward(m->cuda, &c->op, out, in, P(c->weight));
+    if (m->cuda) visc_gpu_conv2d_forward(m->cuda, &c->op, act_of(m), out, in, P(c->weight));
     else visc_conv2d_forward(&c->op, out, in, P(c->weight), NULL);
 }
 
@@ -281,14 +291,15 @@ static void bn_fwd(visc_model *m, bn_layer *b, float *out, const float *in, int 
     float *run_mean = mode == FWD_TRAIN ? B(b->mean) : NULL;
     float *run_var = mode == FWD_TRAIN ? B(b->var) : NULL;
     if (mode != FWD_EVAL && m->cuda)
-        visc_gpu_batchnorm2d_forward_train(m->cuda, &b->op, out, b->save_mean, b->save_rstd, in,
-                                           P(b->gamma), P(b->beta), run_mean, run_var);
+        visc_gpu_batchnorm2d_forward_train(m->cuda, &b->op, act_of(m), out, b->save_mean,
+                                           b->save_rstd, in, P(b->gamma), P(b->beta), run_mean,
+                                           run_var);
     else if (mode != FWD_EVAL)
         visc_batchnorm2d_forward_train(&b->op, out, b->save_mean, b->save_rstd, in, P(b->gamma),
                                        P(b->beta), run_mean, run_var);
     else if (m->cuda)
-        visc_gpu_batchnorm2d_forward_eval(m->cuda, &b->op, out, in, P(b->gamma), P(b->beta),
-                                          B(b->mean), B(b->var));
+        visc_gpu_batchnorm2d_forward_eval(m->cuda, &b->op, act_of(m), out, in, P(b->gamma),
+                                          P(b->beta), B(b->mean), B(b->var));
     else
         visc_batchnorm2d_forward_eval(&b->op, out, in, P(b->gamma), P(b->beta), B(b->mean),
                                       B(b->var));
@@ -297,7 +308,7 @@ static void bn_fwd(visc_model *m, bn_layer *b, float *out, const float *in, int 
 /* out = relu(out + identity) */
 static void add_relu(visc_model *m, float *out, const float *identity, size_t n) {
     if (m->cuda) {
-        visc_gpu_add_relu(m->cuda, out, identity, n);
+        visc_gpu_add_relu(m->cuda, act_of(m), out, identity, n);
         return;
     }
 #pragma omp parallel for simd schedule(static)
@@ -329,14 +340,15 @@ static void block_forward(visc_model *m, block *b, int mode) {
 
 static void maxpool_fwd(visc_model *m, resnet *r) {
     if (m->cuda)
-        visc_gpu_maxpool2d_forward(m->cuda, &r->maxpool, r->pooled_in, r->pool_argmax, r->stem_b);
+        visc_gpu_maxpool2d_forward(m->cuda, &r->maxpool, r->act, r->pooled_in, r->pool_argmax,
+                                   r->stem_b);
     else visc_maxpool2d_forward(&r->maxpool, r->pooled_in, r->pool_argmax, r->stem_b);
 }
 
 static void head_fwd(visc_model *m, resnet *r, const float *trunk_out) {
     const int N = m->cfg.batch, C = r->feature_dim, K = m->cfg.num_classes;
     if (m->cuda)
-        visc_gpu_global_avgpool_forward(m->cuda, r->features, trunk_out, N, C, r->final_hw);
+        visc_gpu_global_avgpool_forward(m->cuda, r->act, r->features, trunk_out, N, C, r->final_hw);
     else visc_global_avgpool_forward(r->features, trunk_out, N, C, r->final_hw);
     md_linear_forward(m, r->logits, r->features, P(r->fc_weight), P(r->fc_bias), N, C, K);
     /* the host's copies: the loss, the accuracy and SSL heads read them */
@@ -344,12 +356,21 @@ static void head_fwd(visc_model *m, resnet *r, const float *trunk_out) {
     md_give_out(m, m->features, &m->dev_features, r->features, (size_t)N * C);
 }
 
+/* The batch as the stem reads it: r->x, or on a GPU with bf16 activations
+ * its channels-last bf16 copy (made by forward, read again by backward). */
+static const float *stem_input(visc_model *m, resnet *r) {
+    if (!m->cuda || r->act != VISC_GPU_BF16_NHWC) return r->x;
+    visc_gpu_to_nhwc_bf16(m->cuda, r->xh, r->x, m->cfg.batch, m->cfg.in_channels,
+                          m->cfg.image_size * m->cfg.image_size);
+    return r->xh;
+}
+
 static void resnet_forward(visc_model *m, const float *x, int train) {
     resnet *r = m->impl;
     md_take_batch(m, r->x, x,
                   (size_t)m->cfg.batch * m->cfg.in_channels * m->cfg.image_size *
                       m->cfg.image_size);
-    conv_fwd(m, &r->stem_conv, r->stem_c, r->x);
+    conv_fwd(m, &r->stem_conv, r->stem_c, stem_input(m, r));
     const int mode = train ? FWD_TRAIN : FWD_EVAL;
     r->trained = train;
     bn_fwd(m, &r->stem_bn, r->stem_b, r->stem_c, mode);
@@ -363,7 +384,8 @@ static void resnet_forward(visc_model *m, const float *x, int train) {
 
 static void conv_bwd(visc_model *m, conv_layer *c, float *din, const float *dout, const float *in) {
     if (m->cuda)
-        visc_gpu_conv2d_backward(m->cuda, &c->op, din, G(c->weight), dout, in, P(c->weight));
+        visc_gpu_conv2d_backward(m->cuda, &c->op, act_of(m), din, G(c->weight), dout, in,
+                                 P(c->weight));
     else visc_conv2d_backward(&c->op, din, G(c->weight), NULL, dout, in, P(c->weight));
     visc_model_grad_ready(m, G(c->weight), m->params.entries[c->weight].numel);
 }
@@ -371,8 +393,8 @@ static void conv_bwd(visc_model *m, conv_layer *c, float *din, const float *dout
 static void bn_bwd(visc_model *m, bn_layer *b, float *din, const float *dout, const float *in,
                    const float *out) {
     if (m->cuda)
-        visc_gpu_batchnorm2d_backward(m->cuda, &b->op, din, G(b->gamma), G(b->beta), dout, in, out,
-                                      P(b->gamma), b->save_mean, b->save_rstd);
+        visc_gpu_batchnorm2d_backward(m->cuda, &b->op, act_of(m), din, G(b->gamma), G(b->beta),
+                                      dout, in, out, P(b->gamma), b->save_mean, b->save_rstd);
     else
         visc_batchnorm2d_backward(&b->op, din, G(b->gamma), G(b->beta), dout, in, out, P(b->gamma),
                                   b->save_mean, b->save_rstd);
@@ -380,11 +402,23 @@ static void bn_bwd(visc_model *m, bn_layer *b, float *din, const float *dout, co
     visc_model_grad_ready(m, G(b->beta), m->params.entries[b->beta].numel);
 }
 
+/* out = a + b and ReLU's backward, on the activations in their form */
+static void act_add(visc_model *m, float *out, const float *a, const float *b, size_t n) {
+    if (m->cuda) visc_gpu_cnn_add(m->cuda, act_of(m), out, a, b, n);
+    else visc_add_forward(out, a, b, n);
+}
+
+static void act_relu_backward(visc_model *m, float *din, const float *dout, const float *out,
+                              size_t n) {
+    if (m->cuda) visc_gpu_cnn_relu_backward(m->cuda, act_of(m), din, dout, out, n);
+    else visc_relu_backward(din, dout, out, n);
+}
+
 /* dout: gradient w.r.t. the block output (modified in place); writes the
  * gradient w.r.t. the block input to din (din != dout). */
 static void block_backward(visc_model *m, resnet *r, block *b, float *din, float *dout) {
     /* through the final relu: its output is b->out */
-    md_relu_backward(m, dout, dout, b->out, b->out_size);
+    act_relu_backward(m, dout, dout, b->out, b->out_size);
     float *t1 = r->t1, *t2 = r->t2;
     if (b->bottleneck) {
         bn_bwd(m, &b->bn3, t1, dout, b->c3, NULL);
@@ -405,9 +439,9 @@ static void block_backward(visc_model *m, resnet *r, block *b, float *din, float
     if (b->has_down) {
         bn_bwd(m, &b->down_bn, t1, dout, b->dc, NULL);
         conv_bwd(m, &b->down_conv, din, t1, b->in);
-        md_add(m, din, din, t2, b->in_size);
+        act_add(m, din, din, t2, b->in_size);
     } else {
-        md_add(m, din, dout, t2, b->in_size);
+        act_add(m, din, dout, t2, b->in_size);
     }
 }
 
@@ -432,7 +466,7 @@ static void trunk_backward(visc_model *m, resnet *r) {
     int N = m->cfg.batch;
     float *dout = r->g0, *din = r->g1;
     if (m->cuda)
-        visc_gpu_global_avgpool_backward(m->cuda, dout, r->dfeatures, N, r->feature_dim,
+        visc_gpu_global_avgpool_backward(m->cuda, r->act, dout, r->dfeatures, N, r->feature_dim,
                                          r->final_hw);
     else visc_global_avgpool_backward(dout, r->dfeatures, N, r->feature_dim, r->final_hw);
     for (int i = r->num_blocks - 1; i >= 0; i--) {
@@ -448,14 +482,14 @@ static void trunk_backward(visc_model *m, resnet *r) {
     }
     /* dout now holds the gradient w.r.t. the first block's input */
     if (r->has_maxpool && m->cuda) {
-        visc_gpu_maxpool2d_backward(m->cuda, &r->maxpool, din, dout, r->pool_argmax);
+        visc_gpu_maxpool2d_backward(m->cuda, &r->maxpool, r->act, din, dout, r->pool_argmax);
         dout = din;
     } else if (r->has_maxpool) {
         visc_maxpool2d_backward(&r->maxpool, din, dout, r->pool_argmax);
         dout = din;
     }
     bn_bwd(m, &r->stem_bn, dout, dout, r->stem_c, r->stem_b);
-    conv_bwd(m, &r->stem_conv, NULL, dout, r->x);
+    conv_bwd(m, &r->stem_conv, NULL, dout, r->xh ? r->xh : r->x);
 }
 
 static void resnet_backward(visc_model *m, const float *dlogits) {
@@ -486,6 +520,7 @@ static void plan(visc_model *m, visc_arena *a) { plan_activations(m, m->impl, a)
 /* Every activation pointer moves to device memory (gpu.h). */
 static int resnet_to_cuda(visc_model *m) {
     resnet *r = m->impl;
+    r->act = visc_gpu_cnn_act(m->cuda);
     return visc_gpu_arena_move(m, &r->arena, plan, &r->dlogits);
 }
 

@@ -131,12 +131,14 @@ void visc_proj_head_forward(visc_proj_head *h, const float *x, int train) {
         const float *g = HP(h->gamma), *b = HP(h->beta);
         float *mean = HB(h->mean), *var = HB(h->var);
         if (train && gpu)
-            visc_gpu_batchnorm2d_forward_train(gpu, &h->bn, h->a, h->save_mean, h->save_rstd, h->h,
-                                               g, b, mean, var);
+            visc_gpu_batchnorm2d_forward_train(gpu, &h->bn, VISC_GPU_F32_NCHW, h->a, h->save_mean,
+                                               h->save_rstd, h->h, g, b, mean, var);
         else if (train)
             visc_batchnorm2d_forward_train(&h->bn, h->a, h->save_mean, h->save_rstd, h->h, g, b,
                                            mean, var);
-        else if (gpu) visc_gpu_batchnorm2d_forward_eval(gpu, &h->bn, h->a, h->h, g, b, mean, var);
+        else if (gpu)
+            visc_gpu_batchnorm2d_forward_eval(gpu, &h->bn, VISC_GPU_F32_NCHW, h->a, h->h, g, b,
+                                              mean, var);
         else visc_batchnorm2d_forward_eval(&h->bn, h->a, h->h, g, b, mean, var);
     } else if (gpu) {
         visc_gpu_relu_forward(gpu, h->a, h->h, N * h->hidden);
@@ -151,8 +153,9 @@ void visc_proj_head_backward(visc_proj_head *h, const float *dout, float *dx) {
     visc_cuda *gpu = h->cuda;
     linear_backward(h, h->da, dout, h->a, h->w2, h->b2, h->hidden, h->out);
     if (h->batchnorm && gpu)
-        visc_gpu_batchnorm2d_backward(gpu, &h->bn, h->dh, HG(h->gamma), HG(h->beta), h->da, h->h,
-                                      h->a, HP(h->gamma), h->save_mean, h->save_rstd);
+        visc_gpu_batchnorm2d_backward(gpu, &h->bn, VISC_GPU_F32_NCHW, h->dh, HG(h->gamma),
+                                      HG(h->beta), h->da, h->h, h->a, HP(h->gamma), h->save_mean,
+                                      h->save_rstd);
     else if (h->batchnorm)
         visc_batchnorm2d_backward(&h->bn, h->dh, HG(h->gamma), HG(h->beta), h->da, h->h, h->a,
                                   HP(h->gamma), h->save_mean, h->save_rstd);

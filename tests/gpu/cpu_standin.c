@@ -14,6 +14,11 @@
  * not carried. The real kernels are checked against these same CPU layers
  * on a real GPU by test_cuda_kernels.c; the two together cover the GPU path.
  *
+ * The exception is a ResNet under --precision bf16, whose activations are
+ * bf16 channels-last on the GPU (standin_nhwc.c: the same CPU layers on
+ * fp32 copies, each result rounded to bf16 as the GPU rounds it); it is
+ * compared by what it learns.
+ *
  * Linked instead of libvisc_cuda.a into tests/gpu/test_gpu_standin (the
  * model checks of test_cuda_model.c, held to zero difference) and
  * tests/gpu/visc_standin (the whole program: tests/e2e_gpu_standin.sh). */
@@ -385,7 +390,7 @@ int visc_cuda_copy(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
 /* ---- convolutions: visc_conv2d per shape ---- */
 static conv_entry *conv_for(visc_cuda *ctx, const visc_cuda_conv_shape *s) {
     if (s->type == VISC_CUDA_CONV_BF16_NHWC) {
-        visc_set_error("the stand-in has fp32 NCHW convolutions only");
+        visc_set_error("the stand-in has no convolution with bf16 weights");
         return NULL;
     }
     for (int i = 0; i < ctx->num_conv; i++)
@@ -429,10 +434,50 @@ static size_t conv_weights(const conv_entry *e) {
     return (size_t)e->key.K * e->key.C * e->key.R * e->key.S;
 }
 
+/* ---- bf16 channels-last tensors, fp32 weights (VISC_CUDA_CONV_BF16_NHWC_F32W):
+ * the fp32 layer on NCHW copies, with the operands' bf16 rounding (the
+ * tensors hold bf16 already; the weights are rounded) and its results
+ * rounded to bf16, as cuDNN's bf16 form computes them ---- */
+enum { CONV_FWD, CONV_BWD_DATA, CONV_BWD_WEIGHTS };
+
+static int nhwc_conv(conv_entry *e, int dir, void *out, const void *a, const void *b, float beta) {
+    const visc_cuda_conv_shape *k = &e->key;
+    const int HW = k->H * k->W, PQ = e->op.P * e->op.Q;
+    if (dir == CONV_BWD_WEIGHTS) {
+        float *x = standin_nhwc_to_nchw(a, k->N, k->C, HW);
+        float *dy = standin_nhwc_to_nchw(b, k->N, k->K, PQ);
+        const size_t nw = conv_weights(e);
+        visc_conv2d_backward(&e->op, NULL, e->scratch_dw, NULL, dy, x, NULL);
+        round_in_place(e->scratch_dw, nw);
+        float *dw = out;
+        for (size_t i = 0; i < nw; i++)
+            dw[i] = beta == 0.0f ? e->scratch_dw[i] : beta * dw[i] + e->scratch_dw[i];
+        visc_free_aligned(dy);
+        visc_free_aligned(x);
+        return 0;
+    }
+    const float *w = rounded(e->scratch_w, b, conv_weights(e));
+    if (dir == CONV_FWD) {
+        float *x = standin_nhwc_to_nchw(a, k->N, k->C, HW);
+        visc_conv2d_forward(&e->op, e->scratch_dy, x, w, NULL);
+        standin_nchw_to_nhwc(out, e->scratch_dy, k->N, k->K, PQ);
+        visc_free_aligned(x);
+        return 0;
+    }
+    float *dy = standin_nhwc_to_nchw(a, k->N, k->K, PQ);
+    float *dx = visc_alloc_aligned(conv_in(e) * sizeof(float), "stand-in convolution");
+    visc_conv2d_backward(&e->op, dx, e->scratch_dw, NULL, dy, e->scratch_in, w);
+    standin_nchw_to_nhwc(out, dx, k->N, k->C, HW);
+    visc_free_aligned(dx);
+    visc_free_aligned(dy);
+    return 0;
+}
+
 int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *y, const void *x,
                            const void *w) {
     conv_entry *e = conv_for(ctx, s);
     if (!e) return -1;
+    if (s->type == VISC_CUDA_CONV_BF16_NHWC_F32W) return nhwc_conv(e, CONV_FWD, y, x, w, 0.0f);
     if (bf16_products(e)) {
         x = rounded(e->scratch_in, x, conv_in(e));
         w = rounded(e->scratch_w, w, conv_weights(e));
@@ -446,6 +491,8 @@ int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *
                                     const void *x, const void *dy, float beta) {
     conv_entry *e = conv_for(ctx, s);
     if (!e) return -1;
+    if (s->type == VISC_CUDA_CONV_BF16_NHWC_F32W)
+        return nhwc_conv(e, CONV_BWD_WEIGHTS, dw, x, dy, beta);
     if (bf16_products(e)) {
         x = rounded(e->scratch_in, x, conv_in(e));
         dy = rounded(e->scratch_dy, dy, conv_out(e));
@@ -466,6 +513,8 @@ int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, 
                                  const void *dy, const void *w) {
     conv_entry *e = conv_for(ctx, s);
     if (!e) return -1;
+    if (s->type == VISC_CUDA_CONV_BF16_NHWC_F32W)
+        return nhwc_conv(e, CONV_BWD_DATA, dx, dy, w, 0.0f);
     if (bf16_products(e)) {
         dy = rounded(e->scratch_dy, dy, conv_out(e));
         w = rounded(e->scratch_w, w, conv_weights(e));
@@ -475,10 +524,11 @@ int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, 
     return 0;
 }
 
-/* ---- batch norm: visc_batchnorm2d per shape ---- */
+/* ---- batch norm: visc_batchnorm2d per shape; bf16 channels-last
+ * activations on fp32 NCHW copies, the results rounded back ---- */
 static visc_batchnorm2d *bn_for(visc_cuda *ctx, const visc_cuda_bn_shape *s) {
-    if (!s->nchw) {
-        visc_set_error("the stand-in has NCHW batch norm only");
+    if (s->nchw == s->bf16) {
+        visc_set_error("the stand-in has NCHW fp32 and channels-last bf16 batch norm only");
         return NULL;
     }
     for (int i = 0; i < ctx->num_bn; i++)
@@ -493,80 +543,130 @@ static visc_batchnorm2d *bn_for(visc_cuda *ctx, const visc_cuda_bn_shape *s) {
     return &e->op;
 }
 
-int visc_cuda_batchnorm_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *out,
-                                      float *save_mean, float *save_rstd, const float *in,
+/* An activation as the CPU layer reads it: p itself, or an fp32 NCHW copy
+ * of a bf16 one (bn_done frees it); NULL stays NULL. */
+static const float *bn_read(const visc_cuda_bn_shape *s, const void *p) {
+    if (!s->bf16 || !p) return p;
+    return standin_nhwc_to_nchw(p, s->N, s->C, s->HW);
+}
+
+/* Where the CPU layer writes an activation: p, or an fp32 NCHW buffer that
+ * bn_write rounds into p and frees. */
+static float *bn_target(const visc_cuda_bn_shape *s, void *p) {
+    if (!s->bf16 || !p) return p;
+    return visc_alloc_aligned((size_t)s->N * s->C * s->HW * sizeof(float), "stand-in batch norm");
+}
+
+static void bn_write(const visc_cuda_bn_shape *s, void *p, float *v) {
+    if (!s->bf16 || !p) return;
+    standin_nchw_to_nhwc(p, v, s->N, s->C, s->HW);
+    visc_free_aligned(v);
+}
+
+static void bn_done(const visc_cuda_bn_shape *s, const float *copy) {
+    if (s->bf16 && copy) visc_free_aligned((void *)copy);
+}
+
+int visc_cuda_batchnorm_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                                      float *save_mean, float *save_rstd, const void *in,
                                       const float *gamma, const float *beta, float *running_mean,
                                       float *running_var) {
     visc_batchnorm2d *b = bn_for(ctx, s);
     if (!b) return -1;
-    visc_batchnorm2d_forward_train(b, out, save_mean, save_rstd, in, gamma, beta, running_mean,
+    const float *x = bn_read(s, in);
+    float *y = bn_target(s, out);
+    visc_batchnorm2d_forward_train(b, y, save_mean, save_rstd, x, gamma, beta, running_mean,
                                    running_var);
+    bn_write(s, out, y);
+    bn_done(s, x);
     return 0;
 }
 
-int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *out,
-                                     const float *in, const float *gamma, const float *beta,
+int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                                     const void *in, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var) {
     visc_batchnorm2d *b = bn_for(ctx, s);
     if (!b) return -1;
-    visc_batchnorm2d_forward_eval(b, out, in, gamma, beta, running_mean, running_var);
+    const float *x = bn_read(s, in);
+    float *y = bn_target(s, out);
+    visc_batchnorm2d_forward_eval(b, y, x, gamma, beta, running_mean, running_var);
+    bn_write(s, out, y);
+    bn_done(s, x);
     return 0;
 }
 
-int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *din,
-                                 float *dgamma, float *dbeta, const float *dout, const float *in,
-                                 const float *out, const float *gamma, const float *save_mean,
+int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *din,
+                                 float *dgamma, float *dbeta, const void *dout, const void *in,
+                                 const void *out, const float *gamma, const float *save_mean,
                                  const float *save_rstd) {
     visc_batchnorm2d *b = bn_for(ctx, s);
     if (!b) return -1;
-    visc_batchnorm2d_backward(b, din, dgamma, dbeta, dout, in, out, gamma, save_mean, save_rstd);
+    const float *dy = bn_read(s, dout), *x = bn_read(s, in), *y = bn_read(s, out);
+    float *dx = bn_target(s, din);
+    visc_batchnorm2d_backward(b, dx, dgamma, dbeta, dy, x, y, gamma, save_mean, save_rstd);
+    bn_write(s, din, dx);
+    bn_done(s, dy), bn_done(s, x), bn_done(s, y);
     return 0;
 }
 
 /* SyncBN's passes: the CPU's, with its acc (host memory on both sides) */
 int visc_cuda_bn_sync_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
-                           const float *in) {
+                           const void *in) {
     const visc_batchnorm2d *b = bn_for(ctx, s);
     if (!b) return -1;
-    visc_batchnorm2d_sync_sums(b, acc, in);
+    const float *x = bn_read(s, in);
+    visc_batchnorm2d_sync_sums(b, acc, x);
+    bn_done(s, x);
     return 0;
 }
 
 int visc_cuda_bn_sync_sqdev(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
-                            float *save_mean, const float *in) {
+                            float *save_mean, const void *in) {
     const visc_batchnorm2d *b = bn_for(ctx, s);
     if (!b) return -1;
-    visc_batchnorm2d_sync_sqdev(b, acc, save_mean, in);
+    const float *x = bn_read(s, in);
+    visc_batchnorm2d_sync_sqdev(b, acc, save_mean, x);
+    bn_done(s, x);
     return 0;
 }
 
 int visc_cuda_bn_sync_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, const double *acc,
-                             float *out, float *save_mean, float *save_rstd, const float *in,
+                             void *out, float *save_mean, float *save_rstd, const void *in,
                              const float *gamma, const float *beta, float *running_mean,
                              float *running_var) {
     const visc_batchnorm2d *b = bn_for(ctx, s);
     if (!b) return -1;
-    visc_batchnorm2d_sync_finish(b, acc, out, save_mean, save_rstd, in, gamma, beta, running_mean,
+    const float *x = bn_read(s, in);
+    float *y = bn_target(s, out);
+    visc_batchnorm2d_sync_finish(b, acc, y, save_mean, save_rstd, x, gamma, beta, running_mean,
                                  running_var);
+    bn_write(s, out, y);
+    bn_done(s, x);
     return 0;
 }
 
 int visc_cuda_bn_sync_grad_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, double *acc,
-                                float *dgamma, float *dbeta, const float *dout, const float *in,
-                                const float *out, const float *save_mean, const float *save_rstd) {
+                                float *dgamma, float *dbeta, const void *dout, const void *in,
+                                const void *out, const float *save_mean, const float *save_rstd) {
     const visc_batchnorm2d *b = bn_for(ctx, s);
     if (!b) return -1;
-    visc_batchnorm2d_sync_grad_sums(b, acc, dgamma, dbeta, dout, in, out, save_mean, save_rstd);
+    const float *dy = bn_read(s, dout), *x = bn_read(s, in), *y = bn_read(s, out);
+    visc_batchnorm2d_sync_grad_sums(b, acc, dgamma, dbeta, dy, x, y, save_mean, save_rstd);
+    bn_done(s, dy), bn_done(s, x), bn_done(s, y);
     return 0;
 }
 
 int visc_cuda_bn_sync_grad_input(visc_cuda *ctx, const visc_cuda_bn_shape *s, const double *acc,
-                                 float *din, const float *dout, const float *in, const float *out,
+                                 void *din, const void *dout, const void *in, const void *out,
                                  const float *gamma, const float *save_mean,
                                  const float *save_rstd) {
     const visc_batchnorm2d *b = bn_for(ctx, s);
     if (!b) return -1;
-    visc_batchnorm2d_sync_grad_input(b, acc, din, dout, in, out, gamma, save_mean, save_rstd);
+    const float *dy = bn_read(s, dout), *x = bn_read(s, in), *y = bn_read(s, out);
+    float *dx = bn_target(s, din);
+    visc_batchnorm2d_sync_grad_input(b, acc, dx, dy, x, y, gamma, save_mean, save_rstd);
+    bn_write(s, din, dx);
+    bn_done(s, dy), bn_done(s, x), bn_done(s, y);
     return 0;
 }
 

@@ -1,5 +1,6 @@
-/* standin.h: what the stand-in GPU's two files share: cpu_standin.c (the
- * kernels, memory and copies) and standin_nccl.c (NCCL's part). */
+/* standin.h: what the stand-in GPU's files share: cpu_standin.c (the
+ * kernels, memory and copies), standin_nhwc.c (bf16 channels-last
+ * tensors) and standin_nccl.c (NCCL's part). */
 #ifndef VISC_TESTS_GPU_STANDIN_H
 #define VISC_TESTS_GPU_STANDIN_H
 
@@ -26,5 +27,11 @@ struct visc_cuda_event {
 int standin_nccl_done(const visc_cuda_event *e);
 /* Ends the stand-in NCCL of this process (visc_cuda_close). */
 void standin_nccl_close(void);
+
+/* A bf16 channels-last tensor [N, HW, C] as a new fp32 NCHW one
+ * (visc_free_aligned), and an fp32 NCHW one into bf16 channels-last,
+ * rounded to nearest even. */
+float *standin_nhwc_to_nchw(const void *src, int N, int C, int HW);
+void standin_nchw_to_nhwc(void *dst, const float *src, int N, int C, int HW);
 
 #endif

@@ -1022,11 +1022,11 @@ static void expect_conv(const char *name, const float *g, const double *want, co
     report(name, bad, n, worst, n ? g[worst] : 0, n ? want[worst] : 0, worst_ratio);
 }
 
-/* Device copy of an NCHW host tensor in the layout and type of `type`
- * (fp32 NCHW but for the bf16 channels-last form). */
-static void *up_conv(const float *host, int N, int C, int HW, visc_cuda_conv_type type) {
+/* Device copy of an NCHW host tensor: fp32 NCHW, or bf16 channels-last
+ * (nhwc16). */
+static void *up_conv(const float *host, int N, int C, int HW, int nhwc16) {
     const size_t n = (size_t)N * C * HW;
-    if (type != VISC_CUDA_CONV_BF16_NHWC) return up(host, sizeof(float) * n);
+    if (!nhwc16) return up(host, sizeof(float) * n);
     float *t = malloc(sizeof(float) * n);
     uint16_t *b = malloc(sizeof(uint16_t) * n);
     to_nhwc(t, host, N, C, HW);
@@ -1037,9 +1037,9 @@ static void *up_conv(const float *host, int N, int C, int HW, visc_cuda_conv_typ
     return d;
 }
 /* The device tensor back in NCHW fp32. */
-static float *down_conv(const void *d, int N, int C, int HW, visc_cuda_conv_type type) {
+static float *down_conv(const void *d, int N, int C, int HW, int nhwc16) {
     const size_t n = (size_t)N * C * HW;
-    if (type != VISC_CUDA_CONV_BF16_NHWC) return down(d, n);
+    if (!nhwc16) return down(d, n);
     uint16_t *b = malloc(sizeof(uint16_t) * n);
     if (visc_cuda_download(ctx, b, d, sizeof(uint16_t) * n)) die_cuda("download");
     float *t = malloc(sizeof(float) * n), *out = malloc(sizeof(float) * n);
@@ -1105,8 +1105,12 @@ static void check_conv(const char *what, int N, int C, int H, int W, int K, int 
     d.Q = (W + 2 * pad - R) / stride + 1;
     const size_t nx = (size_t)N * C * H * W, nw = (size_t)K * C * R * R;
     const size_t ny = (size_t)N * K * d.P * d.Q;
-    /* bf16 products: the bf16 form, or fp32 NCHW tensors with bf16 products */
+    /* bf16 products: the bf16 form, fp32 NCHW tensors with bf16 products,
+     * or bf16 channels-last tensors with fp32 weights; which operands are
+     * bf16 channels-last on the device: the activations (a), the weights (w) */
     const int bf16 = type != VISC_CUDA_CONV_F32_NCHW;
+    const int a16 = type == VISC_CUDA_CONV_BF16_NHWC || type == VISC_CUDA_CONV_BF16_NHWC_F32W;
+    const int w16 = type == VISC_CUDA_CONV_BF16_NHWC;
     float *x = random_floats(nx, -1, 1), *w = random_floats(nw, -1, 1);
     float *dy = random_floats(ny, -1, 1);
     if (bf16) { /* the reference multiplies the operands the GPU sees */
@@ -1120,24 +1124,26 @@ static void check_conv(const char *what, int N, int C, int H, int W, int K, int 
     conv_reference(&d, x, w, dy, y, y_mag, dx, dx_mag, dw, dw_mag);
 
     const visc_cuda_conv_shape s = {N, C, H, W, K, R, R, stride, pad, type};
-    void *d_x = up_conv(x, N, C, H * W, type), *d_w = up_conv(w, K, C, R * R, type);
-    void *d_dy = up_conv(dy, N, K, d.P * d.Q, type);
-    const size_t elem = type == VISC_CUDA_CONV_BF16_NHWC ? sizeof(uint16_t) : sizeof(float);
-    void *d_y = dev(elem * ny), *d_dx = dev(elem * nx), *d_dw = dev(elem * nw);
+    void *d_x = up_conv(x, N, C, H * W, a16), *d_w = up_conv(w, K, C, R * R, w16);
+    void *d_dy = up_conv(dy, N, K, d.P * d.Q, a16);
+    const size_t elem = a16 ? sizeof(uint16_t) : sizeof(float);
+    const size_t welem = w16 ? sizeof(uint16_t) : sizeof(float);
+    void *d_y = dev(elem * ny), *d_dx = dev(elem * nx), *d_dw = dev(welem * nw);
     /* beta 0: dw's old contents (NaN bits) must not be read */
-    void *nan_bits = memset(malloc(elem * nw), 0xff, elem * nw);
-    if (visc_cuda_upload(ctx, d_dw, nan_bits, elem * nw)) die_cuda("upload");
+    void *nan_bits = memset(malloc(welem * nw), 0xff, welem * nw);
+    if (visc_cuda_upload(ctx, d_dw, nan_bits, welem * nw)) die_cuda("upload");
     free(nan_bits);
     launched(visc_cuda_conv_forward(ctx, &s, d_y, d_x, d_w), "convolution forward");
     launched(visc_cuda_conv_backward_data(ctx, &s, d_dx, d_dy, d_w), "convolution backward-data");
     launched(visc_cuda_conv_backward_weights(ctx, &s, d_dw, d_x, d_dy, 0.0f),
              "convolution backward-weights");
-    float *h_y = down_conv(d_y, N, K, d.P * d.Q, type), *h_dx = down_conv(d_dx, N, C, H * W, type);
-    float *h_dw = down_conv(d_dw, K, C, R * R, type);
+    float *h_y = down_conv(d_y, N, K, d.P * d.Q, a16), *h_dx = down_conv(d_dx, N, C, H * W, a16);
+    float *h_dw = down_conv(d_dw, K, C, R * R, w16);
     const double amag = bf16 ? 2e-4 : 3e-5, rtol = bf16 ? 8e-3 : 0.0;
-    const char *form = type == VISC_CUDA_CONV_BF16_NHWC ? "bf16 NHWC"
-                       : bf16                           ? "fp32 NCHW, bf16 products"
-                                                        : "fp32 NCHW";
+    const char *form = type == VISC_CUDA_CONV_BF16_NHWC        ? "bf16 NHWC"
+                       : type == VISC_CUDA_CONV_BF16_NHWC_F32W ? "bf16 NHWC, fp32 weights"
+                       : bf16                                  ? "fp32 NCHW, bf16 products"
+                                                               : "fp32 NCHW";
     snprintf(name, sizeof name, "conv %s %s: N %d C %d %dx%d K %d %dx%d/%d pad %d: forward", what,
              form, N, C, H, W, K, R, R, stride, pad);
     expect_conv(name, h_y, y, y_mag, ny, amag, rtol);
@@ -1151,8 +1157,8 @@ static void check_conv(const char *what, int N, int C, int H, int W, int K, int 
              "convolution backward-data, again");
     launched(visc_cuda_conv_backward_weights(ctx, &s, d_dw, d_x, d_dy, 0.0f),
              "convolution backward-weights, again");
-    float *again[3] = {down_conv(d_y, N, K, d.P * d.Q, type), down_conv(d_dx, N, C, H * W, type),
-                       down_conv(d_dw, K, C, R * R, type)};
+    float *again[3] = {down_conv(d_y, N, K, d.P * d.Q, a16), down_conv(d_dx, N, C, H * W, a16),
+                       down_conv(d_dw, K, C, R * R, w16)};
     const float *first[3] = {h_y, h_dx, h_dw};
     const size_t count[3] = {ny, nx, nw};
     for (int i = 0; i < 3; i++) {
@@ -1166,7 +1172,7 @@ static void check_conv(const char *what, int N, int C, int H, int W, int K, int 
     /* beta 1 adds the gradient to what dw holds: twice the gradient now */
     launched(visc_cuda_conv_backward_weights(ctx, &s, d_dw, d_x, d_dy, 1.0f),
              "convolution backward-weights, beta 1");
-    float *h_dw2 = down_conv(d_dw, K, C, R * R, type);
+    float *h_dw2 = down_conv(d_dw, K, C, R * R, w16);
     for (size_t i = 0; i < nw; i++) dw[i] *= 2, dw_mag[i] *= 2;
     snprintf(name, sizeof name, "conv %s %s: backward-weights accumulated (beta 1)", what, form);
     expect_conv(name, h_dw2, dw, dw_mag, nw, amag, 2 * rtol);
@@ -1201,13 +1207,40 @@ static void expect_bn_param_grads(const char *tag, const float *h_dg, const floa
     free(abs_b);
 }
 
+/* A channels-last host tensor as bf16 on the device, and back (bf16 batch norm). */
+static void *up_bf16(const float *host, size_t n) {
+    uint16_t *b = malloc(sizeof(uint16_t) * n);
+    for (size_t i = 0; i < n; i++) b[i] = visc_f32_to_bf16(host[i]);
+    void *d = up(b, sizeof(uint16_t) * n);
+    free(b);
+    return d;
+}
+static float *down_bf16(const void *d, size_t n) {
+    uint16_t *b = malloc(sizeof(uint16_t) * n);
+    if (visc_cuda_download(ctx, b, d, sizeof(uint16_t) * n)) die_cuda("download");
+    float *out = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) out[i] = visc_bf16_to_f32(b[i]);
+    free(b);
+    return out;
+}
+
+/* A bf16 result against the CPU's fp32 one from the same (bf16) inputs:
+ * the fp32 tolerance, then one rounding to bf16 (2^-8 of the value at most). */
+static void expect_bf16_of(const char *name, const float *g, const float *c, size_t n) {
+    expect_close(name, g, c, n, 1.01e-5 * max_abs(c, n), 1.0 / 256 + 1e-5);
+}
+
 /* The CPU's layer on NCHW; the GPU on NCHW or channels-last (inputs
- * transposed in, outputs back). Backward runs on the CPU's forward
- * results on both sides, so a ReLU mask of a value near 0 cannot differ. */
-static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offset) {
+ * transposed in, outputs back), fp32 or bf16 activations (bf16: the inputs
+ * are bf16 values on both sides, the GPU's outputs its rounding of the
+ * CPU's). Backward runs on the CPU's forward results on both sides, so a
+ * ReLU mask of a value near 0 cannot differ. */
+static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offset, int bf16) {
     char name[200];
     const size_t n = (size_t)N * C * HW;
     float *x = random_floats(n, offset - 1.5f, offset + 1.5f), *dy = random_floats(n, -1, 1);
+    if (bf16)
+        for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]), dy[i] = bf16_round(dy[i]);
     float *gamma = random_floats((size_t)C, 0.5f, 1.5f), *beta = random_floats((size_t)C, -1, 1);
     float *rm = random_floats((size_t)C, -0.5f, 0.5f), *rv = random_floats((size_t)C, 0.5f, 2);
     float *rm0 = malloc(sizeof(float) * C), *rv0 = malloc(sizeof(float) * C);
@@ -1234,14 +1267,16 @@ static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offs
         to_nhwc(tx, x, N, C, HW), to_nhwc(tdy, dy, N, C, HW), to_nhwc(tout, out, N, C, HW);
         gx = tx, gdy = tdy, gout = tout;
     }
-    const visc_cuda_bn_shape s = {N, C, HW, nchw, relu, 1e-5f, 0.1f};
-    float *d_x = up(gx, sizeof(float) * n), *d_dy = up(gdy, sizeof(float) * n);
-    float *d_out_cpu = up(gout, sizeof(float) * n);
+    const visc_cuda_bn_shape s = {N, C, HW, nchw, relu, 1e-5f, 0.1f, bf16};
+    const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+    void *d_x = bf16 ? up_bf16(gx, n) : up(gx, sizeof(float) * n);
+    void *d_dy = bf16 ? up_bf16(gdy, n) : up(gdy, sizeof(float) * n);
+    void *d_out_cpu = bf16 ? up_bf16(gout, n) : up(gout, sizeof(float) * n);
     float *d_g = up(gamma, sizeof(float) * C), *d_b = up(beta, sizeof(float) * C);
     float *d_rm = up(rm0, sizeof(float) * C), *d_rv = up(rv0, sizeof(float) * C);
     float *d_mean_cpu = up(mean, sizeof(float) * C), *d_rstd_cpu = up(rstd, sizeof(float) * C);
-    float *d_out = dev(sizeof(float) * n), *d_eval = dev(sizeof(float) * n);
-    float *d_dx = dev(sizeof(float) * n), *d_mean = dev(sizeof(float) * C);
+    void *d_out = dev(elem * n), *d_eval = dev(elem * n), *d_dx = dev(elem * n);
+    float *d_mean = dev(sizeof(float) * C);
     float *d_rstd = dev(sizeof(float) * C), *d_dg = dev(sizeof(float) * C);
     float *d_db = dev(sizeof(float) * C);
     launched(visc_cuda_batchnorm_forward_eval(ctx, &s, d_eval, d_x, d_g, d_b, d_rm, d_rv),
@@ -1252,7 +1287,9 @@ static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offs
     launched(visc_cuda_batchnorm_backward(ctx, &s, d_dx, d_dg, d_db, d_dy, d_x, d_out_cpu, d_g,
                                           d_mean_cpu, d_rstd_cpu),
              "batchnorm backward");
-    float *h_out = down(d_out, n), *h_eval = down(d_eval, n), *h_dx = down(d_dx, n);
+    float *h_out = bf16 ? down_bf16(d_out, n) : down(d_out, n);
+    float *h_eval = bf16 ? down_bf16(d_eval, n) : down(d_eval, n);
+    float *h_dx = bf16 ? down_bf16(d_dx, n) : down(d_dx, n);
     if (!nchw) {
         float *bufs[] = {h_out, h_eval, h_dx};
         for (int i = 0; i < 3; i++) {
@@ -1264,12 +1301,14 @@ static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offs
     float *h_rm = down(d_rm, (size_t)C), *h_rv = down(d_rv, (size_t)C);
     float *h_dg = down(d_dg, (size_t)C), *h_db = down(d_db, (size_t)C);
     char tag[96];
-    snprintf(tag, sizeof tag, "batchnorm N %d C %d HW %d%s %s mean %g", N, C, HW,
-             relu ? " + relu" : "", nchw ? "NCHW" : "NHWC", offset);
+    snprintf(tag, sizeof tag, "batchnorm N %d C %d HW %d%s %s%s mean %g", N, C, HW,
+             relu ? " + relu" : "", nchw ? "NCHW" : "NHWC", bf16 ? " bf16" : "", offset);
+    void (*expect_act)(const char *, const float *, const float *, size_t) =
+        bf16 ? expect_bf16_of : expect_fp32;
     snprintf(name, sizeof name, "%s: eval forward", tag);
-    expect_fp32(name, h_eval, eval, n);
+    expect_act(name, h_eval, eval, n);
     snprintf(name, sizeof name, "%s: training forward", tag);
-    expect_fp32(name, h_out, out, n);
+    expect_act(name, h_out, out, n);
     snprintf(name, sizeof name, "%s: saved mean, rstd", tag);
     expect_fp32(name, h_mean, mean, (size_t)C);
     expect_fp32(name, h_rstd, rstd, (size_t)C);
@@ -1277,7 +1316,7 @@ static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offs
     expect_fp32(name, h_rm, rm, (size_t)C);
     expect_fp32(name, h_rv, rv, (size_t)C);
     snprintf(name, sizeof name, "%s: backward din", tag);
-    expect_fp32(name, h_dx, dx, n);
+    expect_act(name, h_dx, dx, n);
     expect_bn_param_grads(tag, h_dg, h_db, dg, db, x, dy, out, mean, rstd, N, C, HW, relu);
     void *dfree[] = {d_x,        d_dy,  d_out_cpu, d_g,  d_b,    d_rm,   d_rv, d_mean_cpu,
                      d_rstd_cpu, d_out, d_eval,    d_dx, d_mean, d_rstd, d_dg, d_db};
@@ -1293,10 +1332,12 @@ static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offs
  * results must be the CPU's BatchNorm over the whole batch (outputs,
  * saved and running statistics, din; dgamma and dbeta as the halves'
  * sum). */
-static void check_batchnorm_sync(int N, int C, int HW, int relu) {
+static void check_batchnorm_sync(int N, int C, int HW, int relu, int bf16) {
     char name[200], tag[96];
     const size_t n = (size_t)N * C * HW, half = n / 2;
     float *x = random_floats(n, -1.5f, 1.5f), *dy = random_floats(n, -1, 1);
+    if (bf16)
+        for (size_t i = 0; i < n; i++) x[i] = bf16_round(x[i]), dy[i] = bf16_round(dy[i]);
     float *gamma = random_floats((size_t)C, 0.5f, 1.5f), *beta = random_floats((size_t)C, -1, 1);
     float *rm = random_floats((size_t)C, -0.5f, 0.5f), *rv = random_floats((size_t)C, 0.5f, 2);
     float *rm_gpu = malloc(sizeof(float) * C), *rv_gpu = malloc(sizeof(float) * C);
@@ -1311,16 +1352,26 @@ static void check_batchnorm_sync(int N, int C, int HW, int relu) {
     visc_batchnorm2d_backward(&bn, dx, dg, db, dy, x, out, gamma, mean, rstd);
     visc_batchnorm2d_destroy(&bn);
 
-    const visc_cuda_bn_shape s = {N / 2, C, HW, 1, relu, 1e-5f, 0.1f};
+    /* bf16: channels-last bf16 halves (each half's images are contiguous
+     * in either layout) */
+    const visc_cuda_bn_shape s = {N / 2, C, HW, !bf16, relu, 1e-5f, 0.1f, bf16};
+    const size_t elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+    float *gx = x, *gdy = dy, *gout = out;
+    if (bf16) {
+        gx = malloc(sizeof(float) * n), gdy = malloc(sizeof(float) * n);
+        gout = malloc(sizeof(float) * n);
+        to_nhwc(gx, x, N, C, HW), to_nhwc(gdy, dy, N, C, HW), to_nhwc(gout, out, N, C, HW);
+    }
     const size_t accn = 2 * (size_t)C + 1;
     double *acc[2] = {calloc(accn, sizeof(double)), calloc(accn, sizeof(double))};
-    float *d_x[2], *d_dy[2], *d_out[2], *d_dx[2], *d_mean[2], *d_rstd[2], *d_dg[2], *d_db[2];
+    void *d_x[2], *d_dy[2], *d_out[2], *d_dx[2];
+    float *d_mean[2], *d_rstd[2], *d_dg[2], *d_db[2];
     float *d_rm[2], *d_rv[2];
     float *d_g = up(gamma, sizeof(float) * C), *d_b = up(beta, sizeof(float) * C);
     for (int h = 0; h < 2; h++) {
-        d_x[h] = up(x + h * half, sizeof(float) * half);
-        d_dy[h] = up(dy + h * half, sizeof(float) * half);
-        d_out[h] = dev(sizeof(float) * half), d_dx[h] = dev(sizeof(float) * half);
+        d_x[h] = bf16 ? up_bf16(gx + h * half, half) : up(x + h * half, sizeof(float) * half);
+        d_dy[h] = bf16 ? up_bf16(gdy + h * half, half) : up(dy + h * half, sizeof(float) * half);
+        d_out[h] = dev(elem * half), d_dx[h] = dev(elem * half);
         d_mean[h] = dev(sizeof(float) * C), d_rstd[h] = dev(sizeof(float) * C);
         d_dg[h] = dev(sizeof(float) * C), d_db[h] = dev(sizeof(float) * C);
         d_rm[h] = up(rm_gpu, sizeof(float) * C), d_rv[h] = up(rv_gpu, sizeof(float) * C);
@@ -1339,7 +1390,10 @@ static void check_batchnorm_sync(int N, int C, int HW, int relu) {
         launched(visc_cuda_bn_sync_finish(ctx, &s, acc[h], d_out[h], d_mean[h], d_rstd[h], d_x[h],
                                           d_g, d_b, d_rm[h], d_rv[h]),
                  "SyncBN forward");
-    float *d_out_cpu[2] = {up(out, sizeof(float) * half), up(out + half, sizeof(float) * half)};
+    void *d_out_cpu[2];
+    for (int h = 0; h < 2; h++)
+        d_out_cpu[h] =
+            bf16 ? up_bf16(gout + h * half, half) : up(out + h * half, sizeof(float) * half);
     for (int h = 0; h < 2; h++)
         launched(visc_cuda_bn_sync_grad_sums(ctx, &s, acc[h], d_dg[h], d_db[h], d_dy[h], d_x[h],
                                              d_out_cpu[h], d_mean[h], d_rstd[h]),
@@ -1353,19 +1407,26 @@ static void check_batchnorm_sync(int N, int C, int HW, int relu) {
     float *h_out = malloc(sizeof(float) * n), *h_dx = malloc(sizeof(float) * n);
     float *h_dg = calloc((size_t)C, sizeof(float)), *h_db = calloc((size_t)C, sizeof(float));
     for (int h = 0; h < 2; h++) {
-        float *o = down(d_out[h], half), *g = down(d_dx[h], half);
+        float *o = bf16 ? down_bf16(d_out[h], half) : down(d_out[h], half);
+        float *g = bf16 ? down_bf16(d_dx[h], half) : down(d_dx[h], half);
         float *pg = down(d_dg[h], (size_t)C), *pb = down(d_db[h], (size_t)C);
         memcpy(h_out + h * half, o, sizeof(float) * half);
         memcpy(h_dx + h * half, g, sizeof(float) * half);
         for (int c = 0; c < C; c++) h_dg[c] += pg[c], h_db[c] += pb[c];
         free(o), free(g), free(pg), free(pb);
     }
+    if (bf16) { /* back to NCHW */
+        to_nchw(gx, h_out, N, C, HW), memcpy(h_out, gx, sizeof(float) * n);
+        to_nchw(gx, h_dx, N, C, HW), memcpy(h_dx, gx, sizeof(float) * n);
+    }
     float *h_mean = down(d_mean[1], (size_t)C), *h_rstd = down(d_rstd[1], (size_t)C);
     float *h_rm = down(d_rm[1], (size_t)C), *h_rv = down(d_rv[1], (size_t)C);
-    snprintf(tag, sizeof tag, "SyncBN N %d (2 x %d) C %d HW %d%s", N, N / 2, C, HW,
-             relu ? " + relu" : "");
+    snprintf(tag, sizeof tag, "SyncBN N %d (2 x %d) C %d HW %d%s%s", N, N / 2, C, HW,
+             relu ? " + relu" : "", bf16 ? " NHWC bf16" : "");
+    void (*expect_act)(const char *, const float *, const float *, size_t) =
+        bf16 ? expect_bf16_of : expect_fp32;
     snprintf(name, sizeof name, "%s: training forward", tag);
-    expect_fp32(name, h_out, out, n);
+    expect_act(name, h_out, out, n);
     snprintf(name, sizeof name, "%s: saved mean, rstd", tag);
     expect_fp32(name, h_mean, mean, (size_t)C);
     expect_fp32(name, h_rstd, rstd, (size_t)C);
@@ -1373,7 +1434,7 @@ static void check_batchnorm_sync(int N, int C, int HW, int relu) {
     expect_fp32(name, h_rm, rm, (size_t)C);
     expect_fp32(name, h_rv, rv, (size_t)C);
     snprintf(name, sizeof name, "%s: backward din", tag);
-    expect_fp32(name, h_dx, dx, n);
+    expect_act(name, h_dx, dx, n);
     expect_bn_param_grads(tag, h_dg, h_db, dg, db, x, dy, out, mean, rstd, N, C, HW, relu);
     for (int h = 0; h < 2; h++) {
         void *dfree[] = {d_x[h],  d_dy[h], d_out[h], d_dx[h], d_mean[h],   d_rstd[h],
@@ -1382,6 +1443,7 @@ static void check_batchnorm_sync(int N, int C, int HW, int relu) {
         free(acc[h]);
     }
     visc_cuda_free(ctx, d_g), visc_cuda_free(ctx, d_b);
+    if (bf16) free(gx), free(gdy), free(gout);
     void *hfree[] = {x,    dy, gamma, beta,  rm,   rv,   rm_gpu, rv_gpu, out,    dx,   mean,
                      rstd, dg, db,    h_out, h_dx, h_dg, h_db,   h_mean, h_rstd, h_rm, h_rv};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
@@ -1456,6 +1518,86 @@ static void check_global_avgpool(int N, int C, int HW) {
     void *dfree[] = {d_x, d_dy, d_y, d_dx};
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
     void *hfree[] = {x, dy, y, dx, h_y, h_dx};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* The poolings on bf16 channels-last tensors against the CPU's NCHW fp32
+ * layers on the same (bf16) values: max pooling's outputs and argmax
+ * identical, its backward and global average pooling's the CPU's fp32
+ * results (the same sums in the same order) rounded to bf16 where the
+ * output is bf16, bit for bit. */
+static void check_pool_nhwc_bf16(int N, int C, int H, int W, int k, int s, int pad, int ties) {
+    char name[200], tag[120];
+    visc_pool2d p;
+    visc_pool2d_init(&p, N, C, H, W, k, s, pad);
+    const int PQ = p.P * p.Q;
+    const size_t n = (size_t)N * C * H * W, m = (size_t)N * C * PQ, nf = (size_t)N * C;
+    float *x = random_floats(n, -4, 4), *dy = random_floats(m, -1, 1);
+    float *gdy = random_floats(nf, -1, 1);
+    for (size_t i = 0; i < n; i++) x[i] = ties ? (float)(next_u64() % 4) : bf16_round(x[i]);
+    for (size_t i = 0; i < m; i++) dy[i] = bf16_round(dy[i]);
+    float *y = malloc(sizeof(float) * m), *dx = malloc(sizeof(float) * n);
+    float *feat = malloc(sizeof(float) * nf), *gdx = malloc(sizeof(float) * n);
+    int32_t *am = malloc(sizeof(int32_t) * m);
+    visc_maxpool2d_forward(&p, y, am, x);
+    visc_maxpool2d_backward(&p, dx, dy, am);
+    visc_global_avgpool_forward(feat, x, N, C, H * W);
+    visc_global_avgpool_backward(gdx, gdy, N, C, H * W);
+    visc_pool2d_destroy(&p);
+    for (size_t i = 0; i < n; i++) dx[i] = bf16_round(dx[i]), gdx[i] = bf16_round(gdx[i]);
+    /* the device's layout: channels-last, argmax per channel */
+    float *tx = malloc(sizeof(float) * n), *tdy = malloc(sizeof(float) * m);
+    int32_t *t_am = malloc(sizeof(int32_t) * m);
+    to_nhwc(tx, x, N, C, H * W), to_nhwc(tdy, dy, N, C, PQ);
+    for (int b = 0; b < N; b++)
+        for (int c = 0; c < C; c++)
+            for (int i = 0; i < PQ; i++)
+                t_am[((size_t)b * PQ + i) * C + c] = am[((size_t)b * C + c) * PQ + i];
+    void *d_x = up_bf16(tx, n), *d_dy = up_bf16(tdy, m);
+    int32_t *d_am = dev(sizeof(int32_t) * m), *d_am_cpu = up(t_am, sizeof(int32_t) * m);
+    void *d_y = dev(sizeof(uint16_t) * m), *d_dx = dev(sizeof(uint16_t) * n);
+    float *d_feat = dev(sizeof(float) * nf), *d_gdy = up(gdy, sizeof(float) * nf);
+    void *d_gdx = dev(sizeof(uint16_t) * n);
+    launched(visc_cuda_maxpool_forward_nhwc_bf16(ctx, d_y, d_am, d_x, N, C, H, W, k, s, pad),
+             "max pooling forward (bf16 NHWC)");
+    launched(visc_cuda_maxpool_backward_nhwc_bf16(ctx, d_dx, d_dy, d_am_cpu, N, C, H, W, k, s, pad),
+             "max pooling backward (bf16 NHWC)");
+    launched(visc_cuda_global_avgpool_forward_nhwc_bf16(ctx, d_feat, d_x, N, C, H * W),
+             "global avgpool forward (bf16 NHWC)");
+    launched(visc_cuda_global_avgpool_backward_nhwc_bf16(ctx, d_gdx, d_gdy, N, C, H * W),
+             "global avgpool backward (bf16 NHWC)");
+    float *h_y = malloc(sizeof(float) * m), *h_dx = malloc(sizeof(float) * n);
+    float *h_gdx = malloc(sizeof(float) * n);
+    float *t = down_bf16(d_y, m);
+    to_nchw(h_y, t, N, C, PQ);
+    free(t);
+    t = down_bf16(d_dx, n);
+    to_nchw(h_dx, t, N, C, H * W);
+    free(t);
+    t = down_bf16(d_gdx, n);
+    to_nchw(h_gdx, t, N, C, H * W);
+    free(t);
+    float *h_feat = down(d_feat, nf);
+    int32_t *h_am = malloc(sizeof(int32_t) * m);
+    if (visc_cuda_download(ctx, h_am, d_am, sizeof(int32_t) * m)) die_cuda("download");
+    float *fam = malloc(sizeof(float) * m), *fh_am = malloc(sizeof(float) * m);
+    for (size_t i = 0; i < m; i++) fam[i] = (float)t_am[i], fh_am[i] = (float)h_am[i];
+    snprintf(tag, sizeof tag, "pooling bf16 NHWC N %d C %d %dx%d, %dx%d/%d pad %d%s", N, C, H, W, k,
+             k, s, pad, ties ? ", ties" : "");
+    snprintf(name, sizeof name, "%s: max forward, bit-identical", tag);
+    expect_bits(name, h_y, y, m, sizeof(float));
+    snprintf(name, sizeof name, "%s: argmax, identical", tag);
+    expect_bits(name, fh_am, fam, m, sizeof(float));
+    snprintf(name, sizeof name, "%s: max backward, bit-identical", tag);
+    expect_bits(name, h_dx, dx, n, sizeof(float));
+    snprintf(name, sizeof name, "%s: global average forward (fp32), bit-identical", tag);
+    expect_bits(name, h_feat, feat, nf, sizeof(float));
+    snprintf(name, sizeof name, "%s: global average backward, bit-identical", tag);
+    expect_bits(name, h_gdx, gdx, n, sizeof(float));
+    void *dfree[] = {d_x, d_dy, d_am, d_am_cpu, d_y, d_dx, d_feat, d_gdy, d_gdx};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x,   dy,   gdy, y,    dx,    feat,   gdx,  am,  tx,
+                     tdy, t_am, h_y, h_dx, h_gdx, h_feat, h_am, fam, fh_am};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
@@ -2154,6 +2296,47 @@ static void check_add(size_t n) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* The bf16 sums and ReLU's backward: each the bf16 rounding of the CPU's
+ * fp32 result from the same bf16 values, bit for bit. */
+static void check_add_bf16(size_t n) {
+    char name[128];
+    float *a = random_floats(n, -2, 2), *b = random_floats(n, -2, 2), *g = random_floats(n, -1, 1);
+    for (size_t i = 0; i < n; i++) {
+        a[i] = bf16_round(a[i]), b[i] = bf16_round(b[i]), g[i] = bf16_round(g[i]);
+        if (i % 61 == 3) a[i] = 0.0f; /* ReLU's backward at 0 */
+    }
+    float *sum = malloc(sizeof(float) * n), *res = malloc(sizeof(float) * n);
+    float *dx = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) {
+        const float v = a[i] + b[i];
+        sum[i] = bf16_round(v);
+        res[i] = bf16_round(v > 0.0f ? v : 0.0f);
+        dx[i] = a[i] > 0.0f ? g[i] : 0.0f;
+    }
+    void *d_a = up_bf16(a, n), *d_b = up_bf16(b, n), *d_g = up_bf16(g, n);
+    void *d_out = dev(sizeof(uint16_t) * n);
+    launched(visc_cuda_add_bf16(ctx, d_out, d_a, d_b, n), "add (bf16)");
+    float *h_sum = down_bf16(d_out, n);
+    launched(visc_cuda_relu_backward_bf16(ctx, d_out, d_g, d_a, n), "relu backward (bf16)");
+    float *h_dx = down_bf16(d_out, n);
+    launched(visc_cuda_relu_backward_bf16(ctx, d_g, d_g, d_a, n), "relu backward (bf16) in place");
+    float *h_dx_inplace = down_bf16(d_g, n);
+    launched(visc_cuda_add_relu_bf16(ctx, d_a, d_b, n), "add + relu (bf16)");
+    float *h_res = down_bf16(d_a, n);
+    snprintf(name, sizeof name, "add bf16 [%zu]: the rounded fp32 sum, bit-identical", n);
+    expect_bits(name, h_sum, sum, n, sizeof(float));
+    snprintf(name, sizeof name, "add + relu bf16 [%zu]: bit-identical", n);
+    expect_bits(name, h_res, res, n, sizeof(float));
+    snprintf(name, sizeof name, "relu backward bf16 [%zu]: bit-identical", n);
+    expect_bits(name, h_dx, dx, n, sizeof(float));
+    snprintf(name, sizeof name, "relu backward bf16 in place [%zu]: bit-identical", n);
+    expect_bits(name, h_dx_inplace, dx, n, sizeof(float));
+    void *dfree[] = {d_a, d_b, d_g, d_out};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {a, b, g, sum, res, dx, h_sum, h_dx, h_dx_inplace, h_res};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 /* A batch of bytes to the model's input: every byte value in every
  * channel, ImageNet's and odd statistics, the host's floats bit for bit. */
 static void check_normalize_bytes(size_t images, size_t plane, const float mean[3],
@@ -2310,6 +2493,8 @@ static void group_eltwise(void) {
     check_add(((size_t)1 << 20) + 5);
     check_add(((size_t)5 << 20) + 5); /* several grid-stride passes */
     check_add(9);                     /* fewer elements than one block */
+    check_add_bf16(((size_t)1 << 20) + 5);
+    check_add_bf16(9);
 }
 static void group_input(void) {
     const float imagenet_mean[3] = {0.485f, 0.456f, 0.406f},
@@ -2334,10 +2519,12 @@ static void group_swin(void) {
 }
 
 static void group_conv(void) {
-    /* fp32; bf16 channels-last; fp32 NCHW tensors with bf16 products */
-    const visc_cuda_conv_type types[3] = {VISC_CUDA_CONV_F32_NCHW, VISC_CUDA_CONV_BF16_NHWC,
-                                          VISC_CUDA_CONV_F32_NCHW_BF16};
-    for (int t = 0; t < 3; t++) {
+    /* fp32; bf16 channels-last; fp32 NCHW tensors with bf16 products;
+     * bf16 channels-last tensors with fp32 weights (a ResNet under bf16) */
+    const visc_cuda_conv_type types[4] = {VISC_CUDA_CONV_F32_NCHW, VISC_CUDA_CONV_BF16_NHWC,
+                                          VISC_CUDA_CONV_F32_NCHW_BF16,
+                                          VISC_CUDA_CONV_BF16_NHWC_F32W};
+    for (int t = 0; t < 4; t++) {
         const visc_cuda_conv_type type = types[t];
         check_conv("ResNet stage 1, 3x3", 2, 64, 56, 56, 64, 3, 1, 1, type);
         check_conv("ResNet downsample, 1x1/2", 2, 64, 56, 56, 128, 1, 2, 0, type);
@@ -2356,29 +2543,39 @@ static void group_conv(void) {
     if (rc == -1) printf("     (%s)\n", visc_last_error());
 }
 static void group_batchnorm(void) {
-    check_batchnorm(8, 64, 56 * 56, 0, 1, 0.0f);
-    check_batchnorm(8, 64, 56 * 56, 1, 1, 0.0f);
-    check_batchnorm(4, 96, 28 * 28, 1, 0, 0.0f);  /* channels-last */
-    check_batchnorm(16, 512, 4 * 4, 1, 1, 0.0f);  /* the CPU's small-plane path */
-    check_batchnorm(32, 256, 2 * 2, 0, 0, 0.0f);  /* small planes, channels-last */
-    check_batchnorm(4, 32, 17 * 17, 0, 1, 50.0f); /* |mean| >> std: the centred variance */
-    check_batchnorm_sync(8, 64, 28 * 28, 1);      /* SyncBN over two halves */
-    check_batchnorm_sync(16, 128, 7 * 7, 0);
+    check_batchnorm(8, 64, 56 * 56, 0, 1, 0.0f, 0);
+    check_batchnorm(8, 64, 56 * 56, 1, 1, 0.0f, 0);
+    check_batchnorm(4, 96, 28 * 28, 1, 0, 0.0f, 0);  /* channels-last */
+    check_batchnorm(16, 512, 4 * 4, 1, 1, 0.0f, 0);  /* the CPU's small-plane path */
+    check_batchnorm(32, 256, 2 * 2, 0, 0, 0.0f, 0);  /* small planes, channels-last */
+    check_batchnorm(4, 32, 17 * 17, 0, 1, 50.0f, 0); /* |mean| >> std: the centred variance */
+    check_batchnorm_sync(8, 64, 28 * 28, 1, 0);      /* SyncBN over two halves */
+    check_batchnorm_sync(16, 128, 7 * 7, 0, 0);
     /* each channel's values cut into ranges (src/cuda/batchnorm.cu's
      * bn_splits: 4096 values each at least): 17 ranges of a ResNet's first
      * stage; ranges that start inside an image, planes smaller than a
      * block; planes of one value (a projection head's BatchNorm);
      * channels-last; SyncBN's halves of 3 ranges each */
-    check_batchnorm(64, 64, 56 * 56, 1, 1, 0.0f);
-    check_batchnorm(700, 4, 13, 1, 1, 0.0f);
-    check_batchnorm(9000, 3, 1, 0, 1, 0.0f);
-    check_batchnorm(16, 96, 28 * 28, 1, 0, 0.0f);
-    check_batchnorm_sync(1400, 4, 13, 1);
+    check_batchnorm(64, 64, 56 * 56, 1, 1, 0.0f, 0);
+    check_batchnorm(700, 4, 13, 1, 1, 0.0f, 0);
+    check_batchnorm(9000, 3, 1, 0, 1, 0.0f, 0);
+    check_batchnorm(16, 96, 28 * 28, 1, 0, 0.0f, 0);
+    check_batchnorm_sync(1400, 4, 13, 1, 0);
     /* test_cuda_model's ResNet-20 at batch 16: 4 ranges of
      * exactly 4096 values, each 4 whole images, in stage 1 */
-    check_batchnorm(16, 16, 32 * 32, 1, 1, 0.0f);
-    check_batchnorm(16, 16, 32 * 32, 0, 1, 0.0f);
-    check_batchnorm(16, 32, 16 * 16, 1, 1, 0.0f);
+    check_batchnorm(16, 16, 32 * 32, 1, 1, 0.0f, 0);
+    check_batchnorm(16, 16, 32 * 32, 0, 1, 0.0f, 0);
+    check_batchnorm(16, 32, 16 * 16, 1, 1, 0.0f, 0);
+    /* bf16 channels-last activations (a ResNet under bf16): a first stage,
+     * small planes, a channel mean far from 0, and channel counts that are
+     * not multiples of the 32 a block takes (ResNet-20's first stage: 16) */
+    check_batchnorm(16, 64, 56 * 56, 1, 0, 0.0f, 1);
+    check_batchnorm(32, 256, 2 * 2, 0, 0, 0.0f, 1);
+    check_batchnorm(4, 32, 17 * 17, 0, 0, 50.0f, 1);
+    check_batchnorm(16, 16, 32 * 32, 1, 0, 0.0f, 1);
+    check_batchnorm(8, 40, 7 * 7, 0, 0, 0.0f, 1);
+    check_batchnorm(8, 40, 7 * 7, 1, 0, 0.0f, 0);
+    check_batchnorm_sync(8, 40, 14 * 14, 1, 1);
 }
 static void group_pool(void) {
     check_maxpool(4, 64, 112, 112, 3, 2, 1, 0, 0); /* ResNet's stem pooling */
@@ -2389,6 +2586,11 @@ static void group_pool(void) {
     check_global_avgpool(64, 512, 16); /* at 32 px */
     check_global_avgpool(5, 7, 3);
     check_relu(((size_t)1 << 20) + 5);
+    /* bf16 channels-last (a ResNet under bf16): the stem's pooling, ties,
+     * a window larger than the stride, odd sizes */
+    check_pool_nhwc_bf16(2, 64, 112, 112, 3, 2, 1, 0);
+    check_pool_nhwc_bf16(2, 16, 57, 57, 3, 2, 1, 1);
+    check_pool_nhwc_bf16(3, 5, 9, 7, 3, 1, 1, 1);
 }
 
 static const struct {

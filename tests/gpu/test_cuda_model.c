@@ -34,7 +34,8 @@
  * (scale_residual_branches), where they move by 1e-5.
  * Two transformers and a ResNet again with --precision bf16 on both
  * sides: the linear layers' products with bf16 operands, and on the GPU the
- * convolutions' too (the CPU's stay fp32). A bf16 rounding that tips the
+ * ResNet's activations in bf16 channels-last, its convolutions on bf16
+ * operands (the CPU's stay fp32). A bf16 rounding that tips the
  * other way on one side moves a value by 2^-8 of itself, so every limit is
  * 20 times wider there. The ResNets in bf16 are compared on what is
  * well-conditioned: the logits, the running statistics and the weights
