@@ -156,7 +156,13 @@ endif
 $(BUILD)/bench/%: $(BUILD)/bench/%.o $(ENGINE)
 	$(CC) $(LDFLAGS) $^ -o $@ $(ENGINE_LDLIBS)
 
-tests: $(TEST_BIN) $(TOOL_BIN) $(BUILD)/visc $(MPI_PLUGIN) $(GPU_TEST) $(GPU_MODEL_TEST)
+# Diagnostics (tools/diag/*.c): programs that measure something the
+# README quotes, not tests; built with the tests so that they keep building.
+DIAG_BIN := $(patsubst tools/diag/%.c,$(BUILD)/tools/%,$(sort $(wildcard tools/diag/*.c)))
+$(DIAG_BIN): $(BUILD)/tools/%: $(BUILD)/tools/diag/%.o $(ENGINE)
+	$(CC) $(LDFLAGS) $^ -o $@ $(ENGINE_LDLIBS)
+
+tests: $(TEST_BIN) $(TOOL_BIN) $(DIAG_BIN) $(BUILD)/visc $(MPI_PLUGIN) $(GPU_TEST) $(GPU_MODEL_TEST)
 
 # Missing Debian packages are installed first (tools/install_deps.sh).
 deps:

@@ -367,3 +367,52 @@ TEST(resnet18_small_stem_parity) {
     resnet_case c = {"resnet18_small.safetensors", "resnet18", 1, 28, 4, 1};
     run_case(&c);
 }
+
+/* visc_resnet_scale_branches sets exactly the residual branches' last
+ * BatchNorm weights (bn3 of a bottleneck, bn2 of a basic block, by their
+ * torchvision names) and nothing else; zero_init_residual is its case 0;
+ * a model that is not a ResNet is refused. */
+static int is_last_bn_weight(const char *name, const char *last) {
+    const size_t len = strlen(name), n = strlen(last);
+    return strncmp(name, "layer", 5) == 0 && len > n && strcmp(name + len - n, last) == 0;
+}
+
+static void check_branch_scale(const char *arch, const char *last, int zero_init) {
+    visc_model_config cfg = {.num_classes = 10, .in_channels = 3, .image_size = 32, .batch = 2};
+    snprintf(cfg.arch, sizeof cfg.arch, "%s", arch);
+    cfg.zero_init_residual = zero_init;
+    visc_model *m = visc_model_create(&cfg, 3), *ref = visc_model_create(&cfg, 3);
+    CHECK(m && ref);
+    if (!m || !ref) return;
+    const float scale = zero_init ? 0.0f : 0.25f;
+    if (!zero_init) CHECK(visc_resnet_scale_branches(m, scale) == 0);
+    int scaled = 0, others_moved = 0, wrong = 0;
+    for (int i = 0; i < m->params.count; i++) {
+        const visc_tensor_entry *e = &m->params.entries[i];
+        const float *w = m->params.data + e->offset, *r = ref->params.data + e->offset;
+        const int branch = is_last_bn_weight(e->name, last);
+        scaled += branch;
+        for (size_t j = 0; j < e->numel; j++) {
+            if (branch) wrong += w[j] != scale;
+            else others_moved += memcmp(&w[j], &r[j], sizeof(float)) != 0;
+        }
+    }
+    CHECK_MSG(scaled > 0 && wrong == 0 && others_moved == 0,
+              "%s: %d branch tensors, %d values not %g, %d other values changed", arch, scaled,
+              wrong, scale, others_moved);
+    visc_model_destroy(m);
+    visc_model_destroy(ref);
+}
+
+TEST(resnet_branch_scale) {
+    check_branch_scale("resnet50", "bn3.weight", 0);
+    check_branch_scale("resnet18", "bn2.weight", 0);
+    check_branch_scale("resnet20", "bn2.weight", 0);
+    check_branch_scale("resnet50", "bn3.weight", 1); /* zero_init_residual: scale 0 */
+    visc_model_config cfg = {.num_classes = 10, .in_channels = 3, .image_size = 32, .batch = 2};
+    snprintf(cfg.arch, sizeof cfg.arch, "vit_pico_patch4_28");
+    cfg.image_size = 28, cfg.in_channels = 1;
+    visc_model *vit = visc_model_create(&cfg, 3);
+    CHECK(vit && visc_resnet_scale_branches(vit, 0.5f) == -1);
+    if (vit) visc_model_destroy(vit);
+}

@@ -93,7 +93,8 @@ void visc_model_gpu_release(visc_model *m);
  * plan(m, a) is the model's planning pass (run counting, then for real);
  * the host arena is freed. *dlogits gets a device buffer [batch, classes]
  * for backward's incoming gradient; m->logits and m->features become host
- * buffers that forward downloads into. visc_gpu_arena_free undoes it. */
+ * buffers that forward downloads into; m->activation_bytes the device
+ * arena's size. visc_gpu_arena_free undoes it. */
 int visc_gpu_arena_move(visc_model *m, visc_arena *arena, void (*plan)(visc_model *, visc_arena *),
                         float **dlogits);
 void visc_gpu_arena_free(visc_model *m, visc_arena *arena, float *dlogits);
@@ -149,8 +150,8 @@ int visc_gpu_ntxent(visc_cuda *ctx, visc_gpu_comm *comm, int world, int rank, fl
 void visc_gpu_clip_grad_norm(visc_cuda *ctx, float *grads, size_t n, float max_norm);
 /* ---- layers.c: the CNN layers (a ResNet's), in the context's activation form ----
  * fp32 NCHW, the CPU's tensors; or, under --precision bf16, bf16
- * channels-last ([N, H, W, C], each tensor in the first half of the fp32
- * slot the model planned for it): the convolutions on tensor cores
+ * channels-last ([N, H, W, C], the model's arena planned at half the
+ * bytes, the pointers still float *): the convolutions on tensor cores
  * straight from and into them (the fp32 weights copied to bf16 per call,
  * their gradient fp32), batch norm, pooling, the residual sums and ReLU's
  * backward reading and writing bf16 (statistics, features and every

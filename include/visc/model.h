@@ -50,8 +50,9 @@ struct visc_model {
      * before every training forward (from the run seed and the step), so
      * masks are reproducible and a resumed run draws the same ones. */
     uint64_t noise_seed;
-    double flops_per_image;  /* forward FLOPs (2 x multiply-adds) of one image */
-    size_t activation_bytes; /* the activation arena, as planned for cfg.batch */
+    double flops_per_image; /* forward FLOPs (2 x multiply-adds) of one image */
+    size_t
+        activation_bytes; /* the activation arena, as planned for cfg.batch (on the GPU: there) */
     /* BatchNorm layer names ("layer1.0.bn1"): checkpoints write each one's
      * num_batches_tracked (= bn_updates) as torchvision's state_dict has it. */
     const char **bn_names;
@@ -144,6 +145,14 @@ const char *const *visc_model_names(void);
 
 /* models/resnet.c */
 visc_model *visc_resnet_create(const visc_model_config *cfg, uint64_t seed);
+/* Sets the weight of every residual branch's last BatchNorm (bn3 of a
+ * bottleneck, bn2 of a basic block) to `scale`, on the host. 0 is
+ * --zero-init-residual (torchvision's zero_init_residual, timm's
+ * zero_init_last); a small scale leaves every branch its gradient and
+ * tames a deep ResNet's sensitivity at its initialization
+ * (tools/diag/grad_sensitivity.c measures it). -1 with the error for a
+ * model that is not a ResNet. */
+int visc_resnet_scale_branches(visc_model *m, float scale);
 /* models/vit.c (vit_*, deit_*), models/cait.c (cait_*), models/swin.c
  * (swin_*, swinv2_*): each adds its names to the registry when it lands. */
 visc_model *visc_vit_create(const visc_model_config *cfg, uint64_t seed);

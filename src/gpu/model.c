@@ -70,6 +70,7 @@ int visc_gpu_arena_move(visc_model *m, visc_arena *arena, void (*plan)(visc_mode
     }
     visc_arena_free(arena);
     *arena = (visc_arena){.base = base, .size = counting.used, .device = VISC_DEVICE_CUDA};
+    m->activation_bytes = counting.used; /* as planned there (a ResNet's may be bf16) */
     plan(m, arena);
     *dlogits = dl;
     m->logits = visc_alloc_aligned(B * K * sizeof(float), "logits");

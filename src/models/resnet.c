@@ -16,9 +16,9 @@
  * On a GPU (--device cuda) the same code runs: the arena is planned again
  * in device memory (resnet_to_cuda), and every layer call below goes to its
  * GPU twin (gpu.h) when m->cuda is set. Under --precision bf16 the twins
- * keep the activations as bf16 channels-last (r->act, gpu.h), each in its
- * fp32 slot; only the batch is converted (into r->xh), and the pooled
- * features, logits and their gradients stay fp32. */
+ * keep the activations as bf16 channels-last (r->act, gpu.h), planned at
+ * half the bytes; only the batch is converted (into r->xh), and the
+ * pooled features, logits and their gradients stay fp32. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,18 +161,25 @@ static void take_bn_stats(visc_arena *a, bn_layer *b) {
     b->save_rstd = visc_arena_floats(a, (size_t)b->op.C);
 }
 
+/* An activation of `count` values in the arena: fp32, or bf16 (half the
+ * bytes) when the model keeps its activations so (r->act); the pointer is
+ * a float * either way. */
+static float *take_act(const resnet *r, visc_arena *a, size_t count) {
+    return visc_arena_floats(a, r->act == VISC_GPU_BF16_NHWC ? (count + 1) / 2 : count);
+}
+
 /* A block's internals: its convolutions' and BatchNorms' outputs. */
-static void plan_block(visc_arena *a, block *b) {
-    b->c1 = visc_arena_floats(a, conv_out_size(&b->conv1));
-    b->b1 = visc_arena_floats(a, conv_out_size(&b->conv1));
-    b->c2 = visc_arena_floats(a, conv_out_size(&b->conv2));
+static void plan_block(const resnet *r, visc_arena *a, block *b) {
+    b->c1 = take_act(r, a, conv_out_size(&b->conv1));
+    b->b1 = take_act(r, a, conv_out_size(&b->conv1));
+    b->c2 = take_act(r, a, conv_out_size(&b->conv2));
     if (b->bottleneck) {
-        b->b2 = visc_arena_floats(a, conv_out_size(&b->conv2));
-        b->c3 = visc_arena_floats(a, conv_out_size(&b->conv3));
+        b->b2 = take_act(r, a, conv_out_size(&b->conv2));
+        b->c3 = take_act(r, a, conv_out_size(&b->conv3));
     }
     if (b->has_down) {
-        b->dc = visc_arena_floats(a, b->out_size);
-        b->db = visc_arena_floats(a, b->out_size);
+        b->dc = take_act(r, a, b->out_size);
+        b->db = take_act(r, a, b->out_size);
     }
 }
 
@@ -181,28 +188,28 @@ static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     const size_t image = (size_t)N * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
     r->x = visc_arena_floats(a, image);
     m->input = r->x;
-    r->xh = r->act == VISC_GPU_BF16_NHWC ? visc_arena_floats(a, (image + 1) / 2) : NULL;
+    r->xh = r->act == VISC_GPU_BF16_NHWC ? take_act(r, a, image) : NULL;
     size_t stem = conv_out_size(&r->stem_conv);
-    r->stem_c = visc_arena_floats(a, stem);
-    r->stem_b = visc_arena_floats(a, stem);
+    r->stem_c = take_act(r, a, stem);
+    r->stem_b = take_act(r, a, stem);
     take_bn_stats(a, &r->stem_bn);
     r->max_act = stem;
     float *prev = r->stem_b;
     if (r->has_maxpool) {
         size_t pooled = (size_t)N * r->maxpool.C * r->maxpool.P * r->maxpool.Q;
-        r->pooled_in = visc_arena_floats(a, pooled);
+        r->pooled_in = take_act(r, a, pooled);
         r->pool_argmax = visc_arena_take(a, pooled * sizeof(int32_t));
         prev = r->pooled_in;
     }
     for (int i = 0; i < r->num_blocks; i++) {
         block *b = &r->blocks[i];
         b->in = prev;
-        b->out = visc_arena_floats(a, b->out_size);
+        b->out = take_act(r, a, b->out_size);
         take_bn_stats(a, &b->bn1);
         take_bn_stats(a, &b->bn2);
         if (b->bottleneck) take_bn_stats(a, &b->bn3);
         if (b->has_down) take_bn_stats(a, &b->down_bn);
-        if (!m->cfg.grad_checkpointing) plan_block(a, b);
+        if (!m->cfg.grad_checkpointing) plan_block(r, a, b);
         size_t biggest =
             conv_out_size(&b->conv1) > b->out_size ? conv_out_size(&b->conv1) : b->out_size;
         if (conv_out_size(&b->conv2) > biggest) biggest = conv_out_size(&b->conv2);
@@ -217,7 +224,7 @@ static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
         size_t extent = 0;
         for (int i = 0; i < r->num_blocks; i++) {
             a->used = mark;
-            plan_block(a, &r->blocks[i]);
+            plan_block(r, a, &r->blocks[i]);
             if (a->used - mark > extent) extent = a->used - mark;
         }
         a->used = mark + extent;
@@ -225,13 +232,23 @@ static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     r->features = visc_arena_floats(a, (size_t)N * r->feature_dim);
     r->dfeatures = visc_arena_floats(a, (size_t)N * r->feature_dim);
     r->logits = visc_arena_floats(a, (size_t)N * m->cfg.num_classes);
-    r->g0 = visc_arena_floats(a, r->max_act);
-    r->g1 = visc_arena_floats(a, r->max_act);
-    r->t1 = visc_arena_floats(a, r->max_act);
-    r->t2 = visc_arena_floats(a, r->max_act);
+    r->g0 = take_act(r, a, r->max_act);
+    r->g1 = take_act(r, a, r->max_act);
+    r->t1 = take_act(r, a, r->max_act);
+    r->t2 = take_act(r, a, r->max_act);
 }
 
 /* ---- initialization: torchvision's ---- */
+
+/* Every residual branch's last BatchNorm weight to `scale` (model.h). */
+static void scale_branches(visc_model *m, const resnet *r, float scale) {
+    for (int i = 0; i < r->num_blocks; i++) {
+        const block *b = &r->blocks[i];
+        const bn_layer *last = b->bottleneck ? &b->bn3 : &b->bn2;
+        float *gamma = visc_table_get(&m->params, last->gamma);
+        for (int c = 0; c < last->op.C; c++) gamma[c] = scale;
+    }
+}
 
 static void init_params(visc_model *m, resnet *r, uint64_t seed) {
     const visc_table *p = &m->params;
@@ -256,13 +273,7 @@ static void init_params(visc_model *m, resnet *r, uint64_t seed) {
                 w[j] = bound * (2.0f * visc_rng_uniform(&rng) - 1.0f);
         }
     }
-    if (m->cfg.zero_init_residual) {
-        for (int i = 0; i < r->num_blocks; i++) {
-            block *b = &r->blocks[i];
-            bn_layer *last = b->bottleneck ? &b->bn3 : &b->bn2;
-            memset(visc_table_get(p, last->gamma), 0, (size_t)last->op.C * sizeof(float));
-        }
-    }
+    if (m->cfg.zero_init_residual) scale_branches(m, r, 0.0f);
     for (int i = 0; i < r->num_bns; i++) {
         float *var = visc_table_get(&m->buffers, r->bns[i]->var);
         for (int c = 0; c < r->bns[i]->op.C; c++) var[c] = 1.0f;
@@ -508,6 +519,13 @@ static void resnet_backward_features(visc_model *m, const float *dfeatures, cons
 static void resnet_set_bn_sync(visc_model *m, visc_bn_sync_fn fn, void *ctx) {
     resnet *r = m->impl;
     for (int i = 0; i < r->num_bns; i++) visc_batchnorm2d_set_sync(&r->bns[i]->op, fn, ctx);
+}
+
+int visc_resnet_scale_branches(visc_model *m, float scale) {
+    if (m->forward != resnet_forward)
+        return visc_set_error("%s: residual branches are a ResNet's", m->cfg.arch);
+    scale_branches(m, m->impl, scale);
+    return 0;
 }
 
 /* ---- lifetime ---- */

@@ -31,7 +31,7 @@
  * Deeper, no twin helps: ResNet-50 at its initialization is chaotic, its
  * gradients moved by 2-4% by one rounding of the input, on either side; it
  * is compared with its residual branches scaled down
- * (scale_residual_branches), where they move by 1e-5.
+ * (scale_residual_branches), where they move by about 1e-6.
  * Two transformers and a ResNet again with --precision bf16 on both
  * sides: the linear layers' products with bf16 operands, and on the GPU the
  * ResNet's activations in bf16 channels-last, its convolutions on bf16
@@ -233,26 +233,21 @@ static int take_cpu_weights(const visc_model *cpu, visc_model *gpu, visc_model *
     return visc_model_upload(gpu);
 }
 
-/* Every residual branch's last BatchNorm scale set to `gamma` (bn3 in
- * bottlenecks, bn2 in basic blocks). At 1, the initialization, a deep
+/* Why ResNet-50 is compared with its residual branches scaled down
+ * (visc_resnet_scale_branches): at its initialization (scale 1) a deep
  * ResNet with BatchNorm is chaotic in its gradients (Yang et al. 2019, "A
  * mean field theory of batch normalization"): in ResNet-50 at batch 4 a
  * relative change of 1e-7 in the input, one rounding, moves the gradients
  * by 2-4%, and the CPU's own two layouts differ by as much, so no limit can
- * tell the GPU's rounding from a fault. Measured on that model, the same
- * change moves them by 1e-2 at 0.3, by up to 5e-3 at 0.2 and 1e-5 at 0.05.
- * A small scale is what timm's zero_init_last (0) and SkipInit use; unlike
- * 0 it leaves every branch its gradient. */
+ * tell the GPU's rounding from a fault. With every branch's last BatchNorm
+ * scale at 0.05 the same change moves them by about 1e-6
+ * (tools/diag/grad_sensitivity.c measures this; README, GPU section). A small scale is what
+ * timm's zero_init_last (0) and SkipInit use; unlike 0 it leaves every
+ * branch its gradient. */
 static void scale_residual_branches(visc_model *m, float gamma) {
-    const char *last =
-        visc_table_find(&m->params, "layer1.0.bn3.weight") >= 0 ? "bn3.weight" : "bn2.weight";
-    const size_t n = strlen(last);
-    for (int i = 0; i < m->params.count; i++) {
-        const visc_tensor_entry *e = &m->params.entries[i];
-        const size_t len = strlen(e->name);
-        if (strncmp(e->name, "layer", 5) != 0 || len < n || strcmp(e->name + len - n, last) != 0)
-            continue;
-        for (size_t j = 0; j < e->numel; j++) m->params.data[e->offset + j] = gamma;
+    if (visc_resnet_scale_branches(m, gamma)) {
+        printf("FAIL %s: %s\n", m->cfg.arch, visc_last_error());
+        failed++;
     }
 }
 
@@ -572,9 +567,10 @@ static void check_pinned_batches(visc_cuda *ctx) {
  * both on the device, two training steps from the same batch and noise:
  * the same gradients and running statistics, bit for bit (every kernel is
  * deterministic, so recomputing a block gives the bits it gave before),
- * and fewer activation bytes. */
+ * and fewer activation bytes; in fp32 or bf16 (a ResNet's activations
+ * then bf16 channels-last). */
 static void check_recompute(visc_cuda *ctx, const char *name, int image, int channels, int batch,
-                            float drop_path) {
+                            float drop_path, visc_precision precision) {
     visc_model_config cfg = {.num_classes = 10,
                              .in_channels = channels,
                              .image_size = image,
@@ -582,9 +578,10 @@ static void check_recompute(visc_cuda *ctx, const char *name, int image, int cha
                              .drop_path_rate = drop_path};
     snprintf(cfg.arch, sizeof cfg.arch, "%s", name);
     char arch[96];
-    snprintf(arch, sizeof arch, "%s recomputed", name);
-    visc_set_matmul_precision(VISC_PRECISION_FP32);
-    visc_gpu_set_precision(ctx, VISC_PRECISION_FP32);
+    snprintf(arch, sizeof arch, "%s%s recomputed", name,
+             precision == VISC_PRECISION_BF16 ? " bf16" : "");
+    visc_set_matmul_precision(precision);
+    visc_gpu_set_precision(ctx, precision);
     visc_model *kept = visc_model_create(&cfg, 7);
     cfg.grad_checkpointing = 1;
     visc_model *again = visc_model_create(&cfg, 7);
@@ -627,6 +624,38 @@ static void check_recompute(visc_cuda *ctx, const char *name, int image, int cha
     free(x), free(dlogits), free(g[0]), free(g[1]), free(bufs[0]), free(bufs[1]);
     visc_model_destroy(kept);
     visc_model_destroy(again);
+}
+
+/* A ResNet's activations on the GPU under bf16 (bf16 channels-last) take
+ * about half the device memory they take in fp32: only the batch, the
+ * BatchNorm statistics and the pooled features stay fp32. */
+static void check_bf16_arena(visc_cuda *ctx, const char *name, int image, int batch) {
+    visc_model_config cfg = {.num_classes = 10,
+                             .in_channels = 3,
+                             .image_size = image,
+                             .batch = batch};
+    snprintf(cfg.arch, sizeof cfg.arch, "%s", name);
+    visc_model *m[2] = {NULL, NULL};
+    const visc_precision p[2] = {VISC_PRECISION_FP32, VISC_PRECISION_BF16};
+    for (int k = 0; k < 2; k++) {
+        visc_gpu_set_precision(ctx, p[k]);
+        m[k] = visc_model_create(&cfg, 7);
+        if (!m[k] || visc_model_to_gpu(m[k], ctx)) {
+            printf("FAIL %s bf16: cannot build or move the model: %s\n", name, visc_last_error());
+            failed++;
+            break;
+        }
+    }
+    visc_gpu_set_precision(ctx, VISC_PRECISION_FP32);
+    if (m[0] && m[1]) {
+        const double fp32 = (double)m[0]->activation_bytes, bf16 = (double)m[1]->activation_bytes;
+        char arch[96];
+        snprintf(arch, sizeof arch, "%s bf16", name);
+        result(bf16 <= 0.55 * fp32, "%.3g of fp32's (limit %.2g)", arch,
+               "activations on the device", bf16 / fp32, 0.55);
+    }
+    for (int k = 0; k < 2; k++)
+        if (m[k]) visc_model_destroy(m[k]);
 }
 
 /* ---- the trainer's staged steps (visc_gpu_stage) ----
@@ -730,10 +759,14 @@ int main(void) {
     check_pinned_batches(ctx);
     check_stage(ctx, 0);
     check_stage(ctx, 1);
-    check_recompute(ctx, "resnet50", 64, 3, 4, 0.0f);
-    check_recompute(ctx, "vit_pico_patch4_28", 28, 1, 8, 0.2f);
-    check_recompute(ctx, "swinv2_micro_patch2_window4_32", 32, 3, 4, 0.2f);
-    check_recompute(ctx, "cait_xxs24_224", 32, 3, 2, 0.1f);
+    const visc_precision fp32 = VISC_PRECISION_FP32;
+    check_recompute(ctx, "resnet50", 64, 3, 4, 0.0f, fp32);
+    check_recompute(ctx, "resnet50", 64, 3, 4, 0.0f, VISC_PRECISION_BF16);
+    check_recompute(ctx, "vit_pico_patch4_28", 28, 1, 8, 0.2f, fp32);
+    check_recompute(ctx, "swinv2_micro_patch2_window4_32", 32, 3, 4, 0.2f, fp32);
+    check_recompute(ctx, "cait_xxs24_224", 32, 3, 2, 0.1f, fp32);
+    check_bf16_arena(ctx, "resnet50", 64, 4);
+    check_bf16_arena(ctx, "resnet20", 32, 16);
     visc_gpu_close(ctx);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
