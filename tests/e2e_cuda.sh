@@ -114,8 +114,9 @@ echo "$cpu"
 awk -v a="$top1" -v b="$(sed 's/.*top1 \([0-9.]*\)%.*/\1/' <<<"$cpu")" \
     'BEGIN { exit !(a - b < 0.05 && b - a < 0.05) }' ||
     { echo "FAIL: the CPU evaluates the GPU's model to another accuracy than logged ($top1)"; exit 1; }
-# The same epoch in bf16 (convolutions and the classifier with bf16
-# operands, fp32 accumulation): it must learn as well.
+# The same epoch in bf16 (the ResNet's activations bf16 channels-last, its
+# convolutions and the classifier with bf16 operands, fp32 accumulation):
+# it must learn as well.
 "$V" train --config configs/fashion_mnist.ini --data "$data" --epochs 1 --warmup-epochs 0.3 \
     --device cuda --precision bf16 --no-progress --print-freq 100 --output "$tmp/gpu-bf16" |
     tee "$tmp/gpu-bf16.log"

@@ -69,13 +69,7 @@ free=(--model vit_femto_patch4_28 --epochs 1 --max-steps 6 --seed 3 --no-progres
       --threads 1 --opt adamw --lr 0.001 --target-batch-size 192 --matchmaking-time 2
       --batch-size 8 --swarm-verbose)
 boot free
-ps=()
-for i in 0 1 2; do
-    timeout 300 "$V" train "${free[@]}" --swarm-shard "$i/3" --output "$tmp/free-p$i" --swarm \
-        --run-id free --key "$tmp/free-p$i.key" --swarm-secret-file "$tmp/secret" \
-        --listen 127.0.0.1:0 --initial-peers "$boot" >"$tmp/free-p$i.log" 2>&1 &
-    ps+=($!)
-done
+start_peers free free-p 3 300 "${free[@]}"
 timeout 300 "$V" train "${free[@]}" --auxiliary --output "$tmp/free-aux" --swarm --run-id free \
     --key "$tmp/free-aux.key" --swarm-secret-file "$tmp/secret" --listen 127.0.0.1:0 \
     --initial-peers "$boot" >"$tmp/free-aux.log" 2>&1 &

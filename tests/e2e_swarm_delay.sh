@@ -18,16 +18,10 @@ source tests/swarm_checks.sh
 
 steps=40
 args=(--model resnet14 --epochs 1 --batch-size 16 --opt sgd --lr 0.1 --no-progress --print-freq 1
-      --threads 1 --max-steps $steps --seed 5 --target-batch-size 48 --lockstep --group-size 3
+      --threads 1 --max-steps "$steps" --seed 5 --target-batch-size 48 --lockstep --group-size 3
       --matchmaking-time 5 --delay-updates --swarm-verbose)
 boot delay
-ps=()
-for i in 0 1 2; do
-    timeout 400 "$V" train "${args[@]}" --swarm-shard "$i/3" --output "$tmp/p$i" --swarm \
-        --run-id delay --key "$tmp/p$i.key" --swarm-secret-file "$tmp/secret" \
-        --listen 127.0.0.1:0 --initial-peers "$boot" >"$tmp/p$i.log" 2>&1 &
-    ps+=($!)
-done
+start_peers delay p 3 400 "${args[@]}"
 for i in 0 1 2; do exits_cleanly "p$i" "${ps[$i]}" 400; done
 for i in 1 2; do same_params p0 "p$i"; done
 for i in 0 1 2; do
@@ -41,17 +35,10 @@ loss_goes_down p0 8 0.85
 # 2. free-running
 steps=30
 args=(--model resnet14 --epochs 100 --batch-size 16 --opt sgd --lr 0.1 --no-progress --print-freq 1
-      --threads 1 --max-steps $steps --seed 5 --target-batch-size 96 --group-size 3
+      --threads 1 --max-steps "$steps" --seed 5 --target-batch-size 96 --group-size 3
       --matchmaking-time 2 --delay-updates --swarm-verbose)
 boot delay-free
-ps=()
-for i in 0 1 2; do
-    timeout 400 "$V" train "${args[@]}" --swarm-shard "$i/3" --output "$tmp/f$i" --swarm \
-        --run-id delay-free --key "$tmp/f$i.key" --swarm-secret-file "$tmp/secret" \
-        --listen 127.0.0.1:0 --initial-peers "$boot" >"$tmp/f$i.log" 2>&1 &
-    ps+=($!)
-    pids+=($!)
-done
+start_peers delay-free f 3 400 "${args[@]}"
 # peer 2 (visc, the child of timeout) runs at half speed: stopped 100 ms
 # out of every 200
 slow=

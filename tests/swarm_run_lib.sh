@@ -10,6 +10,11 @@
 #                   (--swarm-linger); a failure otherwise
 #   wait_bounded S PID  the exit status of PID (a child of this shell), or
 #                   124 after S seconds (PID killed)
+#   start_peers RUN NAME N S ARGS..  N `visc train ARGS` peers of run RUN
+#                   joining through $boot, peer i on shard i/N with its
+#                   output in $tmp/NAMEi, log $tmp/NAMEi.log and key
+#                   $tmp/NAMEi.key, each stopped by timeout(1) after S
+#                   seconds; their PIDs in $ps (and $pids)
 V=${VISC:-build/visc}
 tmp=$(mktemp -d)
 pids=()
@@ -56,4 +61,17 @@ wait_bounded() {
         sleep 0.1
     done
     wait "$2"
+}
+
+start_peers() {
+    local run=$1 name=$2 n=$3 limit=$4 i
+    shift 4
+    ps=()
+    for ((i = 0; i < n; i++)); do
+        timeout "$limit" "$V" train "$@" --swarm-shard "$i/$n" --output "$tmp/$name$i" --swarm \
+            --run-id "$run" --key "$tmp/$name$i.key" --swarm-secret-file "$tmp/secret" \
+            --listen 127.0.0.1:0 --initial-peers "$boot" >"$tmp/$name$i.log" 2>&1 &
+        ps+=($!)
+        pids+=($!)
+    done
 }

@@ -96,7 +96,7 @@ int visc_cuda_sync(visc_cuda *ctx);
 /* The precision of the context's linear layers (linear.cu; fp32 until
  * set): with on = 1 they multiply bf16 copies of their operands with fp32
  * accumulation, their tensors staying fp32. The engine's GPU layers also
- * pick their convolutions' form from it (VISC_CUDA_CONV_F32_NCHW_BF16). */
+ * pick a CNN's activation form from it (gpu.h's visc_gpu_cnn_act). */
 void visc_cuda_set_bf16(visc_cuda *ctx, int on);
 int visc_cuda_bf16(const visc_cuda *ctx);
 
@@ -366,14 +366,10 @@ int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
  * as visc_conv2d), computed with FMA math only, never TF32, so it agrees
  * with the CPU to fp32 rounding; and bf16 channels-last (x [N, H, W, C],
  * w [K, R, S, C], y [N, P, Q, K]) with fp32 accumulation on tensor cores.
- * A third form has the first one's fp32 NCHW tensors and the second one's
- * products: it runs as the bf16 form on channels-last bf16 copies of its
- * operands (in the scratch), its results converted back (fp32 tensors
- * holding bf16-rounded values). A fourth has the second one's tensors
- * and fp32 weights [K, C, R, S] (a model's master weights and their
- * gradient): the weights are copied to bf16 [K, R, S, C] in the scratch
- * for forward and backward-data, and the bf16 weight gradient is
- * converted back.
+ * A third has the second one's tensors and fp32 weights [K, C, R, S] (a
+ * model's master weights and their gradient): the weights are copied to
+ * bf16 [K, R, S, C] in the scratch for forward and backward-data, and the
+ * bf16 weight gradient is converted back.
  * P = (H + 2 pad - R) / stride + 1, likewise Q. The algorithm of each
  * direction is cuDNN's first deterministic heuristic choice that fits the
  * workspace, cached per shape with its descriptors (the context keeps the
@@ -382,8 +378,7 @@ int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
 typedef enum {
     VISC_CUDA_CONV_F32_NCHW = 0,
     VISC_CUDA_CONV_BF16_NHWC = 1,
-    VISC_CUDA_CONV_F32_NCHW_BF16 = 2, /* fp32 NCHW tensors, bf16 products */
-    VISC_CUDA_CONV_BF16_NHWC_F32W = 3 /* bf16 channels-last tensors, fp32 weights */
+    VISC_CUDA_CONV_BF16_NHWC_F32W = 2 /* bf16 channels-last tensors, fp32 weights */
 } visc_cuda_conv_type;
 typedef struct {
     int N, C, H, W; /* input */

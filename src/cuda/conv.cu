@@ -89,7 +89,7 @@ static int shape_check(const visc_cuda_conv_shape *s) {
     if (!s || s->N <= 0 || s->C <= 0 || s->H <= 0 || s->W <= 0 || s->K <= 0 || s->R <= 0 ||
         s->S <= 0 || s->stride <= 0 || s->pad < 0 ||
         (s->type != VISC_CUDA_CONV_F32_NCHW && s->type != VISC_CUDA_CONV_BF16_NHWC &&
-         s->type != VISC_CUDA_CONV_F32_NCHW_BF16 && s->type != VISC_CUDA_CONV_BF16_NHWC_F32W))
+         s->type != VISC_CUDA_CONV_BF16_NHWC_F32W))
         return visc_set_error("convolution: bad shape");
     if (s->H + 2 * s->pad < s->R || s->W + 2 * s->pad < s->S)
         return visc_set_error("convolution: kernel %dx%d larger than the padded %dx%d input", s->R,
@@ -262,42 +262,6 @@ static conv_plan *prepare(visc_cuda *ctx, const visc_cuda_conv_shape *s, int dir
     return p;
 }
 
-/* ---- fp32 NCHW tensors, bf16 products (VISC_CUDA_CONV_F32_NCHW_BF16) ----
- * Direction dir's two operands a, b (forward: x, w; backward-data: dy, w;
- * backward-weights: x, dy) are copied to channels-last bf16 in the
- * scratch, the bf16 form runs on the copies, and its result is converted
- * back into the fp32 NCHW tensor out (y, dx or dw; out = beta out + it). */
-typedef struct {
-    int n, c, hw; /* [n, c, hw]: an activation, or a weight [K, C, R*S] */
-} dims3;
-
-static size_t dims_count(dims3 d) { return (size_t)d.n * d.c * d.hw; }
-
-static int mixed_run(visc_cuda *ctx, const visc_cuda_conv_shape *s, int dir, float *out,
-                     const float *a, const float *b, float beta) {
-    if (shape_check(s)) return -1;
-    const int PQ =
-        out_size(s->H, s->R, s->stride, s->pad) * out_size(s->W, s->S, s->stride, s->pad);
-    const dims3 X = {s->N, s->C, s->H * s->W}, W = {s->K, s->C, s->R * s->S}, Y = {s->N, s->K, PQ};
-    const dims3 d[3] = {dir == BWD_DATA ? Y : X, dir == BWD_FILTER ? Y : W,
-                        dir == FWD        ? Y
-                        : dir == BWD_DATA ? X
-                                          : W};
-    const size_t counts[3] = {dims_count(d[0]), dims_count(d[1]), dims_count(d[2])};
-    uint16_t *c[3];
-    visc_cuda_conv_shape t = *s;
-    t.type = VISC_CUDA_CONV_BF16_NHWC;
-    if (visc_cuda_bf16_scratch(ctx, c, counts, 3) ||
-        visc_cuda_nchw_to_nhwc_bf16(ctx, c[0], a, d[0].n, d[0].c, d[0].hw) ||
-        visc_cuda_nchw_to_nhwc_bf16(ctx, c[1], b, d[1].n, d[1].c, d[1].hw))
-        return -1;
-    const int rc = dir == FWD ? visc_cuda_conv_forward(ctx, &t, c[2], c[0], c[1])
-                   : dir == BWD_DATA
-                       ? visc_cuda_conv_backward_data(ctx, &t, c[2], c[0], c[1])
-                       : visc_cuda_conv_backward_weights(ctx, &t, c[2], c[0], c[1], 0.0f);
-    return rc ? -1 : visc_cuda_nhwc_bf16_to_nchw(ctx, out, c[2], d[2].n, d[2].c, d[2].hw, beta);
-}
-
 /* ---- bf16 channels-last tensors, fp32 weights (VISC_CUDA_CONV_BF16_NHWC_F32W) ----
  * The weights [K, C, R, S] are copied to bf16 [K, R, S, C] in the scratch
  * for forward and backward-data, and backward-weights' bf16 result is
@@ -325,8 +289,6 @@ static int f32_weights_run(visc_cuda *ctx, const visc_cuda_conv_shape *s, int di
 
 int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *y, const void *x,
                            const void *w) {
-    if (s && s->type == VISC_CUDA_CONV_F32_NCHW_BF16)
-        return mixed_run(ctx, s, FWD, (float *)y, (const float *)x, (const float *)w, 0.0f);
     if (s && s->type == VISC_CUDA_CONV_BF16_NHWC_F32W)
         return f32_weights_run(ctx, s, FWD, y, x, w, 0.0f);
     visc_conv_state *st;
@@ -341,8 +303,6 @@ int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *
 
 int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dx,
                                  const void *dy, const void *w) {
-    if (s && s->type == VISC_CUDA_CONV_F32_NCHW_BF16)
-        return mixed_run(ctx, s, BWD_DATA, (float *)dx, (const float *)dy, (const float *)w, 0.0f);
     if (s && s->type == VISC_CUDA_CONV_BF16_NHWC_F32W)
         return f32_weights_run(ctx, s, BWD_DATA, dx, dy, w, 0.0f);
     visc_conv_state *st;
@@ -357,9 +317,6 @@ int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, 
 
 int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dw,
                                     const void *x, const void *dy, float beta) {
-    if (s && s->type == VISC_CUDA_CONV_F32_NCHW_BF16)
-        return mixed_run(ctx, s, BWD_FILTER, (float *)dw, (const float *)x, (const float *)dy,
-                         beta);
     if (s && s->type == VISC_CUDA_CONV_BF16_NHWC_F32W)
         return f32_weights_run(ctx, s, BWD_FILTER, dw, x, dy, beta);
     visc_conv_state *st;

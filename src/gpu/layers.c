@@ -116,11 +116,9 @@ void visc_gpu_to_nhwc_bf16(visc_cuda *ctx, void *out, const float *in, int N, in
     RUN(visc_cuda_nchw_to_nhwc_bf16(ctx, out, in, N, C, HW));
 }
 
-/* The CUDA shape of a model's convolution: fp32 NCHW tensors (with bf16
- * products under --precision bf16 where a caller still asks for fp32
- * tensors), or bf16 channels-last ones; the weights fp32 either way. */
-static visc_cuda_conv_shape conv_shape(const visc_cuda *ctx, const visc_conv2d *c,
-                                       visc_gpu_act act) {
+/* The CUDA shape of a model's convolution: fp32 NCHW tensors, or bf16
+ * channels-last ones; the weights fp32 either way. */
+static visc_cuda_conv_shape conv_shape(const visc_conv2d *c, visc_gpu_act act) {
     if (c->dilation != 1 || c->groups != 1 || c->has_bias || c->H != c->W || c->R != c->S)
         visc_die("cuda: convolution %dx%d (dilation %d, groups %d, bias %d) on %dx%d: only square, "
                  "undilated, ungrouped and bias-free ones are on the GPU",
@@ -135,21 +133,20 @@ static visc_cuda_conv_shape conv_shape(const visc_cuda *ctx, const visc_conv2d *
                               .stride = c->stride,
                               .pad = c->pad,
                               .type = act == VISC_GPU_BF16_NHWC ? VISC_CUDA_CONV_BF16_NHWC_F32W
-                                      : bf16_products(ctx)      ? VISC_CUDA_CONV_F32_NCHW_BF16
                                                                 : VISC_CUDA_CONV_F32_NCHW};
     return s;
 }
 
 void visc_gpu_conv2d_forward(visc_cuda *ctx, const visc_conv2d *c, visc_gpu_act act, void *out,
                              const void *in, const float *weight) {
-    const visc_cuda_conv_shape s = conv_shape(ctx, c, act);
+    const visc_cuda_conv_shape s = conv_shape(c, act);
     RUN(visc_cuda_conv_forward(ctx, &s, out, in, weight));
 }
 
 void visc_gpu_conv2d_backward(visc_cuda *ctx, const visc_conv2d *c, visc_gpu_act act, void *din,
                               float *dweight, const void *dout, const void *in,
                               const float *weight) {
-    const visc_cuda_conv_shape s = conv_shape(ctx, c, act);
+    const visc_cuda_conv_shape s = conv_shape(c, act);
     RUN(visc_cuda_conv_backward_weights(ctx, &s, dweight, in, dout, 0.0f));
     if (din) RUN(visc_cuda_conv_backward_data(ctx, &s, din, dout, weight));
 }

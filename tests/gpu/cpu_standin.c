@@ -45,8 +45,8 @@
 typedef struct {
     visc_cuda_conv_shape key;
     visc_conv2d op;
-    float *scratch_in, *scratch_dw; /* backward-data's unused operands; bf16: x's copy */
-    float *scratch_w, *scratch_dy;  /* bf16: the rounded copies of w and dy */
+    float *scratch_in, *scratch_dw; /* backward-data's unused operands */
+    float *scratch_w, *scratch_dy;  /* bf16 tensors: the rounded weights, the NCHW output */
 } conv_entry;
 
 typedef struct {
@@ -410,9 +410,7 @@ static conv_entry *conv_for(visc_cuda *ctx, const visc_cuda_conv_shape *s) {
     return e;
 }
 
-/* bf16 products (VISC_CUDA_CONV_F32_NCHW_BF16), as the GPU computes them: the
- * operands rounded to bf16, fp32 accumulation, the result rounded to bf16
- * (cuDNN's bf16 form writes bf16), all held in fp32. */
+/* Values rounded to bf16, held in fp32. */
 static const float *rounded(float *dst, const float *src, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = visc_bf16_to_f32(visc_f32_to_bf16(src[i]));
     return dst;
@@ -420,15 +418,8 @@ static const float *rounded(float *dst, const float *src, size_t n) {
 
 static void round_in_place(float *x, size_t n) { rounded(x, x, n); }
 
-static int bf16_products(const conv_entry *e) {
-    return e->key.type == VISC_CUDA_CONV_F32_NCHW_BF16;
-}
-
 static size_t conv_in(const conv_entry *e) {
     return (size_t)e->key.N * e->key.C * e->key.H * e->key.W;
-}
-static size_t conv_out(const conv_entry *e) {
-    return (size_t)e->key.N * e->key.K * e->op.P * e->op.Q;
 }
 static size_t conv_weights(const conv_entry *e) {
     return (size_t)e->key.K * e->key.C * e->key.R * e->key.S;
@@ -478,12 +469,7 @@ int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *
     conv_entry *e = conv_for(ctx, s);
     if (!e) return -1;
     if (s->type == VISC_CUDA_CONV_BF16_NHWC_F32W) return nhwc_conv(e, CONV_FWD, y, x, w, 0.0f);
-    if (bf16_products(e)) {
-        x = rounded(e->scratch_in, x, conv_in(e));
-        w = rounded(e->scratch_w, w, conv_weights(e));
-    }
     visc_conv2d_forward(&e->op, y, x, w, NULL);
-    if (bf16_products(e)) round_in_place(y, conv_out(e));
     return 0;
 }
 
@@ -493,14 +479,9 @@ int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *
     if (!e) return -1;
     if (s->type == VISC_CUDA_CONV_BF16_NHWC_F32W)
         return nhwc_conv(e, CONV_BWD_WEIGHTS, dw, x, dy, beta);
-    if (bf16_products(e)) {
-        x = rounded(e->scratch_in, x, conv_in(e));
-        dy = rounded(e->scratch_dy, dy, conv_out(e));
-    }
     const size_t nw = conv_weights(e);
     float *out = beta != 0.0f ? e->scratch_dw : dw; /* beta: dw = beta dw + the gradient */
     visc_conv2d_backward(&e->op, NULL, out, NULL, dy, x, NULL);
-    if (bf16_products(e)) round_in_place(out, nw);
     if (beta != 0.0f)
         for (size_t i = 0; i < nw; i++) ((float *)dw)[i] = beta * ((float *)dw)[i] + out[i];
     return 0;
@@ -515,12 +496,7 @@ int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, 
     if (!e) return -1;
     if (s->type == VISC_CUDA_CONV_BF16_NHWC_F32W)
         return nhwc_conv(e, CONV_BWD_DATA, dx, dy, w, 0.0f);
-    if (bf16_products(e)) {
-        dy = rounded(e->scratch_dy, dy, conv_out(e));
-        w = rounded(e->scratch_w, w, conv_weights(e));
-    }
     visc_conv2d_backward(&e->op, dx, e->scratch_dw, NULL, dy, e->scratch_in, w);
-    if (bf16_products(e)) round_in_place(dx, conv_in(e));
     return 0;
 }
 
