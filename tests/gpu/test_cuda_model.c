@@ -29,7 +29,7 @@
  * is let through where rounding is shown to be that large, and nowhere
  * else.
  * Deeper, no twin helps: ResNet-50 at its initialization is chaotic, its
- * gradients moved by 2-4% by one rounding of the input, on either side; it
+ * gradients moved by about 2% by one rounding of the input, on either side; it
  * is compared with its residual branches scaled down
  * (scale_residual_branches), where they move by about 1e-6.
  * Two transformers and a ResNet again with --precision bf16 on both
@@ -238,12 +238,12 @@ static int take_cpu_weights(const visc_model *cpu, visc_model *gpu, visc_model *
  * ResNet with BatchNorm is chaotic in its gradients (Yang et al. 2019, "A
  * mean field theory of batch normalization"): in ResNet-50 at batch 4 a
  * relative change of 1e-7 in the input, one rounding, moves the gradients
- * by 2-4%, and the CPU's own two layouts differ by as much, so no limit can
- * tell the GPU's rounding from a fault. With every branch's last BatchNorm
- * scale at 0.05 the same change moves them by about 1e-6
- * (tools/diag/grad_sensitivity.c measures this; README, GPU section). A small scale is what
- * timm's zero_init_last (0) and SkipInit use; unlike 0 it leaves every
- * branch its gradient. */
+ * by about 2%, and the CPU's own two layouts differ by as much, so no limit
+ * can tell the GPU's rounding from a fault. With every branch's last
+ * BatchNorm scale at 0.05 the same change moves them by about 1e-6
+ * (tools/diag/grad_sensitivity.c measures this; README, GPU section). A
+ * small scale is what timm's zero_init_last (0) and SkipInit use; unlike 0
+ * it leaves every branch its gradient. */
 static void scale_residual_branches(visc_model *m, float gamma) {
     if (visc_resnet_scale_branches(m, gamma)) {
         printf("FAIL %s: %s\n", m->cfg.arch, visc_last_error());
