@@ -15,10 +15,13 @@
  * contrastive.cu  the embeddings' L2 normalization, MoCo's InfoNCE against the
  *                 memory bank, SimCLR's NT-Xent (src/ssl/contrastive.c)
  * gelu.cu         visc_gelu_* (src/nn/gelu.c) and the fused bias + GELU epilogue
+ * gelu_linear.cu  GELU then a linear layer, its bf16 operand made by the GELU
+ *                 (src/nn/gelu_linear.c)
  * optim.cu        SGD, AdamW, LARS and LAMB steps, gradient clipping, the weights'
  *                 EMA (src/optim/sgd.c, adamw.c, lars.c, lamb.c, clip.c, ema.c)
  * convert.cu      fp32 <-> bf16 (src/nn/linear_bf16.h), also NCHW <-> channels-last
- * matmul.cu       cuBLASLt: bf16 or fp32 operands, fp32 accumulation and output, bias epilogue
+ * matmul.cu       cuBLASLt: bf16 or fp32 operands, fp32 accumulation and output, bias
+ *                 epilogue; batches of strided bf16 products
  * linear.cu       the linear layer in fp32 or bf16, as visc_linear_forward/backward
  *                 (src/nn/linear.c, linear_bf16.c)
  * eltwise.cu      sums, the residual sum + ReLU, zeroing, copies (src/nn/eltwise.c);
@@ -31,6 +34,7 @@
  * pool.cu         max pooling, global average pooling, ReLU (src/nn/pool2d.c,
  *                 global_pool.c, eltwise.c); the poolings on bf16 NHWC too
  * attention.cu    fused multi-head attention, forward and backward (src/nn/attention.c)
+ * attention_tc.cu the same in bf16 on tensor cores: batched cuBLASLt products
  * swin.cu         Swin's bias gather / scatter, V2's head normalization and
  *                 temperature, patch merging, the token mean (models/swin_window.c,
  *                 nn/token_ops.c)
@@ -261,12 +265,29 @@ int visc_cuda_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const
                             size_t n);
 /* The epilogue of an MLP's first linear layer over [rows, C]:
  * out = gelu(in + bias), written as fp32 (out) and/or bf16 (out_bf16, the
- * next product's operand); either may be NULL. */
+ * next product's operand); either may be NULL, and bias too (gelu(in)). */
 int visc_cuda_bias_gelu_forward(visc_cuda *ctx, float *out, uint16_t *out_bf16, const float *in,
                                 const float *bias, int64_t rows, int C);
 /* din = dout * gelu'(in + bias); dbias = column sums of din (NULL: skipped). */
 int visc_cuda_bias_gelu_backward(visc_cuda *ctx, float *din, float *dbias, const float *dout,
                                  const float *in, const float *bias, int64_t rows, int C);
+
+/* ---- gelu_linear.cu: as visc_gelu_linear_* (tokens.h), the MLP's second half ----
+ * out = GELU(h) W^T + b, act ([N, hidden] floats of device storage) keeping
+ * GELU(h) for backward: fp32; or in bf16 (visc_cuda_set_bf16) the bf16
+ * values the products take, written straight by the GELU (no fp32 copy, no
+ * rounding pass), as the CPU's bf16 mode keeps it. _act makes act alone,
+ * as forward leaves it (the layer's shape and bias, which decide the form
+ * on a CPU, are the stand-in's: the GPU's form is the precision's alone). Backward overwrites dh,
+ * dW and db (db: NULL when forward had no bias). */
+int visc_cuda_gelu_linear_forward(visc_cuda *ctx, float *out, float *act, const float *h,
+                                  const float *weight, const float *bias, int N, int hidden,
+                                  int out_features);
+int visc_cuda_gelu_linear_act(visc_cuda *ctx, float *act, const float *h, int N, int hidden,
+                              int out_features, int has_bias);
+int visc_cuda_gelu_linear_backward(visc_cuda *ctx, float *dh, float *dweight, float *dbias,
+                                   const float *dout, const float *act, const float *h,
+                                   const float *weight, int N, int hidden, int out_features);
 
 /* ---- optim.cu: fused AdamW / SGD steps over the flat parameter buffer ----
  * Built from a CPU optimizer (visc_optimizer_init): its kind, settings and
@@ -323,6 +344,19 @@ int visc_cuda_matmul_bf16(visc_cuda *ctx, float *D, const uint16_t *A, const uin
 int visc_cuda_matmul_f32(visc_cuda *ctx, float *D, const float *A, const float *B,
                          const float *bias, int M, int N, int K, int trans_a, int trans_b,
                          float beta);
+/* `batch` such products of bf16 operands at once, D_i = alpha op(A_i)
+ * op(B_i) + beta D_i, no bias: matrix i of each operand starts stride_*
+ * elements after matrix i - 1, and its rows are ld* elements apart
+ * (attention's products over every sequence and head). */
+typedef struct {
+    const uint16_t *A, *B;
+    float *D;
+    int M, N, K, trans_a, trans_b, batch;
+    int64_t lda, ldb, ldd;
+    int64_t stride_a, stride_b, stride_d;
+    float alpha, beta;
+} visc_cuda_products;
+int visc_cuda_matmul_bf16_batched(visc_cuda *ctx, const visc_cuda_products *p);
 
 /* ---- linear.cu: as visc_linear_forward/backward (din, dbias may be NULL) ----
  * In the context's precision (visc_cuda_set_bf16, in context.cu): fp32, or
@@ -335,6 +369,15 @@ int visc_cuda_linear_forward(visc_cuda *ctx, float *out, const float *in, const 
 int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
                               const float *dout, const float *in, const float *weight, int N,
                               int in_features, int out_features);
+/* The bf16 forms with X given already rounded to bf16 (by its producer:
+ * gelu_linear.cu), as linear_bf16.h's *_rounded: whatever the context's
+ * precision. */
+int visc_cuda_linear_forward_rounded(visc_cuda *ctx, float *out, const uint16_t *in,
+                                     const float *weight, const float *bias, int N, int in_features,
+                                     int out_features);
+int visc_cuda_linear_backward_rounded(visc_cuda *ctx, float *din, float *dweight, float *dbias,
+                                      const float *dout, const uint16_t *in, const float *weight,
+                                      int N, int in_features, int out_features);
 
 /* ---- eltwise.cu ---- */
 /* out = a + b (out may alias a or b), as visc_add_forward */
@@ -480,14 +523,22 @@ int visc_cuda_relu_backward(visc_cuda *ctx, float *din, const float *dout, const
 
 /* ---- attention.cu: as visc_attention_forward/backward (tokens.h) ----
  * The same descriptor, its bias / mask / head_scale pointers on the device;
- * head dimension D up to 128. Backward keeps a workspace in the context
- * (4 bytes per query row, and B H Nq Nk floats more when dbias is asked). */
+ * head dimension D up to 128. In fp32, fused kernels (flash-style: nothing
+ * N x N is kept) on the CUDA cores; in bf16 (visc_cuda_set_bf16), the six
+ * products on tensor cores (attention_tc.cu: bf16 operands, fp32 sums and
+ * results). Both keep a workspace in the context: in fp32, 4 bytes per query
+ * row, and B H Nq Nk floats more when dbias is asked; in bf16, the N x N
+ * matrices of a chunk of sequences, at most 256 MiB. */
 int visc_cuda_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
                                 const float *q, const float *k, const float *v);
 int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
                                  float *dv, float *dbias, float *dhead_scale, const float *dout,
                                  const float *q, const float *k, const float *v, const float *out,
                                  const float *lse);
+/* The bf16 form's cap on its chunk of N x N matrices, in bytes (0: the
+ * default, 256 MiB); a chunk holds one sequence at least. Smaller saves
+ * memory and makes more, smaller products. */
+void visc_cuda_set_attention_chunk(visc_cuda *ctx, size_t bytes);
 
 /* ---- tokens.cu ---- */
 /* The patch embedding, as visc_tf_patch_embed_*: Conv2d(kernel = stride =

@@ -218,6 +218,18 @@ void visc_gpu_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, floa
 void visc_gpu_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n);
 void visc_gpu_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const float *in,
                             size_t n);
+/* visc_gelu_linear_* (tokens.h): act holds what the products take, bf16
+ * under --precision bf16 (as on the CPU) */
+void visc_gpu_gelu_linear_forward(visc_cuda *ctx, float *out, float *act, const float *h,
+                                  const float *weight, const float *bias, int N, int hidden,
+                                  int out_features);
+void visc_gpu_gelu_linear_act(visc_cuda *ctx, float *act, const float *h, int N, int hidden,
+                              int out_features, int has_bias);
+void visc_gpu_gelu_linear_backward(visc_cuda *ctx, float *dh, float *dweight, float *dbias,
+                                   const float *dout, const float *act, const float *h,
+                                   const float *weight, int N, int hidden, int out_features);
+/* Under --precision bf16 on tensor cores, the products' operands rounded
+ * to bf16 (Q, K, V, the probabilities and their gradients) */
 void visc_gpu_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
                                 const float *q, const float *k, const float *v);
 void visc_gpu_attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,

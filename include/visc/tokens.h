@@ -49,6 +49,10 @@ void visc_gelu_linear_forward(float *out, float *act, const float *h, const floa
 void visc_gelu_linear_backward(float *dh, float *dweight, float *dbias, const float *dout,
                                const float *act, const float *h, const float *weight, int N,
                                int hidden, int out_features);
+/* act as forward leaves it, alone: for a caller that does not keep act
+ * per layer and makes it again before backward (ViT's and CaiT's MLPs). */
+void visc_gelu_linear_act(float *act, const float *h, int N, int hidden, int out_features,
+                          int has_bias);
 
 /* ---- attention.c ----
  * For each sequence b < B and head h < H:

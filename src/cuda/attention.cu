@@ -18,10 +18,16 @@
  *              gradient (dbias = its sum over sequences, a column sum) and
  *              sum_j dS_ij (Q_i . K_j) per row for dhead_scale;
  *              key side: dV_j = sum_i P_ij dO_i, dK_j = s_h sum_i dS_ij Q_i
- * Head dimension up to 128 (ViT, DeiT, CaiT, Swin: 32-64). */
+ * Head dimension up to 128 (ViT, DeiT, CaiT, Swin: 32-64).
+ *
+ * That is the fp32 form. A context that multiplies in bf16 takes the same
+ * calls to attention_tc.cu instead: the products on tensor cores, with the
+ * N x N matrices made a chunk of sequences at a time. The delta and
+ * dhead_scale sums here serve both. */
+#include <cuda_bf16.h>
 #include <math.h>
 
-#include "common.cuh"
+#include "attention.cuh"
 
 #define TILE 32    /* keys (query side) or queries (key side) per shared tile */
 #define WARPS 4    /* per block */
@@ -50,20 +56,6 @@ static float *attn_workspace(visc_cuda *ctx, size_t bytes) {
         }
     }
     return (float *)visc_cuda_grow(ctx, &ctx->attn->buf, &ctx->attn->bytes, bytes);
-}
-
-/* The score of (i, j) from the raw product q_i . k_j, in the CPU's order:
- * raw * s_h, then the bias, then the mask. */
-__device__ __forceinline__ float score(const visc_attention &a, float raw, float sh, int b, int h,
-                                       int i, int j) {
-    float s = raw * sh;
-    if (a.bias) s += a.bias[((int64_t)h * a.Nq + i) * a.Nk + j];
-    if (a.mask) s += a.mask[((int64_t)(b % a.nmask) * a.Nq + i) * a.Nk + j];
-    return s;
-}
-
-__device__ __forceinline__ float head_scale(const visc_attention &a, int h) {
-    return a.head_scale ? a.head_scale[h] : a.scale;
 }
 
 /* rows [n, D] at row stride `stride` of src into a shared tile of TILE rows
@@ -113,7 +105,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float *Q = q + b * a.q_sb + h * a.q_sh, *K = k + b * a.k_sb + h * a.k_sh;
     const float *V = v + b * a.v_sb + h * a.v_sh;
-    const float sh = head_scale(a, h);
+    const float sh = visc_attn_head_scale(a, h);
     const int row0 = (blockIdx.y * WARPS + warp) * ROWS;
     float *qs = Qs + warp * D;
     float m[ROWS], l[ROWS], acc[ROWS][PER_LANE];
@@ -132,7 +124,7 @@ __global__ void __launch_bounds__(WARPS * 32)
             if (i >= a.Nq) continue; /* (rows grow: the rest are out too) */
             load_row(qs, Q + i * a.q_sn, D, lane);
             const int j = t0 + lane;
-            const float s = lane < n ? score(a, dot(qs, Ks + lane * Dp, D), sh, b, h, i, j)
+            const float s = lane < n ? visc_attn_score(a, dot(qs, Ks + lane * Dp, D), sh, b, h, i, j)
                                      : -INFINITY;
             const float mn = fmaxf(m[r], visc_warp_max(s));
             if (mn == -INFINITY) continue; /* every score so far is -inf */
@@ -170,9 +162,11 @@ __global__ void __launch_bounds__(WARPS * 32)
 
 /* ---- backward ---- */
 
-/* delta[pair, i] = dO_i . O_i, one warp per row. */
+/* delta[pair, i] = dO_i . O_i, one warp per row. round_dout: dO as its
+ * bf16 rounding, the dO the tensor cores' products take (so that the
+ * scores' gradients of a row still sum to zero). */
 __global__ void attention_delta_kernel(visc_attention a, float *delta, const float *dout,
-                                       const float *out) {
+                                       const float *out, int round_dout) {
     const int64_t rows = (int64_t)a.B * a.H * a.Nq;
     const int lane = threadIdx.x % 32;
     for (int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; w < rows;
@@ -181,7 +175,10 @@ __global__ void attention_delta_kernel(visc_attention a, float *delta, const flo
         const float *dO = dout + b * a.o_sb + h * a.o_sh + i * a.o_sn;
         const float *O = out + b * a.o_sb + h * a.o_sh + i * a.o_sn;
         float s = 0.0f;
-        for (int d = lane; d < a.D; d += 32) s = fmaf(dO[d], O[d], s);
+        for (int d = lane; d < a.D; d += 32) {
+            const float g = round_dout ? __bfloat162float(__float2bfloat16_rn(dO[d])) : dO[d];
+            s = fmaf(g, O[d], s);
+        }
         s = visc_warp_sum(s);
         if (lane == 0) delta[w] = s;
     }
@@ -199,7 +196,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float *Q = q + b * a.q_sb + h * a.q_sh, *K = k + b * a.k_sb + h * a.k_sh;
     const float *V = v + b * a.v_sb + h * a.v_sh, *dO = dout + b * a.o_sb + h * a.o_sh;
-    const float sh = head_scale(a, h);
+    const float sh = visc_attn_head_scale(a, h);
     const int row0 = (blockIdx.y * WARPS + warp) * ROWS;
     float *qs = Qs + warp * D, *dos = DOs + warp * D;
     float acc[ROWS][PER_LANE], hs[ROWS];
@@ -222,7 +219,7 @@ __global__ void __launch_bounds__(WARPS * 32)
             float ds = 0.0f;
             if (lane < n) {
                 const float raw = dot(qs, Ks + lane * Dp, D);
-                const float p = expf(score(a, raw, sh, b, h, i, j) - lse[row]);
+                const float p = expf(visc_attn_score(a, raw, sh, b, h, i, j) - lse[row]);
                 ds = p * (dot(dos, Vs + lane * Dp, D) - delta[row]);
                 hs[r] = fmaf(ds, raw, hs[r]);
                 if (ds_out) ds_out[row * a.Nk + j] = ds;
@@ -268,7 +265,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float *Q = q + b * a.q_sb + h * a.q_sh, *K = k + b * a.k_sb + h * a.k_sh;
     const float *V = v + b * a.v_sb + h * a.v_sh, *dO = dout + b * a.o_sb + h * a.o_sh;
-    const float sh = head_scale(a, h);
+    const float sh = visc_attn_head_scale(a, h);
     const int key0 = (blockIdx.y * WARPS + warp) * ROWS;
     float *ks = Kw + warp * D, *vs = Vw + warp * D;
     float ak[ROWS][PER_LANE], av[ROWS][PER_LANE];
@@ -297,7 +294,7 @@ __global__ void __launch_bounds__(WARPS * 32)
             if (lane < n) {
                 const int i = t0 + lane;
                 const float raw = dot(Qt + lane * Dp, ks, D);
-                p = expf(score(a, raw, sh, b, h, i, j) - Lt[lane]);
+                p = expf(visc_attn_score(a, raw, sh, b, h, i, j) - Lt[lane]);
                 ds = p * (dot(DOt + lane * Dp, vs, D) - Dt[lane]);
             }
             for (int ii = 0; ii < n; ii++) {
@@ -346,6 +343,12 @@ __global__ void attention_head_scale_kernel(visc_attention a, float *dhead_scale
     if (lane == 0) dhead_scale[h] = s;
 }
 
+static int head_scale_sums(visc_cuda *ctx, const visc_attention *a, float *dhead_scale,
+                           const float *hs_rows) {
+    attention_head_scale_kernel<<<a->H, 32, 0, ctx->stream>>>(*a, dhead_scale, hs_rows);
+    return visc_cuda_launched("attention backward (head scale)");
+}
+
 static int attention_check(const visc_attention *a) {
     if (a->B < 0 || a->H <= 0 || a->Nq <= 0 || a->Nk <= 0 || a->D <= 0 || a->D > MAX_D ||
         (a->mask && (a->nmask <= 0 || a->B % a->nmask != 0)))
@@ -365,6 +368,10 @@ int visc_cuda_attention_forward(visc_cuda *ctx, const visc_attention *a, float *
                                 const float *q, const float *k, const float *v) {
     if (attention_check(a)) return -1;
     if (a->B == 0) return 0;
+    if (ctx->bf16) {
+        void *work = attn_workspace(ctx, visc_attention_tc_bytes(ctx, a));
+        return work ? visc_attention_tc_forward(ctx, a, out, lse, q, k, v, work) : -1;
+    }
     const size_t smem = sizeof(float) * (2 * TILE * (a->D + 1) + WARPS * a->D);
     attention_forward_kernel<<<attention_grid(a, a->Nq), WARPS * 32, smem, ctx->stream>>>(
         *a, out, lse, q, k, v);
@@ -383,15 +390,25 @@ int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float 
             return -1;
         return dhead_scale ? visc_cuda_zero(ctx, dhead_scale, sizeof(float) * a->H) : 0;
     }
-    /* delta [rows], the head-scale row partials [rows], dS [rows, Nk] */
-    const size_t need = (size_t)rows * (1 + (dhead_scale ? 1 : 0) + (dbias ? a->Nk : 0));
-    float *ws = attn_workspace(ctx, sizeof(float) * need);
+    /* delta [rows], the head-scale row partials [rows]; then dS [rows, Nk]
+     * when dbias is asked (fp32), or the tensor cores' chunk (bf16) */
+    const size_t head = (size_t)rows * (1 + (dhead_scale ? 1 : 0));
+    const size_t tail = ctx->bf16 ? visc_attention_tc_bytes(ctx, a)
+                                  : sizeof(float) * (dbias ? (size_t)rows * a->Nk : 0);
+    const size_t head_bytes = (sizeof(float) * head + 255) / 256 * 256;
+    float *ws = attn_workspace(ctx, head_bytes + tail);
     if (!ws) return -1;
     float *delta = ws, *hs_rows = dhead_scale ? delta + rows : NULL;
-    float *ds = dbias ? delta + rows * (dhead_scale ? 2 : 1) : NULL;
+    float *ds = dbias ? (float *)((char *)ws + head_bytes) : NULL;
     attention_delta_kernel<<<visc_cuda_blocks((size_t)rows * 32, 256), 256, 0, ctx->stream>>>(
-        *a, delta, dout, out);
+        *a, delta, dout, out, ctx->bf16);
     if (visc_cuda_launched("attention backward (delta)")) return -1;
+    if (ctx->bf16) {
+        if (visc_attention_tc_backward(ctx, a, dq, dk, dv, dbias, hs_rows, dout, q, k, v, lse,
+                                       delta, (char *)ws + head_bytes))
+            return -1;
+        return dhead_scale ? head_scale_sums(ctx, a, dhead_scale, hs_rows) : 0;
+    }
     const size_t smem_q = sizeof(float) * (2 * TILE * (a->D + 1) + 2 * WARPS * a->D);
     attention_dq_kernel<<<attention_grid(a, a->Nq), WARPS * 32, smem_q, ctx->stream>>>(
         *a, dq, ds, hs_rows, dout, q, k, v, lse, delta);
@@ -401,9 +418,5 @@ int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float 
         *a, dk, dv, dout, q, k, v, lse, delta);
     if (visc_cuda_launched("attention backward (key side)")) return -1;
     if (dbias && visc_cuda_column_sums(ctx, dbias, ds, a->B, a->H * a->Nq * a->Nk)) return -1;
-    if (dhead_scale) {
-        attention_head_scale_kernel<<<a->H, 32, 0, ctx->stream>>>(*a, dhead_scale, hs_rows);
-        if (visc_cuda_launched("attention backward (head scale)")) return -1;
-    }
-    return 0;
+    return dhead_scale ? head_scale_sums(ctx, a, dhead_scale, hs_rows) : 0;
 }

@@ -28,7 +28,8 @@ struct visc_cuda {
     size_t scratch_bytes;
     int bf16; /* the linear layers' precision: visc_cuda_set_bf16 */
     struct visc_conv_state *conv; /* cuDNN handle, plans, workspace (conv.cu), or NULL */
-    struct visc_attn_state *attn; /* attention backward's workspace (attention.cu), or NULL */
+    struct visc_attn_state *attn; /* attention's workspace (attention.cu), or NULL */
+    size_t attn_chunk_bytes; /* bf16 attention's cap (attention_tc.cu); 0: its default */
     struct visc_nccl_state *nccl; /* NCCL's communicator and stream (comm.cu), or NULL */
     void *bn_acc; /* SyncBN's sums between the passes (batchnorm.cu), or NULL */
     size_t bn_acc_bytes;
@@ -58,6 +59,7 @@ typedef struct {
     decltype(&cublasLtMatmulDescSetAttribute) desc_set;
     decltype(&cublasLtMatrixLayoutCreate) layout_create;
     decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+    decltype(&cublasLtMatrixLayoutSetAttribute) layout_set;
     decltype(&cublasLtMatmulPreferenceCreate) pref_create;
     decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy;
     decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set;

@@ -49,6 +49,7 @@ static void load(void) {
         resolve(lib, &t.desc_set, "cublasLtMatmulDescSetAttribute") ||
         resolve(lib, &t.layout_create, "cublasLtMatrixLayoutCreate") ||
         resolve(lib, &t.layout_destroy, "cublasLtMatrixLayoutDestroy") ||
+        resolve(lib, &t.layout_set, "cublasLtMatrixLayoutSetAttribute") ||
         resolve(lib, &t.pref_create, "cublasLtMatmulPreferenceCreate") ||
         resolve(lib, &t.pref_destroy, "cublasLtMatmulPreferenceDestroy") ||
         resolve(lib, &t.pref_set, "cublasLtMatmulPreferenceSetAttribute")) {

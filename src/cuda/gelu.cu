@@ -47,7 +47,7 @@ __global__ void bias_gelu_forward_kernel(float *out, __nv_bfloat16 *out_bf16, co
                                          const float *bias, size_t n, int C) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        const float y = gelu(in[i] + bias[i % C]);
+        const float y = gelu(bias ? in[i] + bias[i % C] : in[i]);
         if (out) out[i] = y;
         if (out_bf16) out_bf16[i] = __float2bfloat16_rn(y);
     }

@@ -11,19 +11,53 @@
  * changes; the scratch grows on the first step and is then kept. */
 #include "common.cuh"
 
+/* The bf16 forward product, X already rounded (x16): W rounded into w16. */
+static int forward_bf16(visc_cuda *ctx, float *out, const uint16_t *x16, uint16_t *w16,
+                        const float *weight, const float *bias, int N, int in_features,
+                        int out_features) {
+    /* Y[N, out] = X[N, in] W^T, W stored [out, in] */
+    return visc_cuda_f32_to_bf16(ctx, w16, weight, (size_t)out_features * in_features) ||
+                   visc_cuda_matmul_bf16(ctx, out, x16, w16, bias, N, out_features, in_features,
+                                         0, 1, 0.0f)
+               ? -1
+               : 0;
+}
+
 int visc_cuda_linear_forward(visc_cuda *ctx, float *out, const float *in, const float *weight,
                              const float *bias, int N, int in_features, int out_features) {
-    /* Y[N, out] = X[N, in] W^T, W stored [out, in] */
     if (!ctx->bf16)
         return visc_cuda_matmul_f32(ctx, out, in, weight, bias, N, out_features, in_features, 0, 1,
                                     0.0f);
     const size_t nx = (size_t)N * in_features, nw = (size_t)out_features * in_features;
     const size_t counts[2] = {nx, nw};
     uint16_t *c[2];
-    if (visc_cuda_bf16_scratch(ctx, c, counts, 2) || visc_cuda_f32_to_bf16(ctx, c[0], in, nx) ||
-        visc_cuda_f32_to_bf16(ctx, c[1], weight, nw))
+    if (visc_cuda_bf16_scratch(ctx, c, counts, 2) || visc_cuda_f32_to_bf16(ctx, c[0], in, nx))
         return -1;
-    return visc_cuda_matmul_bf16(ctx, out, c[0], c[1], bias, N, out_features, in_features, 0, 1,
+    return forward_bf16(ctx, out, c[0], c[1], weight, bias, N, in_features, out_features);
+}
+
+int visc_cuda_linear_forward_rounded(visc_cuda *ctx, float *out, const uint16_t *in,
+                                     const float *weight, const float *bias, int N,
+                                     int in_features, int out_features) {
+    const size_t counts[1] = {(size_t)out_features * in_features};
+    uint16_t *w16;
+    if (visc_cuda_bf16_scratch(ctx, &w16, counts, 1)) return -1;
+    return forward_bf16(ctx, out, in, w16, weight, bias, N, in_features, out_features);
+}
+
+/* The bf16 backward products, X already rounded (x16): dY rounded into
+ * dy16, W into w16 (when din is asked). */
+static int backward_bf16(visc_cuda *ctx, float *din, float *dweight, const float *dout,
+                         uint16_t *dy16, const uint16_t *x16, const float *weight, uint16_t *w16,
+                         int N, int in_features, int out_features) {
+    if (visc_cuda_f32_to_bf16(ctx, dy16, dout, (size_t)N * out_features)) return -1;
+    /* dX[N, in] = dY[N, out] W[out, in] */
+    if (din && (visc_cuda_f32_to_bf16(ctx, w16, weight, (size_t)out_features * in_features) ||
+                visc_cuda_matmul_bf16(ctx, din, dy16, w16, NULL, N, in_features, out_features, 0,
+                                      0, 0.0f)))
+        return -1;
+    /* dW[out, in] = dY^T X: dY stored [N, out] = [K, M] */
+    return visc_cuda_matmul_bf16(ctx, dweight, dy16, x16, NULL, out_features, in_features, N, 1, 0,
                                  0.0f);
 }
 
@@ -46,13 +80,20 @@ int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float 
     const size_t nw = din ? (size_t)out_features * in_features : 0;
     const size_t counts[3] = {ndy, nx, nw};
     uint16_t *c[3]; /* dY, X, W */
-    if (visc_cuda_bf16_scratch(ctx, c, counts, 3) || visc_cuda_f32_to_bf16(ctx, c[0], dout, ndy) ||
-        visc_cuda_f32_to_bf16(ctx, c[1], in, nx))
+    if (visc_cuda_bf16_scratch(ctx, c, counts, 3) || visc_cuda_f32_to_bf16(ctx, c[1], in, nx))
         return -1;
-    if (din && (visc_cuda_f32_to_bf16(ctx, c[2], weight, nw) ||
-                visc_cuda_matmul_bf16(ctx, din, c[0], c[2], NULL, N, in_features, out_features, 0,
-                                      0, 0.0f)))
-        return -1;
-    return visc_cuda_matmul_bf16(ctx, dweight, c[0], c[1], NULL, out_features, in_features, N, 1, 0,
-                                 0.0f);
+    return backward_bf16(ctx, din, dweight, dout, c[0], c[1], weight, c[2], N, in_features,
+                         out_features);
+}
+
+int visc_cuda_linear_backward_rounded(visc_cuda *ctx, float *din, float *dweight, float *dbias,
+                                      const float *dout, const uint16_t *in, const float *weight,
+                                      int N, int in_features, int out_features) {
+    if (dbias && visc_cuda_column_sums(ctx, dbias, dout, N, out_features)) return -1;
+    const size_t counts[2] = {(size_t)N * out_features,
+                              din ? (size_t)out_features * in_features : 0};
+    uint16_t *c[2]; /* dY, W */
+    if (visc_cuda_bf16_scratch(ctx, c, counts, 2)) return -1;
+    return backward_bf16(ctx, din, dweight, dout, c[0], in, weight, c[1], N, in_features,
+                         out_features);
 }

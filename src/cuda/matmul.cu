@@ -10,6 +10,7 @@
  * microseconds to make, more than many of a step's products take on the
  * GPU) are made once per shape and kept in the context (plan_cache). */
 #include <stdio.h>
+#include <string.h>
 
 #include "common.cuh"
 
@@ -24,7 +25,8 @@ typedef struct {
  * beta, a scalar of the call), of which only the alignments matter. */
 typedef struct {
     cudaDataType_t ab;
-    int M, N, K, trans_a, trans_b, has_bias;
+    int M, N, K, trans_a, trans_b, has_bias, batch;
+    int64_t lda, ldb, ldd, stride_a, stride_b, stride_d;
     uint32_t align_a, align_b, align_d;
 } plan_key;
 
@@ -43,10 +45,19 @@ static uint32_t alignment_of(const void *ptr) {
     return a;
 }
 
+/* Keys are built whole by matmul (every field set, no padding left
+ * undefined: the struct is zeroed first), so bytes compare as fields. */
+/* The alignment every matrix of a batch has: the first's, and no more
+ * than the step from one to the next keeps. */
+static uint32_t batch_alignment(const void *ptr, int64_t stride, size_t element, int batch) {
+    const uint32_t first = alignment_of(ptr);
+    if (batch == 1) return first;
+    const uint32_t step = alignment_of((const void *)(uintptr_t)(stride * (int64_t)element));
+    return first < step ? first : step;
+}
+
 static int key_equal(const plan_key *x, const plan_key *y) {
-    return x->ab == y->ab && x->M == y->M && x->N == y->N && x->K == y->K &&
-           x->trans_a == y->trans_a && x->trans_b == y->trans_b && x->has_bias == y->has_bias &&
-           x->align_a == y->align_a && x->align_b == y->align_b && x->align_d == y->align_d;
+    return memcmp(x, y, sizeof *x) == 0;
 }
 
 /* The context's plans. A model has a few dozen distinct products; past
@@ -88,10 +99,39 @@ static lt_plan *plan_keep(visc_cuda *ctx, const plan_key *k, const lt_plan *p) {
     return &c->plan[c->n++];
 }
 
-static int plan_make(lt_plan *p, cudaDataType_t ab, const float *bias, const void *A,
-                     const void *B, const float *D, int M, int N, int K, int trans_a, int trans_b) {
-    const cublasOperation_t ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's A: our B */
-    const cublasOperation_t tb = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's B: our A */
+/* One call's products: the public calls' arguments, whole. */
+typedef struct {
+    cudaDataType_t ab;
+    const void *A, *B;
+    float *D;
+    const float *bias;
+    int M, N, K, trans_a, trans_b, batch;
+    int64_t lda, ldb, ldd, stride_a, stride_b, stride_d;
+    float alpha, beta;
+} product;
+
+/* A column-major layout of rows x cols at leading dimension ld, repeated
+ * `batch` times `stride` elements apart. */
+static int layout_make(cublasLtMatrixLayout_t *l, cudaDataType_t type, int64_t rows, int64_t cols,
+                       int64_t ld, int32_t batch, int64_t stride, const char *what) {
+    if (visc_cublas_check(visc_lt.layout_create(l, type, (uint64_t)rows, (uint64_t)cols, ld),
+                          what))
+        return -1;
+    if (batch == 1) return 0;
+    return visc_cublas_check(visc_lt.layout_set(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch,
+                                                sizeof batch),
+                             what) ||
+                   visc_cublas_check(visc_lt.layout_set(*l,
+                                                        CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                        &stride, sizeof stride),
+                                     what)
+               ? -1
+               : 0;
+}
+
+static int plan_make(lt_plan *p, const product *x) {
+    const cublasOperation_t ta = x->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's A: our B */
+    const cublasOperation_t tb = x->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLASLt's B: our A */
     const size_t ws = VISC_CUDA_WORKSPACE;
     if (visc_cublas_check(visc_lt.desc_create(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                           "matmul descriptor") ||
@@ -100,29 +140,29 @@ static int plan_make(lt_plan *p, cudaDataType_t ab, const float *bias, const voi
         visc_cublas_check(visc_lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
                           "matmul transb"))
         return -1;
-    if (bias) {
+    if (x->bias) {
         const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
         const cudaDataType_t bias_type = CUDA_R_32F;
         if (visc_cublas_check(visc_lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
                                                sizeof epi),
                               "matmul epilogue") ||
-            visc_cublas_check(visc_lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                               sizeof bias),
+            visc_cublas_check(visc_lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &x->bias,
+                                               sizeof x->bias),
                               "matmul bias pointer") ||
             visc_cublas_check(visc_lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                                                &bias_type, sizeof bias_type),
                               "matmul bias type"))
             return -1;
     }
-    /* Stored shapes (rows, cols, leading dimension), column-major. */
-    if (visc_cublas_check(trans_b ? visc_lt.layout_create(&p->a, ab, K, N, K)
-                                  : visc_lt.layout_create(&p->a, ab, N, K, N),
-                          "matmul layout of B") ||
-        visc_cublas_check(trans_a ? visc_lt.layout_create(&p->b, ab, M, K, M)
-                                  : visc_lt.layout_create(&p->b, ab, K, M, K),
-                          "matmul layout of A") ||
-        visc_cublas_check(visc_lt.layout_create(&p->d, CUDA_R_32F, N, M, N),
-                          "matmul layout of D") ||
+    /* Stored shapes (rows, cols, leading dimension), column-major: a
+     * row-major [r, c] matrix with row stride ld is the column-major [c, r]
+     * one with leading dimension ld. */
+    const int M = x->M, N = x->N, K = x->K, batch = x->batch;
+    if (layout_make(&p->a, x->ab, x->trans_b ? K : N, x->trans_b ? N : K, x->ldb, batch,
+                    x->stride_b, "matmul layout of B") ||
+        layout_make(&p->b, x->ab, x->trans_a ? M : K, x->trans_a ? K : M, x->lda, batch,
+                    x->stride_a, "matmul layout of A") ||
+        layout_make(&p->d, CUDA_R_32F, N, M, x->ldd, batch, x->stride_d, "matmul layout of D") ||
         visc_cublas_check(visc_lt.pref_create(&p->pref), "matmul preference") ||
         visc_cublas_check(visc_lt.pref_set(p->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                            sizeof ws),
@@ -133,7 +173,11 @@ static int plan_make(lt_plan *p, cudaDataType_t ab, const float *bias, const voi
      * anywhere else: a weight inside the flat parameter buffer (64-byte
      * aligned in fp32, 32 in its bf16 copy), an activation at an arena
      * offset. So it is told the alignment each pointer really has. */
-    const uint32_t align[4] = {alignment_of(B), alignment_of(A), alignment_of(D), alignment_of(D)};
+    const size_t ab_bytes = x->ab == CUDA_R_16BF ? 2 : 4;
+    const uint32_t align_d = batch_alignment(x->D, x->stride_d, sizeof(float), batch);
+    const uint32_t align[4] = {batch_alignment(x->B, x->stride_b, ab_bytes, batch),
+                               batch_alignment(x->A, x->stride_a, ab_bytes, batch), align_d,
+                               align_d};
     const cublasLtMatmulPreferenceAttributes_t which[4] =
         {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
@@ -144,56 +188,58 @@ static int plan_make(lt_plan *p, cudaDataType_t ab, const float *bias, const voi
     return 0;
 }
 
-static int matmul(visc_cuda *ctx, cudaDataType_t ab, float *D, const void *A, const void *B,
-                  const float *bias, int M, int N, int K, int trans_a, int trans_b, float beta) {
-    if (M <= 0 || N <= 0 || K <= 0)
-        return visc_set_error("matmul: bad shape M %d, N %d, K %d", M, N, K);
+static int matmul(visc_cuda *ctx, const product *x) {
+    const int M = x->M, N = x->N, K = x->K;
+    if (M <= 0 || N <= 0 || K <= 0 || x->batch <= 0)
+        return visc_set_error("matmul: bad shape M %d, N %d, K %d, batch %d", M, N, K, x->batch);
     /* cuBLASLt takes no alignment for the bias vector, and its bias
      * epilogue has been seen to fail on vectors not 16-byte aligned: such
      * a bias (none of a model's: the parameter table aligns them) is added
      * after the product instead */
-    if (bias && alignment_of(bias) < 16)
-        return matmul(ctx, ab, D, A, B, NULL, M, N, K, trans_a, trans_b, beta) ||
-                       visc_cuda_add_broadcast(ctx, D, bias, M, N)
-                   ? -1
-                   : 0;
+    if (x->bias && alignment_of(x->bias) < 16) {
+        product plain = *x;
+        plain.bias = NULL;
+        return matmul(ctx, &plain) || visc_cuda_add_broadcast(ctx, x->D, x->bias, M, N) ? -1 : 0;
+    }
     cublasLtHandle_t lt = visc_cuda_lt(ctx);
     if (!lt) return -1;
-    const plan_key key = {ab,
-                          M,
-                          N,
-                          K,
-                          trans_a,
-                          trans_b,
-                          bias != NULL,
-                          alignment_of(A),
-                          alignment_of(B),
-                          alignment_of(D)};
+    plan_key key;
+    memset(&key, 0, sizeof key);
+    key.ab = x->ab;
+    key.M = M, key.N = N, key.K = K, key.batch = x->batch;
+    key.trans_a = x->trans_a, key.trans_b = x->trans_b, key.has_bias = x->bias != NULL;
+    key.lda = x->lda, key.ldb = x->ldb, key.ldd = x->ldd;
+    key.stride_a = x->stride_a, key.stride_b = x->stride_b, key.stride_d = x->stride_d;
+    const size_t ab_bytes = x->ab == CUDA_R_16BF ? 2 : 4;
+    key.align_a = batch_alignment(x->A, x->stride_a, ab_bytes, x->batch);
+    key.align_b = batch_alignment(x->B, x->stride_b, ab_bytes, x->batch);
+    key.align_d = batch_alignment(x->D, x->stride_d, sizeof(float), x->batch);
     lt_plan made = {};
     lt_plan *p = plan_lookup(ctx, &key);
     int rc = 0, owned = 0;
     if (p) {
         /* The bias pointer is the one attribute a kept plan takes per call. */
-        if (bias)
+        if (x->bias)
             rc = visc_cublas_check(visc_lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                    &bias, sizeof bias),
+                                                    &x->bias, sizeof x->bias),
                                    "matmul bias pointer");
     } else {
-        rc = plan_make(&made, ab, bias, A, B, D, M, N, K, trans_a, trans_b);
+        rc = plan_make(&made, x);
         cublasLtMatmulHeuristicResult_t h = {};
         int found = 0;
         /* The shape goes into the message: cuBLASLt answers a shape it has
          * no kernel for with a bare "not supported". */
-        char what[96];
-        snprintf(what, sizeof what, "matmul heuristic for M %d, N %d, K %d%s", M, N, K,
-                 bias ? " with a bias" : "");
+        char what[128];
+        snprintf(what, sizeof what, "matmul heuristic for M %d, N %d, K %d, batch %d%s", M, N, K,
+                 x->batch, x->bias ? " with a bias" : "");
         if (rc == 0)
             rc = visc_cublas_check(visc_lt.heuristic(lt, made.op, made.a, made.b, made.d, made.d,
                                                      made.pref, 1, &h, &found),
                                    what);
         if (rc == 0 && found == 0)
-            rc = visc_set_error("matmul: cuBLASLt has no algorithm for M %d, N %d, K %d%s", M, N,
-                                K, bias ? " with a bias" : "");
+            rc = visc_set_error("matmul: cuBLASLt has no algorithm for M %d, N %d, K %d, batch "
+                                "%d%s",
+                                M, N, K, x->batch, x->bias ? " with a bias" : "");
         if (rc) {
             plan_free(&made);
             return rc;
@@ -202,24 +248,40 @@ static int matmul(visc_cuda *ctx, cudaDataType_t ab, float *D, const void *A, co
         p = plan_keep(ctx, &key, &made);
         if (!p) p = &made, owned = 1;
     }
-    const float alpha = 1.0f;
     if (rc == 0)
-        rc = visc_cublas_check(visc_lt.matmul(lt, p->op, &alpha, B, p->a, A, p->b, &beta, D, p->d,
-                                              D, p->d, &p->algo, ctx->workspace,
-                                              VISC_CUDA_WORKSPACE, ctx->stream),
+        rc = visc_cublas_check(visc_lt.matmul(lt, p->op, &x->alpha, x->B, p->a, x->A, p->b,
+                                              &x->beta, x->D, p->d, x->D, p->d, &p->algo,
+                                              ctx->workspace, VISC_CUDA_WORKSPACE, ctx->stream),
                                "cublasLtMatmul");
     if (owned) plan_free(&made);
     return rc;
 }
 
+/* One product, its matrices packed (leading dimensions their widths). */
+static int matmul_one(visc_cuda *ctx, cudaDataType_t ab, float *D, const void *A, const void *B,
+                      const float *bias, int M, int N, int K, int trans_a, int trans_b,
+                      float beta) {
+    const product x = {ab,      A,       B,       D,         bias, M, N, K, trans_a, trans_b, 1,
+                       trans_a ? M : K,  trans_b ? K : N,    N,    0, 0, 0, 1.0f,    beta};
+    return matmul(ctx, &x);
+}
+
 int visc_cuda_matmul_bf16(visc_cuda *ctx, float *D, const uint16_t *A, const uint16_t *B,
                           const float *bias, int M, int N, int K, int trans_a, int trans_b,
                           float beta) {
-    return matmul(ctx, CUDA_R_16BF, D, A, B, bias, M, N, K, trans_a, trans_b, beta);
+    return matmul_one(ctx, CUDA_R_16BF, D, A, B, bias, M, N, K, trans_a, trans_b, beta);
 }
 
 int visc_cuda_matmul_f32(visc_cuda *ctx, float *D, const float *A, const float *B,
                          const float *bias, int M, int N, int K, int trans_a, int trans_b,
                          float beta) {
-    return matmul(ctx, CUDA_R_32F, D, A, B, bias, M, N, K, trans_a, trans_b, beta);
+    return matmul_one(ctx, CUDA_R_32F, D, A, B, bias, M, N, K, trans_a, trans_b, beta);
+}
+
+int visc_cuda_matmul_bf16_batched(visc_cuda *ctx, const visc_cuda_products *p) {
+    const product x = {CUDA_R_16BF, p->A,      p->B,       p->D,       NULL,
+                       p->M,        p->N,      p->K,       p->trans_a, p->trans_b,
+                       p->batch,    p->lda,    p->ldb,     p->ldd,     p->stride_a,
+                       p->stride_b, p->stride_d, p->alpha, p->beta};
+    return matmul(ctx, &x);
 }

@@ -309,6 +309,24 @@ void visc_gpu_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const
     RUN(visc_cuda_gelu_backward(ctx, din, dout, in, n));
 }
 
+void visc_gpu_gelu_linear_forward(visc_cuda *ctx, float *out, float *act, const float *h,
+                                  const float *weight, const float *bias, int N, int hidden,
+                                  int out_features) {
+    RUN(visc_cuda_gelu_linear_forward(ctx, out, act, h, weight, bias, N, hidden, out_features));
+}
+
+void visc_gpu_gelu_linear_act(visc_cuda *ctx, float *act, const float *h, int N, int hidden,
+                              int out_features, int has_bias) {
+    RUN(visc_cuda_gelu_linear_act(ctx, act, h, N, hidden, out_features, has_bias));
+}
+
+void visc_gpu_gelu_linear_backward(visc_cuda *ctx, float *dh, float *dweight, float *dbias,
+                                   const float *dout, const float *act, const float *h,
+                                   const float *weight, int N, int hidden, int out_features) {
+    RUN(visc_cuda_gelu_linear_backward(ctx, dh, dweight, dbias, dout, act, h, weight, N, hidden,
+                                       out_features));
+}
+
 void visc_gpu_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
                                 const float *q, const float *k, const float *v) {
     RUN(visc_cuda_attention_forward(ctx, a, out, lse, q, k, v));

@@ -98,8 +98,15 @@ static inline void md_gelu_linear_forward(visc_model *m, float *out, float *act,
         visc_gelu_linear_forward(out, act, h, w, b, N, hidden, out_f);
         return;
     }
-    visc_gpu_gelu_forward(m->cuda, act, h, (size_t)N * hidden);
-    visc_gpu_linear_forward(m->cuda, out, act, w, b, N, hidden, out_f);
+    visc_gpu_gelu_linear_forward(m->cuda, out, act, h, w, b, N, hidden, out_f);
+}
+
+/* act alone, as md_gelu_linear_forward leaves it (a caller that makes it
+ * again for backward instead of keeping it) */
+static inline void md_gelu_linear_act(visc_model *m, float *act, const float *h, int N, int hidden,
+                                      int out_f, int has_bias) {
+    if (m->cuda) visc_gpu_gelu_linear_act(m->cuda, act, h, N, hidden, out_f, has_bias);
+    else visc_gelu_linear_act(act, h, N, hidden, out_f, has_bias);
 }
 
 static inline void md_gelu_linear_backward(visc_model *m, float *dh, float *dw, float *db,
@@ -109,8 +116,7 @@ static inline void md_gelu_linear_backward(visc_model *m, float *dh, float *dw, 
         visc_gelu_linear_backward(dh, dw, db, dout, act, h, w, N, hidden, out_f);
         return;
     }
-    visc_gpu_linear_backward(m->cuda, dh, dw, db, dout, act, w, N, hidden, out_f);
-    visc_gpu_gelu_backward(m->cuda, dh, dh, h, (size_t)N * hidden);
+    visc_gpu_gelu_linear_backward(m->cuda, dh, dw, db, dout, act, h, w, N, hidden, out_f);
 }
 
 static inline void md_attention_forward(visc_model *m, const visc_attention *a, float *out,

@@ -96,26 +96,24 @@ void visc_tf_add_mlp(visc_model *m, visc_tf_mlp *p, const char *name, int C, int
     visc_tf_add_linear(m, &p->fc2, key, hidden, C, 1);
 }
 
-static void gelu_forward(visc_model *m, float *out, const float *in, size_t n) {
-    if (m->cuda) visc_gpu_gelu_forward(m->cuda, out, in, n);
-    else visc_gelu_forward(out, in, n);
-}
-
+/* fc1, then GELU and fc2 as one step (md_gelu_linear_*): under bf16 the
+ * GELU writes fc2's bf16 operand straight into `scratch` (tokens.h). */
 void visc_tf_mlp_forward(visc_model *m, const visc_tf_mlp *p, float *out, float *h, float *scratch,
                          const float *in, int64_t rows) {
     visc_tf_linear_forward(m, &p->fc1, h, in, rows);
-    gelu_forward(m, scratch, h, (size_t)rows * p->hidden);
-    visc_tf_linear_forward(m, &p->fc2, out, scratch, rows);
+    md_gelu_linear_forward(m, out, scratch, h, P(p->fc2.weight), P(p->fc2.bias), (int)rows,
+                           p->hidden, p->fc2.out);
 }
 
 void visc_tf_mlp_backward(visc_model *m, const visc_tf_mlp *p, float *din, const float *dout,
                           const float *in, const float *h, float *scratch, float *dscratch,
                           int64_t rows) {
-    size_t n = (size_t)rows * p->hidden;
-    gelu_forward(m, scratch, h, n); /* recomputed: fc2's input */
-    visc_tf_linear_backward(m, &p->fc2, dscratch, dout, scratch, rows);
-    if (m->cuda) visc_gpu_gelu_backward(m->cuda, dscratch, dscratch, h, n);
-    else visc_gelu_backward(dscratch, dscratch, h, n);
+    /* fc2's input made again (scratch is shared by the blocks), as forward made it */
+    md_gelu_linear_act(m, scratch, h, (int)rows, p->hidden, p->fc2.out, 1);
+    md_gelu_linear_backward(m, dscratch, G(p->fc2.weight), G(p->fc2.bias), dout, scratch, h,
+                            P(p->fc2.weight), (int)rows, p->hidden, p->fc2.out);
+    visc_model_grad_ready(m, G(p->fc2.weight), (size_t)p->hidden * p->fc2.out);
+    visc_model_grad_ready(m, G(p->fc2.bias), (size_t)p->fc2.out);
     visc_tf_linear_backward(m, &p->fc1, din, dscratch, in, rows);
 }
 

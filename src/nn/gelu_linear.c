@@ -13,19 +13,25 @@
 #include "visc/nn.h"
 #include "visc/tokens.h"
 
+void visc_gelu_linear_act(float *act, const float *h, int N, int hidden, int out_features,
+                          int has_bias) {
+    const size_t n = (size_t)N * hidden;
+    /* act's storage is untyped (an arena or malloc block): in bf16 it holds bf16 */
+    if (visc_linear_bf16_ready(N, hidden, out_features, has_bias))
+        visc_gelu_forward_bf16((void *)act, h, n);
+    else visc_gelu_forward(act, h, n);
+}
+
 void visc_gelu_linear_forward(float *out, float *act, const float *h, const float *weight,
                               const float *bias, int N, int hidden, int out_features) {
-    const size_t n = (size_t)N * hidden;
-    if (visc_linear_bf16_ready(N, hidden, out_features, bias != NULL)) {
-        /* act's storage is untyped (an arena or malloc block): it now holds bf16 */
-        uint16_t *a = (void *)act;
-        visc_gelu_forward_bf16(a, h, n);
-        if (visc_linear_bf16_forward_rounded(out, a, weight, bias, N, hidden, out_features) != 0)
-            visc_die("gelu_linear: bf16 product unavailable after the check");
+    visc_gelu_linear_act(act, h, N, hidden, out_features, bias != NULL);
+    if (!visc_linear_bf16_ready(N, hidden, out_features, bias != NULL)) {
+        visc_linear_forward(out, act, weight, bias, N, hidden, out_features);
         return;
     }
-    visc_gelu_forward(act, h, n);
-    visc_linear_forward(out, act, weight, bias, N, hidden, out_features);
+    if (visc_linear_bf16_forward_rounded(out, (const void *)act, weight, bias, N, hidden,
+                                         out_features) != 0)
+        visc_die("gelu_linear: bf16 product unavailable after the check");
 }
 
 void visc_gelu_linear_backward(float *dh, float *dweight, float *dbias, const float *dout,

@@ -365,7 +365,11 @@ int visc_linear_bf16_backward_rounded(float *din, float *dweight, float *dbias, 
 }
 
 int visc_linear_bf16_ready(int N, int in_features, int out_features, int has_bias) {
-    if (precision != VISC_PRECISION_BF16) return 0;
+    return precision == VISC_PRECISION_BF16 &&
+           visc_linear_bf16_shape_ready(N, in_features, out_features, has_bias);
+}
+
+int visc_linear_bf16_shape_ready(int N, int in_features, int out_features, int has_bias) {
     const product *f = find('N', 'T', N, out_features, in_features, has_bias, 1);
     const product *d = find('N', 'N', N, in_features, out_features, 0, 1);
     const product *w =

@@ -27,6 +27,9 @@ int visc_linear_bf16_backward(float *din, float *dweight, float *dbias, const fl
 /* 1 when the precision is bf16 and all three products of a layer of this
  * shape have bf16 kernels: then the *_rounded variants below succeed. */
 int visc_linear_bf16_ready(int N, int in_features, int out_features, int has_bias);
+/* The same, whatever the precision: for a caller that keeps its own (the
+ * stand-in GPU of the tests, whose bf16 is its context's). */
+int visc_linear_bf16_shape_ready(int N, int in_features, int out_features, int has_bias);
 /* The same products with the input already rounded to bf16 (by its
  * producer, e.g. visc_gelu_forward_bf16): no rounding pass over it. */
 int visc_linear_bf16_forward_rounded(float *out, const uint16_t *in, const float *weight,

@@ -861,6 +861,48 @@ int visc_cuda_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const
     return 0;
 }
 
+/* GELU then the linear layer as the CPU's gelu_linear.c in the context's
+ * precision (the host's stays fp32 under --device): act in bf16 where the
+ * CPU's bf16 mode would keep it so, else fp32 and the linear layer above,
+ * decided alike by every call. */
+static int gelu_linear_in_bf16(const visc_cuda *ctx, int N, int hidden, int out_features,
+                               int has_bias) {
+    return ctx->bf16 && visc_linear_bf16_shape_ready(N, hidden, out_features, has_bias);
+}
+
+int visc_cuda_gelu_linear_act(visc_cuda *ctx, float *act, const float *h, int N, int hidden,
+                              int out_features, int has_bias) {
+    if (gelu_linear_in_bf16(ctx, N, hidden, out_features, has_bias))
+        visc_gelu_forward_bf16((void *)act, h, (size_t)N * hidden);
+    else visc_gelu_forward(act, h, (size_t)N * hidden);
+    return 0;
+}
+
+int visc_cuda_gelu_linear_forward(visc_cuda *ctx, float *out, float *act, const float *h,
+                                  const float *weight, const float *bias, int N, int hidden,
+                                  int out_features) {
+    visc_cuda_gelu_linear_act(ctx, act, h, N, hidden, out_features, bias != NULL);
+    if (!gelu_linear_in_bf16(ctx, N, hidden, out_features, bias != NULL))
+        visc_cuda_linear_forward(ctx, out, act, weight, bias, N, hidden, out_features);
+    else if (visc_linear_bf16_forward_rounded(out, (const void *)act, weight, bias, N, hidden,
+                                              out_features) != 0)
+        visc_die("stand-in gelu_linear: bf16 product unavailable after the check");
+    return 0;
+}
+
+int visc_cuda_gelu_linear_backward(visc_cuda *ctx, float *dh, float *dweight, float *dbias,
+                                   const float *dout, const float *act, const float *h,
+                                   const float *weight, int N, int hidden, int out_features) {
+    if (!gelu_linear_in_bf16(ctx, N, hidden, out_features, dbias != NULL))
+        visc_cuda_linear_backward(ctx, dh, dweight, dbias, dout, act, weight, N, hidden,
+                                  out_features);
+    else if (visc_linear_bf16_backward_rounded(dh, dweight, dbias, dout, (const void *)act, weight,
+                                               N, hidden, out_features) != 0)
+        visc_die("stand-in gelu_linear: bf16 product unavailable after the check");
+    visc_gelu_backward(dh, dh, h, (size_t)N * hidden);
+    return 0;
+}
+
 int visc_cuda_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
                                 const float *q, const float *k, const float *v) {
     (void)ctx;

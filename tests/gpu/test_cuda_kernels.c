@@ -1647,6 +1647,18 @@ static void tally_add(tally *t, double got, double exact, double mag) {
     t->n++;
 }
 
+/* A linear layer's bias gradient db [out]: the column sums of dy [N, out]. */
+static void tally_bias_grad(tally *t, const float *db, const float *dy, int N, int out) {
+    for (int o = 0; o < out; o++) {
+        double sum = 0, mag = 0;
+        for (int i = 0; i < N; i++) {
+            sum += dy[(size_t)i * out + o];
+            mag += fabs((double)dy[(size_t)i * out + o]);
+        }
+        tally_add(t, db[o], sum, mag);
+    }
+}
+
 static void check_linear(int N, int in, int out, int shift, int bf16) {
     char name[160];
     float *x = random_floats((size_t)N * in, -1, 1), *w = random_floats((size_t)out * in, -1, 1);
@@ -1698,13 +1710,8 @@ static void check_linear(int N, int in, int out, int shift, int bf16) {
             }
             tally_add(&tdx, dx[(size_t)i * in + k], sum, mag);
         }
+    tally_bias_grad(&tdb, db, dy, N, out);
     for (int o = 0; o < out; o++) {
-        double bsum = 0, bmag = 0;
-        for (int i = 0; i < N; i++) {
-            bsum += dy[(size_t)i * out + o];
-            bmag += fabs((double)dy[(size_t)i * out + o]);
-        }
-        tally_add(&tdb, db[o], bsum, bmag);
         for (int k = 0; k < in; k++) {
             double sum = 0, mag = 0;
             for (int i = 0; i < N; i++) {
@@ -1727,14 +1734,232 @@ static void check_linear(int N, int in, int out, int shift, int bf16) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* GELU then the linear layer (gelu_linear.cu). act: the CPU's GELU (its
+ * erf 1.5e-7 from the GPU's, 2e-6 allowed), and in bf16 that rounded: one
+ * bf16 step apart at most (rtol 2^-8); _act must give forward's act bit for
+ * bit. The products against double-precision ones of the operands the GPU
+ * took (its own act, W and dY rounded in bf16): out, dW and the linear
+ * part of dh at the linear layer's tolerance (1e-4 bf16, 3e-5 fp32, of the
+ * sum of |terms|); dh = that x GELU'(h), in double here. */
+static double gelu_grad_exact(double x) {
+    return 0.5 * erfc(-x / sqrt(2.0)) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
+}
+
+static void check_gelu_linear(int N, int hidden, int out, int bf16) {
+    char name[160];
+    const size_t nh = (size_t)N * hidden, nw = (size_t)out * hidden, ny = (size_t)N * out;
+    float *h = random_floats(nh, -3, 3), *w = random_floats(nw, -1, 1);
+    float *b = random_floats((size_t)out, -1, 1), *dy = random_floats(ny, -1, 1);
+    float *cpu_act = malloc(sizeof(float) * nh);
+    visc_gelu_forward(cpu_act, h, nh);
+    float *d_h = up(h, sizeof(float) * nh), *d_w = up(w, sizeof(float) * nw);
+    float *d_b = up(b, sizeof(float) * out), *d_dy = up(dy, sizeof(float) * ny);
+    float *d_act = dev(sizeof(float) * nh), *d_act2 = dev(sizeof(float) * nh);
+    float *d_y = dev(sizeof(float) * ny), *d_dh = dev(sizeof(float) * nh);
+    float *d_dw = dev(sizeof(float) * nw), *d_db = dev(sizeof(float) * out);
+    visc_cuda_set_bf16(ctx, bf16);
+    launched(visc_cuda_gelu_linear_forward(ctx, d_y, d_act, d_h, d_w, d_b, N, hidden, out),
+             "gelu_linear forward");
+    launched(visc_cuda_gelu_linear_act(ctx, d_act2, d_h, N, hidden, out, 1), "gelu_linear act");
+    launched(visc_cuda_gelu_linear_backward(ctx, d_dh, d_dw, d_db, d_dy, d_act, d_h, d_w, N, hidden,
+                                            out),
+             "gelu_linear backward");
+    visc_cuda_set_bf16(ctx, 0);
+    /* act as the products took it */
+    const size_t act_bytes = bf16 ? 2 * nh : 4 * nh;
+    void *raw = malloc(act_bytes), *raw2 = malloc(act_bytes);
+    if (visc_cuda_download(ctx, raw, d_act, act_bytes) ||
+        visc_cuda_download(ctx, raw2, d_act2, act_bytes))
+        die_cuda("download");
+    float *act = malloc(sizeof(float) * nh);
+    for (size_t i = 0; i < nh; i++)
+        act[i] = bf16 ? visc_bf16_to_f32(((uint16_t *)raw)[i]) : ((float *)raw)[i];
+    float *wr = malloc(sizeof(float) * nw), *dyr = malloc(sizeof(float) * ny);
+    for (size_t i = 0; i < nw; i++) wr[i] = bf16 ? bf16_round(w[i]) : w[i];
+    for (size_t i = 0; i < ny; i++) dyr[i] = bf16 ? bf16_round(dy[i]) : dy[i];
+    float *y = down(d_y, ny), *dh = down(d_dh, nh), *dw = down(d_dw, nw), *db = down(d_db, out);
+    const double tol = bf16 ? 1e-4 : 3e-5;
+    tally tact = {.tol = 1.0}, ty = {.tol = tol}, tdh = {.tol = tol}, tdw = {.tol = tol},
+          tdb = {.tol = 3e-5};
+    for (size_t i = 0; i < nh; i++)
+        tally_add(&tact, act[i], cpu_act[i], 2e-6 + (bf16 ? ldexp(fabs(cpu_act[i]), -8) : 0));
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < out; o++) {
+            double sum = b[o], mag = fabs(b[o]);
+            for (int k = 0; k < hidden; k++) {
+                const double t = (double)act[(size_t)i * hidden + k] * wr[(size_t)o * hidden + k];
+                sum += t, mag += fabs(t);
+            }
+            tally_add(&ty, y[(size_t)i * out + o], sum, mag);
+        }
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < hidden; k++) {
+            double sum = 0, mag = 0;
+            for (int o = 0; o < out; o++) {
+                const double t = (double)dyr[(size_t)i * out + o] * wr[(size_t)o * hidden + k];
+                sum += t, mag += fabs(t);
+            }
+            const double x = h[(size_t)i * hidden + k], g = gelu_grad_exact(x);
+            /* GELU' in fp32 on the GPU, a sum of two terms that cancel
+             * near x = -0.75: 1e-6 of their magnitudes more */
+            const double g_mag = 0.5 * erfc(-x / sqrt(2.0)) + fabs(x * exp(-0.5 * x * x));
+            tally_add(&tdh, dh[(size_t)i * hidden + k], sum * g,
+                      mag * fabs(g) + 1e-6 * fabs(sum) * g_mag / tol);
+        }
+    tally_bias_grad(&tdb, db, dy, N, out);
+    for (int o = 0; o < out; o++) {
+        for (int k = 0; k < hidden; k++) {
+            double sum = 0, mag = 0;
+            for (int i = 0; i < N; i++) {
+                const double t = (double)dyr[(size_t)i * out + o] * act[(size_t)i * hidden + k];
+                sum += t, mag += fabs(t);
+            }
+            tally_add(&tdw, dw[(size_t)o * hidden + k], sum, mag);
+        }
+    }
+    const tally *ts[5] = {&tact, &ty, &tdh, &tdw, &tdb};
+    const char *what[5] = {"act", "forward", "dh", "dW", "db"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(name, sizeof name, "gelu_linear %s %s: N %d, %d -> %d", bf16 ? "bf16" : "fp32",
+                 what[i], N, hidden, out);
+        report(name, ts[i]->bad, ts[i]->n, ts[i]->worst, ts[i]->got, ts[i]->want,
+               ts[i]->worst_ratio);
+    }
+    snprintf(name, sizeof name, "gelu_linear %s act alone: forward's, bit for bit",
+             bf16 ? "bf16" : "fp32");
+    expect_bits(name, raw2, raw, nh, bf16 ? 2 : 4);
+    void *dfree[] = {d_h, d_w, d_b, d_dy, d_act, d_act2, d_y, d_dh, d_dw, d_db};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {h, w, b, dy, cpu_act, raw, raw2, act, wr, dyr, y, dh, dw, db};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* Batches of bf16 products (visc_cuda_matmul_bf16_batched) with padded rows
+ * and gaps between the matrices: D_t = alpha op(A_t) op(B_t) + beta D_t,
+ * against double-precision products of the same operands, 1e-4 x the sum
+ * of |terms| as for one product. The padding and the gaps hold NaNs, which
+ * must never be read, and D's must come back untouched. */
+static void check_products(int M, int N, int K, int trans_a, int trans_b, int batch, int pad,
+                           float alpha, float beta) {
+    char name[160];
+    const int ar = trans_a ? K : M, ac = trans_a ? M : K; /* A as stored */
+    const int br = trans_b ? N : K, bc = trans_b ? K : N;
+    const int64_t lda = ac + pad, ldb = bc + pad, ldd = N + pad;
+    const int64_t sa = lda * ar + 8 * pad, sb = ldb * br + 8 * pad, sd = ldd * M + 4 * pad;
+    const size_t na = (size_t)sa * batch, nb = (size_t)sb * batch, nd = (size_t)sd * batch;
+    uint16_t *a16 = malloc(2 * na), *b16 = malloc(2 * nb);
+    float *a = random_floats(na, -1, 1), *b = random_floats(nb, -1, 1);
+    float *d0 = random_floats(nd, -1, 1);
+    for (size_t i = 0; i < na; i++) a16[i] = visc_f32_to_bf16(a[i]), a[i] = bf16_round(a[i]);
+    for (size_t i = 0; i < nb; i++) b16[i] = visc_f32_to_bf16(b[i]), b[i] = bf16_round(b[i]);
+    /* NaN where no operand element is */
+    for (int t = 0; t < batch; t++) {
+        for (int64_t e = 0; e < sa; e++)
+            if (e >= lda * ar || e % lda >= ac) a16[t * sa + e] = 0x7fc0;
+        for (int64_t e = 0; e < sb; e++)
+            if (e >= ldb * br || e % ldb >= bc) b16[t * sb + e] = 0x7fc0;
+        for (int64_t e = 0; e < sd; e++)
+            if (e >= ldd * M || e % ldd >= N || beta == 0.0f) d0[t * sd + e] = NAN;
+    }
+    uint16_t *d_a = up(a16, 2 * na), *d_b = up(b16, 2 * nb);
+    float *d_d = up(d0, sizeof(float) * nd);
+    const visc_cuda_products p = {.A = d_a,
+                                  .B = d_b,
+                                  .D = d_d,
+                                  .M = M,
+                                  .N = N,
+                                  .K = K,
+                                  .trans_a = trans_a,
+                                  .trans_b = trans_b,
+                                  .batch = batch,
+                                  .lda = lda,
+                                  .ldb = ldb,
+                                  .ldd = ldd,
+                                  .stride_a = sa,
+                                  .stride_b = sb,
+                                  .stride_d = sd,
+                                  .alpha = alpha,
+                                  .beta = beta};
+    launched(visc_cuda_matmul_bf16_batched(ctx, &p), "batched products");
+    float *got = down(d_d, nd);
+    size_t bad = 0, worst = 0;
+    double worst_ratio = 0.0;
+    for (int t = 0; t < batch; t++)
+        for (int64_t e = 0; e < sd; e++) {
+            const size_t at = (size_t)t * sd + e;
+            const int i = (int)(e / ldd), j = (int)(e % ldd);
+            double s = 0.0, mag = 0.0;
+            if (i < M && j < N) {
+                for (int k = 0; k < K; k++) {
+                    const double av = trans_a ? a[t * sa + (int64_t)k * lda + i]
+                                              : a[t * sa + (int64_t)i * lda + k];
+                    const double bv = trans_b ? b[t * sb + (int64_t)j * ldb + k]
+                                              : b[t * sb + (int64_t)k * ldb + j];
+                    s += av * bv;
+                    mag += fabs(av * bv);
+                }
+                s *= alpha, mag *= fabs(alpha);
+                if (beta != 0.0f) s += beta * d0[at], mag += fabs(beta * d0[at]);
+            }
+            /* outside the matrices: untouched (NaN stays NaN, bits compared) */
+            const int inside = i < M && j < N;
+            const double err = inside ? fabs((double)got[at] - s) : 0.0;
+            const int same = inside || memcmp(&got[at], &d0[at], sizeof(float)) == 0;
+            const double ratio = same ? err / (1e-4 * mag + 1e-30) : INFINITY;
+            if (!(ratio <= 1.0)) bad++;
+            if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = at;
+        }
+    snprintf(name, sizeof name,
+             "batched products bf16: %d x M %d N %d K %d%s%s, rows padded %d, alpha %g, beta %g",
+             batch, M, N, K, trans_a ? " A^T" : "", trans_b ? " B^T" : "", pad, alpha, beta);
+    report(name, bad, nd, worst, got[worst], d0[worst], worst_ratio);
+    visc_cuda_free(ctx, d_a);
+    visc_cuda_free(ctx, d_b);
+    visc_cuda_free(ctx, d_d);
+    void *hfree[] = {a16, b16, a, b, d0, got};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 /* ---- attention ----
  * Against a double-precision reference of the same formulas (the CPU twin
- * needs oneDNN, not linked here): |gpu - ref| <= 1e-4 |ref| + 2e-5 x the
- * tensor's largest |ref|. Layouts as the models use them: q, k, v inside a
- * fused [B, N, 3, H, D] projection, the output [B, N, H, D]. */
+ * needs oneDNN, not linked here). Layouts as the models use them: q, k, v
+ * inside a fused [B, N, 3, H, D] projection, the output [B, N, H, D].
+ * fp32: |gpu - ref| <= 1e-4 |ref| + 2e-5 x the tensor's largest |ref|.
+ * bf16 (tensor cores): the reference takes Q, K, V and dO rounded to bf16,
+ * as the products do; what it cannot follow is the rounding of P and dS to
+ * bf16 for their products (2^-9 relative each), so each element may be off
+ * by 2^-7 of its magnitude: the sum of its terms' absolute values, with
+ * |dP| + the magnitude of delta in place of dP - delta (delta = dO . O
+ * carries the output's rounding: its magnitude is the sum of |dO| times
+ * the output's magnitudes). The log-sum-exp comes from fp32 sums of the same bf16
+ * products: 1e-4 relative. A wrong element, pair or stride is off by about
+ * its whole magnitude. Each bf16 case runs twice, with the N x N
+ * matrices made in one chunk and one sequence at a time. */
 typedef struct {
-    int B, H, Nq, Nk, D, nmask, bias, head_scale, dead_row;
+    int B, H, Nq, Nk, D, nmask, bias, head_scale, dead_row, bf16;
 } attn_case;
+
+/* |got - want| <= rel x mag, element by element. */
+static void expect_within(const char *name, const float *got, const double *want, const double *mag,
+                          size_t n, double rel) {
+    size_t bad = 0, worst = 0;
+    double worst_ratio = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double err = fabs((double)got[i] - want[i]), ratio = err / (rel * mag[i] + 1e-30);
+        if (!(ratio <= 1.0)) bad++;
+        if (!(ratio <= worst_ratio)) {
+            worst_ratio = ratio;
+            worst = i;
+        }
+    }
+    report(name, bad, n, worst, n ? got[worst] : 0, n ? want[worst] : 0, worst_ratio);
+}
+
+static float *bf16_rounded(const float *x, size_t n) {
+    float *r = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) r[i] = bf16_round(x[i]);
+    return r;
+}
 
 static void check_attention(attn_case c) {
     char name[200];
@@ -1748,6 +1973,9 @@ static void check_attention(attn_case c) {
         mask[i] = mask[i] < 0.3f ? -100.0f : 0.0f; /* Swin's shifted-window masks */
     if (c.dead_row) /* every key of row 1 masked out: output 0, lse +inf */
         for (int j = 0; j < Nk; j++) mask[1 * Nk + j] = -INFINITY;
+    /* what the reference multiplies: the products' operands as the GPU has them */
+    float *rqkv = c.bf16 ? bf16_rounded(qkv, nqkv) : qkv;
+    float *rdout = c.bf16 ? bf16_rounded(dout, nout) : dout;
     visc_attention a = {.B = B,
                         .H = H,
                         .Nq = Nq,
@@ -1767,15 +1995,17 @@ static void check_attention(attn_case c) {
                         .o_sb = (int64_t)Nq * on,
                         .o_sh = D,
                         .o_sn = on};
-    /* reference, in double */
+    /* reference, in double, with each element's magnitude */
     double *ref_out = calloc(nout, sizeof(double)), *ref_lse = calloc((size_t)B * H * Nq, 8);
     double *ref_dqkv = calloc(nqkv, sizeof(double)), *ref_dbias = calloc((size_t)H * nsc, 8);
     double *ref_dhs = calloc((size_t)H, sizeof(double));
+    double *mag_out = calloc(nout, sizeof(double)), *mag_dqkv = calloc(nqkv, sizeof(double));
+    double *mag_dbias = calloc((size_t)H * nsc, 8), *mag_dhs = calloc((size_t)H, sizeof(double));
     double *S = malloc(sizeof(double) * nsc), *P = malloc(sizeof(double) * nsc);
     double *raw = malloc(sizeof(double) * nsc);
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++) {
-            const float *q = qkv + b * sb + h * D, *k = q + H * D, *v = q + 2 * H * D;
+            const float *q = rqkv + b * sb + h * D, *k = q + H * D, *v = q + 2 * H * D;
             const double sh = c.head_scale ? hscale[h] : a.scale;
             for (int i = 0; i < Nq; i++) {
                 double mx = -INFINITY;
@@ -1795,28 +2025,41 @@ static void check_attention(attn_case c) {
                 for (int j = 0; j < Nk; j++)
                     P[i * Nk + j] = sum > 0 ? exp(S[i * Nk + j] - mx) / sum : 0.0;
                 for (int d = 0; d < D; d++) {
-                    double o = 0;
-                    for (int j = 0; j < Nk; j++) o += P[i * Nk + j] * v[j * sn + d];
+                    double o = 0, m = 0;
+                    for (int j = 0; j < Nk; j++) {
+                        o += P[i * Nk + j] * v[j * sn + d];
+                        m += P[i * Nk + j] * fabs(v[j * sn + d]);
+                    }
                     ref_out[(size_t)b * Nq * on + i * on + h * D + d] = o;
+                    mag_out[(size_t)b * Nq * on + i * on + h * D + d] = m;
                 }
             }
-            const float *g = dout + (size_t)b * Nq * on + h * D;
+            const float *g = rdout + (size_t)b * Nq * on + h * D;
             double *dq = ref_dqkv + b * sb + h * D, *dk = dq + H * D, *dv = dq + 2 * H * D;
+            double *mq = mag_dqkv + b * sb + h * D, *mk = mq + H * D, *mv = mq + 2 * H * D;
             for (int i = 0; i < Nq; i++) {
-                double delta = 0;
-                for (int d = 0; d < D; d++)
-                    delta +=
-                        (double)g[i * on + d] * ref_out[(size_t)b * Nq * on + i * on + h * D + d];
+                double delta = 0, delta_mag = 0;
+                for (int d = 0; d < D; d++) {
+                    const size_t o = (size_t)b * Nq * on + i * on + h * D + d;
+                    delta += (double)g[i * on + d] * ref_out[o];
+                    delta_mag += fabs((double)g[i * on + d]) * mag_out[o];
+                }
                 for (int j = 0; j < Nk; j++) {
                     double dp = 0;
                     for (int d = 0; d < D; d++) dp += (double)g[i * on + d] * v[j * sn + d];
-                    const double ds = P[i * Nk + j] * (dp - delta);
+                    const double pij = P[i * Nk + j], ds = pij * (dp - delta);
+                    const double dsm = pij * (fabs(dp) + delta_mag);
                     ref_dbias[(size_t)h * nsc + i * Nk + j] += ds;
+                    mag_dbias[(size_t)h * nsc + i * Nk + j] += dsm;
                     ref_dhs[h] += ds * raw[i * Nk + j];
+                    mag_dhs[h] += dsm * fabs(raw[i * Nk + j]);
                     for (int d = 0; d < D; d++) {
                         dq[i * sn + d] += sh * ds * k[j * sn + d];
                         dk[j * sn + d] += sh * ds * q[i * sn + d];
-                        dv[j * sn + d] += P[i * Nk + j] * g[i * on + d];
+                        dv[j * sn + d] += pij * g[i * on + d];
+                        mq[i * sn + d] += sh * dsm * fabs(k[j * sn + d]);
+                        mk[j * sn + d] += sh * dsm * fabs(q[i * sn + d]);
+                        mv[j * sn + d] += pij * fabs(g[i * on + d]);
                     }
                 }
             }
@@ -1831,46 +2074,61 @@ static void check_attention(attn_case c) {
     a.bias = c.bias ? d_bias : NULL;
     a.mask = c.nmask ? d_mask : NULL;
     a.head_scale = c.head_scale ? d_hs : NULL;
-    /* parts of dqkv no gradient reaches (rows beyond Nq or Nk) stay as they are */
-    if (visc_cuda_zero(ctx, d_dqkv, sizeof(float) * nqkv)) die_cuda("zero");
-    launched(visc_cuda_attention_forward(ctx, &a, d_out, d_lse, d_qkv, d_qkv + H * D,
-                                         d_qkv + 2 * H * D),
-             "attention forward");
-    launched(visc_cuda_attention_backward(ctx, &a, d_dqkv, d_dqkv + H * D, d_dqkv + 2 * H * D,
-                                          c.bias ? d_dbias : NULL, c.head_scale ? d_dhs : NULL,
-                                          d_dout, d_qkv, d_qkv + H * D, d_qkv + 2 * H * D, d_out,
-                                          d_lse),
-             "attention backward");
-    struct {
-        const char *what;
-        float *dev;
-        const double *ref;
-        size_t n;
-    } outs[] = {{"output", d_out, ref_out, nout},
-                {"lse", d_lse, ref_lse, (size_t)B * H * Nq},
-                {"dq dk dv", d_dqkv, ref_dqkv, nqkv},
-                {"dbias", c.bias ? d_dbias : NULL, ref_dbias, (size_t)H * nsc},
-                {"dhead_scale", c.head_scale ? d_dhs : NULL, ref_dhs, (size_t)H}};
-    for (size_t o = 0; o < sizeof outs / sizeof *outs; o++) {
-        if (!outs[o].dev) continue;
-        float *got = down(outs[o].dev, outs[o].n), *want = malloc(sizeof(float) * outs[o].n);
-        double big = 0;
-        for (size_t i = 0; i < outs[o].n; i++) {
-            want[i] = (float)outs[o].ref[i];
-            if (isfinite(outs[o].ref[i])) big = fmax(big, fabs(outs[o].ref[i]));
-            if (isinf(outs[o].ref[i]) && got[i] == want[i]) got[i] = want[i] = 0; /* +inf lse */
+    visc_cuda_set_bf16(ctx, c.bf16);
+    for (int chunked = 0; chunked <= c.bf16; chunked++) {
+        visc_cuda_set_attention_chunk(ctx, chunked ? 1 : 0);
+        /* parts of dqkv no gradient reaches (rows beyond Nq or Nk) stay as they are */
+        if (visc_cuda_zero(ctx, d_dqkv, sizeof(float) * nqkv)) die_cuda("zero");
+        launched(visc_cuda_attention_forward(ctx, &a, d_out, d_lse, d_qkv, d_qkv + H * D,
+                                             d_qkv + 2 * H * D),
+                 "attention forward");
+        launched(visc_cuda_attention_backward(ctx, &a, d_dqkv, d_dqkv + H * D, d_dqkv + 2 * H * D,
+                                              c.bias ? d_dbias : NULL, c.head_scale ? d_dhs : NULL,
+                                              d_dout, d_qkv, d_qkv + H * D, d_qkv + 2 * H * D,
+                                              d_out, d_lse),
+                 "attention backward");
+        struct {
+            const char *what;
+            float *dev;
+            const double *ref, *mag;
+            size_t n;
+        } outs[] = {{"output", d_out, ref_out, mag_out, nout},
+                    {"lse", d_lse, ref_lse, NULL, (size_t)B * H * Nq},
+                    {"dq dk dv", d_dqkv, ref_dqkv, mag_dqkv, nqkv},
+                    {"dbias", c.bias ? d_dbias : NULL, ref_dbias, mag_dbias, (size_t)H * nsc},
+                    {"dhead_scale", c.head_scale ? d_dhs : NULL, ref_dhs, mag_dhs, (size_t)H}};
+        for (size_t o = 0; o < sizeof outs / sizeof *outs; o++) {
+            if (!outs[o].dev) continue;
+            float *got = down(outs[o].dev, outs[o].n), *want = malloc(sizeof(float) * outs[o].n);
+            double big = 0;
+            for (size_t i = 0; i < outs[o].n; i++) {
+                want[i] = (float)outs[o].ref[i];
+                if (isfinite(outs[o].ref[i])) big = fmax(big, fabs(outs[o].ref[i]));
+                if (isinf(outs[o].ref[i]) && got[i] == want[i]) got[i] = want[i] = 0; /* +inf */
+            }
+            snprintf(name, sizeof name, "attention %s%s: B %d H %d Nq %d Nk %d D %d%s%s%s%s%s",
+                     c.bf16 ? "bf16 " : "", outs[o].what, B, H, Nq, Nk, D, c.bias ? ", bias" : "",
+                     c.nmask ? ", masks" : "", c.head_scale ? ", head scale" : "",
+                     c.dead_row ? ", a fully masked row" : "",
+                     chunked ? ", a sequence a chunk" : "");
+            if (!c.bf16) expect_close(name, got, want, outs[o].n, 2e-5 * big, 1e-4);
+            else if (!outs[o].mag) expect_close(name, got, want, outs[o].n, 1e-4 * big, 1e-4);
+            else expect_within(name, got, outs[o].ref, outs[o].mag, outs[o].n, 1.0 / 128);
+            free(got);
+            free(want);
         }
-        snprintf(name, sizeof name, "attention %s: B %d H %d Nq %d Nk %d D %d%s%s%s%s",
-                 outs[o].what, B, H, Nq, Nk, D, c.bias ? ", bias" : "", c.nmask ? ", masks" : "",
-                 c.head_scale ? ", head scale" : "", c.dead_row ? ", a fully masked row" : "");
-        expect_close(name, got, want, outs[o].n, 2e-5 * big, 1e-4);
-        free(got);
-        free(want);
     }
+    visc_cuda_set_attention_chunk(ctx, 0);
+    visc_cuda_set_bf16(ctx, 0);
     void *dfree[] = {d_qkv, d_dout, d_bias, d_hs, d_mask, d_out, d_lse, d_dqkv, d_dbias, d_dhs};
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
-    void *hfree[] = {qkv,      dout,      bias,    hscale, mask, ref_out, ref_lse,
-                     ref_dqkv, ref_dbias, ref_dhs, S,      P,    raw};
+    if (c.bf16) {
+        free(rqkv);
+        free(rdout);
+    }
+    void *hfree[] = {qkv,       dout,     bias,      hscale,  mask,    ref_out,
+                     ref_lse,   ref_dqkv, ref_dbias, ref_dhs, mag_out, mag_dqkv,
+                     mag_dbias, mag_dhs,  S,         P,       raw};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
@@ -2397,6 +2655,10 @@ static void group_gelu(void) {
     check_gelu(((size_t)1 << 20) + 3);
     check_gelu(((size_t)5 << 20) + 3); /* past the launch cap: the grid-stride loop's second pass */
     check_bias_gelu(257, 384);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        check_gelu_linear(197, 96, 24, bf16); /* a ViT MLP's second half, small */
+        check_gelu_linear(33, 50, 17, bf16);  /* odd shapes */
+    }
 }
 static void group_optim(void) {
     check_optimizer(VISC_OPT_ADAMW, 0.0f, 0, 0, 40000);
@@ -2435,6 +2697,11 @@ static void group_matmul(void) {
      * fp32, 32 in bf16); shift 1: one element, the least there can be. */
     check_matmul("linear forward, table-aligned", 394, 192, 384, 0, 1, 1, 0.0f, 16);
     check_matmul("linear dW += dY^T X, element-aligned", 192, 384, 394, 1, 0, 0, 1.0f, 1);
+    /* attention's forms (attention_tc.cu), and alpha, beta, gaps and padding */
+    check_products(49, 49, 32, 0, 1, 6, 0, 1.0f, 0.0f); /* S = Q K^T */
+    check_products(49, 32, 49, 1, 0, 6, 8, 1.0f, 0.0f); /* dK = dS^T Q, rows padded */
+    check_products(13, 7, 19, 0, 0, 3, 3, 0.5f, 1.0f);  /* odd sizes, accumulated */
+    check_products(13, 7, 19, 1, 1, 4, 5, -2.0f, 0.0f);
 }
 static void group_linear(void) {
     for (int bf16 = 0; bf16 <= 1; bf16++) {
@@ -2444,39 +2711,48 @@ static void group_linear(void) {
         check_linear(394, 384, 1536, 0, bf16);   /* a ViT-S MLP's first layer, 2 images */
     }
 }
-static void group_attention(void) {
-    check_attention((attn_case){.B = 2, .H = 6, .Nq = 197, .Nk = 197, .D = 64}); /* ViT-S */
-    check_attention((attn_case){.B = 8,
+static void attention_cases(int bf16) {
+    check_attention(
+        (attn_case){.bf16 = bf16, .B = 2, .H = 6, .Nq = 197, .Nk = 197, .D = 64}); /* ViT-S */
+    check_attention((attn_case){.bf16 = bf16,
+                                .B = 8,
                                 .H = 3,
                                 .Nq = 49,
                                 .Nk = 49,
                                 .D = 32,
                                 .nmask = 4,
                                 .bias = 1}); /* Swin: windows, bias, shift masks */
-    check_attention((attn_case){.B = 4,
+    check_attention((attn_case){.bf16 = bf16,
+                                .B = 4,
                                 .H = 2,
                                 .Nq = 64,
                                 .Nk = 64,
                                 .D = 32,
                                 .nmask = 2,
                                 .bias = 1,
-                                .head_scale = 1});                             /* Swin V2 */
-    check_attention((attn_case){.B = 3, .H = 4, .Nq = 1, .Nk = 197, .D = 48}); /* CaiT's class
-                                                                                 attention */
-    check_attention((attn_case){.B = 2,
+                                .head_scale = 1}); /* Swin V2 */
+    /* CaiT's class attention */
+    check_attention((attn_case){.bf16 = bf16, .B = 3, .H = 4, .Nq = 1, .Nk = 197, .D = 48});
+    check_attention((attn_case){.bf16 = bf16,
+                                .B = 2,
                                 .H = 2,
                                 .Nq = 40,
                                 .Nk = 33,
                                 .D = 128,
                                 .nmask = 1,
                                 .dead_row = 1}); /* D 128, a row with every key masked */
-    check_attention((attn_case){.B = 2,
+    check_attention((attn_case){.bf16 = bf16,
+                                .B = 2,
                                 .H = 2,
                                 .Nq = 40,
                                 .Nk = 33,
                                 .D = 32,
                                 .bias = 1,
                                 .head_scale = 1}); /* bias and head scales off the diagonal */
+}
+static void group_attention(void) {
+    attention_cases(0);
+    attention_cases(1); /* on tensor cores */
 }
 static void group_tokens(void) {
     check_tokens(8, 197, 384); /* ViT-S's position table and class tokens */

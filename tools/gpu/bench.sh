@@ -14,9 +14,10 @@
 # visc runs with --precision bf16: its linear layers' products take bf16
 # operands, and the ResNets keep their activations in bf16 channels-last
 # (convolutions, batch norm, pooling and sums in bf16, as autocast with
-# channels_last); the transformers' attention, layer norm and GELU are
-# still fp32, and the table says so rather than compare unlike precisions
-# silently. Memory: visc's is what
+# channels_last); the transformers' attention multiplies bf16 operands on
+# tensor cores and the MLP's GELU writes bf16, but their layer norm,
+# residual stream and attention's inputs and outputs are still fp32, and
+# the table says so rather than compare unlike precisions silently. Memory: visc's is what
 # the device held after the run minus before the model (cudaMemGetInfo:
 # arena, weights, workspaces), PyTorch's torch.cuda.max_memory_allocated.
 set -u
@@ -59,7 +60,7 @@ settings=(
     echo
     echo "\`bash tools/gpu/bench.sh\`, $(date -u +%F). Training images/s (higher is better), device memory in MiB."
     echo
-    echo "| model | batch | visc (bf16: ResNets throughout, transformers' products) | torch eager bf16 | torch.compile bf16 | visc / eager | visc / compile | memory visc / eager |"
+    echo "| model | batch | visc (bf16: ResNets throughout, transformers' products and GELU) | torch eager bf16 | torch.compile bf16 | visc / eager | visc / compile | memory visc / eager |"
     echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
 } >"$OUT/bench.md"
 for s in "${settings[@]}"; do

@@ -6,7 +6,9 @@
  * (rows, cols, leading dimension) that must agree with the operation's
  * shapes after the transposes (op(A) m x k, op(B) k x n, C and D m x n),
  * equal A and B types (fp32 or bf16), fp32 C and D, fp32 compute and
- * scale, a bias epilogue adding bias[row] of D, and an algorithm chosen
+ * scale, a bias epilogue adding bias[row] of D, strided batches (every
+ * operand the same count, each matrix its stride after the previous), and
+ * an algorithm chosen
  * for the alignments the preference declared, which the pointers of a
  * later call must still have. The product is summed in double: the
  * backend's tests compare against double-precision references with fp32
@@ -33,6 +35,8 @@ struct layout {
     cudaDataType_t type;
     uint64_t rows, cols;
     int64_t ld;
+    int32_t batch;  /* 1 unless set */
+    int64_t stride; /* elements from one matrix of the batch to the next */
 };
 struct preference {
     uint64_t workspace;
@@ -89,6 +93,10 @@ cublasStatus_t shapes(const matmul_desc *op, const layout *a, const layout *b, c
     for (const layout *l : all)
         if (l->ld < (int64_t)l->rows || l->rows == 0 || l->cols == 0)
             return invalid("a leading dimension below the rows, or an empty matrix");
+    if (a->batch != d->batch || b->batch != d->batch || c->batch != d->batch)
+        return invalid("operands with different batch counts");
+    if (d->batch > 1 && d->stride < d->ld * (int64_t)d->cols)
+        return invalid("a batch of outputs whose matrices overlap");
     if (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT && op->epilogue != CUBLASLT_EPILOGUE_BIAS)
         return invalid("an epilogue other than none or bias");
     if (op->epilogue == CUBLASLT_EPILOGUE_BIAS && op->bias_type != CUDA_R_32F)
@@ -100,6 +108,24 @@ double element(const void *base, cudaDataType_t type, const layout *l, uint64_t 
     const uint64_t i = c * (uint64_t)l->ld + r;
     if (type == CUDA_R_16BF) return (double)__bfloat162float(((const __nv_bfloat16 *)base)[i]);
     return (double)((const float *)base)[i];
+}
+
+/* D = alpha op(A) op(B) + beta C (+ bias) for one matrix of the batch:
+ * op(A) as m rows of k (ra) and op(B) as n rows of k (rb), in double, so
+ * each output is one contiguous dot product. */
+void product(const matmul_desc *o, const double *ra, const double *rb, uint64_t m, uint64_t n,
+             uint64_t k, float alpha, float beta, const float *cin, const layout *lc, float *out,
+             const layout *ld) {
+    for (uint64_t j = 0; j < n; j++)
+        for (uint64_t i = 0; i < m; i++) {
+            const double *x = ra + i * k, *y = rb + j * k;
+            double acc = 0.0;
+            for (uint64_t p = 0; p < k; p++) acc += x[p] * y[p];
+            double v = (double)alpha * acc;
+            if (beta != 0.0f) v += (double)beta * cin[j * (uint64_t)lc->ld + i];
+            if (o->epilogue == CUBLASLT_EPILOGUE_BIAS) v += ((const float *)o->bias)[i];
+            out[j * (uint64_t)ld->ld + i] = (float)v;
+        }
 }
 
 } // namespace
@@ -155,8 +181,18 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataTyp
                                           uint64_t rows, uint64_t cols, int64_t ld) {
     *l = (cublasLtMatrixLayout_t)calloc(1, sizeof(cublasLtMatrixLayoutOpaque_t));
     if (!*l) return CUBLAS_STATUS_ALLOC_FAILED;
-    *layout_of(*l) = layout{type, rows, cols, ld};
+    *layout_of(*l) = layout{type, rows, cols, ld, 1, 0};
     return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l,
+                                                cublasLtMatrixLayoutAttribute_t attr,
+                                                const void *buf, size_t bytes) {
+    layout *m = layout_of(l);
+    switch (attr) {
+    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: return set(&m->batch, buf, bytes);
+    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: return set(&m->stride, buf, bytes);
+    default: return invalid("a layout attribute the emulator does not know");
+    }
 }
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
     free(l);
@@ -223,20 +259,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
     if (!chosen) return invalid("no algorithm (the emulator takes the heuristic's)");
     const algo *al = (const algo *)chosen->data;
     if (al->magic != ALGO_MAGIC) return invalid("an algorithm the heuristic did not return");
+    /* every matrix of a batch must have the alignment declared for the first */
+    const layout *ls[4] = {la, lb, lc, ld};
     const void *ptrs[4] = {A, B, C, D};
     for (int i = 0; i < 4; i++)
-        if (alignment_of(ptrs[i]) < al->align[i]) {
-            fprintf(stderr,
-                    "visc-emu cuBLASLt: operand %c at %p is %u-byte aligned; the algorithm was "
-                    "chosen for %u\n",
-                    "ABCD"[i], ptrs[i], alignment_of(ptrs[i]), al -> align[i]);
-            return CUBLAS_STATUS_INVALID_VALUE;
+        for (int32_t t = 0; t < ls[i]->batch; t++) {
+            const void *at = (const char *)ptrs[i] +
+                             (ls[i]->type == CUDA_R_16BF ? 2 : 4) * ls[i]->stride * t;
+            if (alignment_of(at) < al->align[i]) {
+                fprintf(stderr,
+                        "visc-emu cuBLASLt: operand %c at %p (matrix %d of the batch) is "
+                        "%u-byte aligned; the algorithm was chosen for %u\n",
+                        "ABCD"[i], at, t, alignment_of(at), al -> align[i]);
+                return CUBLAS_STATUS_INVALID_VALUE;
+            }
         }
     if (o->epilogue == CUBLASLT_EPILOGUE_BIAS && !o->bias)
         return invalid("a bias epilogue, no bias");
     const float alpha_f = *(const float *)alpha, beta_f = *(const float *)beta;
-    /* op(A) as m rows of k and op(B) as n rows of k, in double, so each
-     * output is one contiguous dot product */
     double *ra = (double *)malloc(sizeof(double) * m * k),
            *rb = (double *)malloc(sizeof(double) * n * k);
     if (!ra || !rb) {
@@ -244,26 +284,22 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
         free(rb);
         return CUBLAS_STATUS_ALLOC_FAILED;
     }
-    for (uint64_t i = 0; i < m; i++)
-        for (uint64_t p = 0; p < k; p++)
-            ra[i * k + p] = o->trans_a == CUBLAS_OP_N ? element(A, la->type, la, i, p)
-                                                      : element(A, la->type, la, p, i);
-    for (uint64_t j = 0; j < n; j++)
-        for (uint64_t p = 0; p < k; p++)
-            rb[j * k + p] = o->trans_b == CUBLAS_OP_N ? element(B, lb->type, lb, p, j)
-                                                      : element(B, lb->type, lb, j, p);
-    float *out = (float *)D;
-    const float *cin = (const float *)C;
-    for (uint64_t j = 0; j < n; j++)
-        for (uint64_t i = 0; i < m; i++) {
-            const double *x = ra + i * k, *y = rb + j * k;
-            double acc = 0.0;
-            for (uint64_t p = 0; p < k; p++) acc += x[p] * y[p];
-            double v = (double)alpha_f * acc;
-            if (beta_f != 0.0f) v += (double)beta_f * cin[j * (uint64_t)lc->ld + i];
-            if (o->epilogue == CUBLASLT_EPILOGUE_BIAS) v += ((const float *)o->bias)[i];
-            out[j * (uint64_t)ld->ld + i] = (float)v;
-        }
+    for (int32_t t = 0; t < ld->batch; t++) {
+        const size_t ea = la->type == CUDA_R_16BF ? 2 : 4; /* A and B share their type */
+        const char *At = (const char *)A + ea * la->stride * t;
+        const char *Bt = (const char *)B + ea * lb->stride * t;
+        const float *cin = (const float *)C + lc->stride * t;
+        float *out = (float *)D + ld->stride * t;
+        for (uint64_t i = 0; i < m; i++)
+            for (uint64_t p = 0; p < k; p++)
+                ra[i * k + p] = o->trans_a == CUBLAS_OP_N ? element(At, la->type, la, i, p)
+                                                          : element(At, la->type, la, p, i);
+        for (uint64_t j = 0; j < n; j++)
+            for (uint64_t p = 0; p < k; p++)
+                rb[j * k + p] = o->trans_b == CUBLAS_OP_N ? element(Bt, lb->type, lb, p, j)
+                                                          : element(Bt, lb->type, lb, j, p);
+        product(o, ra, rb, m, n, k, alpha_f, beta_f, cin, lc, out, ld);
+    }
     free(ra);
     free(rb);
     return CUBLAS_STATUS_SUCCESS;

@@ -1,0 +1,40 @@
+/* gelu_linear.cu: GELU then a linear layer, the second half of a
+ * transformer MLP, the GPU twin of src/nn/gelu_linear.c.
+ *
+ * In bf16 the linear layer only ever takes GELU(h) rounded to bf16, in
+ * forward and in the weight gradient, so the GELU writes that form straight
+ * into act (half its storage) and the products read it there: the fp32
+ * GELU output, its store and the rounding pass over it are gone (for a
+ * ViT-S block at batch 256, 3 of about 10 passes over the [tokens, 4 C]
+ * hidden activations). The values are those of GELU followed by the bf16
+ * linear layer. In fp32 it is exactly those two calls. */
+#include "common.cuh"
+
+int visc_cuda_gelu_linear_act(visc_cuda *ctx, float *act, const float *h, int N, int hidden,
+                              int out_features, int has_bias) {
+    (void)out_features, (void)has_bias;
+    if (!ctx->bf16) return visc_cuda_gelu_forward(ctx, act, h, (size_t)N * hidden);
+    /* act's storage is untyped (the model's arena): it now holds bf16 */
+    return visc_cuda_bias_gelu_forward(ctx, NULL, (uint16_t *)act, h, NULL, N, hidden);
+}
+
+int visc_cuda_gelu_linear_forward(visc_cuda *ctx, float *out, float *act, const float *h,
+                                  const float *weight, const float *bias, int N, int hidden,
+                                  int out_features) {
+    if (visc_cuda_gelu_linear_act(ctx, act, h, N, hidden, out_features, bias != NULL)) return -1;
+    if (!ctx->bf16) return visc_cuda_linear_forward(ctx, out, act, weight, bias, N, hidden,
+                                                    out_features);
+    return visc_cuda_linear_forward_rounded(ctx, out, (const uint16_t *)act, weight, bias, N,
+                                            hidden, out_features);
+}
+
+int visc_cuda_gelu_linear_backward(visc_cuda *ctx, float *dh, float *dweight, float *dbias,
+                                   const float *dout, const float *act, const float *h,
+                                   const float *weight, int N, int hidden, int out_features) {
+    const int rc = ctx->bf16 ? visc_cuda_linear_backward_rounded(ctx, dh, dweight, dbias, dout,
+                                                                 (const uint16_t *)act, weight, N,
+                                                                 hidden, out_features)
+                             : visc_cuda_linear_backward(ctx, dh, dweight, dbias, dout, act,
+                                                         weight, N, hidden, out_features);
+    return rc ? -1 : visc_cuda_gelu_backward(ctx, dh, dh, h, (size_t)N * hidden);
+}
