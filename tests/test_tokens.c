@@ -289,12 +289,32 @@ TEST(droppath_eval_and_p0_are_plain_adds) {
     fill(d, x, B * P, -1, 1, 16);
     fill(d, y, B * P, -1, 1, 17);
     memcpy(x0, x, sizeof x);
-    visc_droppath_add_forward(x, y, keep, B, P, 0.5f, 0, 1, 0); /* eval */
+    visc_droppath_add_forward(x, x, y, keep, B, P, 0.5f, 0, 1, 0); /* eval */
     for (int i = 0; i < B * P; i++) CHECK(x[i] == x0[i] + y[i]);
     for (int b = 0; b < B; b++) CHECK(keep[b] == 1.0f);
     memcpy(x, x0, sizeof x);
-    visc_droppath_add_forward(x, y, keep, B, P, 0.0f, 1, 1, 0); /* train, p = 0 */
+    visc_droppath_add_forward(x, x, y, keep, B, P, 0.0f, 1, 1, 0); /* train, p = 0 */
     for (int i = 0; i < B * P; i++) CHECK(x[i] == x0[i] + y[i]);
+}
+
+/* out beside x: the sum written there, x untouched, the dropped samples'
+ * x copied over, the same bits as in place */
+TEST(droppath_into_another_buffer) {
+    enum { B = 64, P = 10 };
+    float x[B * P], x0[B * P], y[B * P], out[B * P], keep[B], keep2[B];
+    double d[B * P];
+    fill(d, x, B * P, -1, 1, 18);
+    fill(d, y, B * P, -1, 1, 19);
+    memcpy(x0, x, sizeof x);
+    for (int i = 0; i < B * P; i++) out[i] = NAN;
+    visc_droppath_add_forward(out, x, y, keep, B, P, 0.5f, 1, 5, 0);
+    CHECK(memcmp(x, x0, sizeof x) == 0);
+    visc_droppath_add_forward(x, x, y, keep2, B, P, 0.5f, 1, 5, 0);
+    CHECK(memcmp(keep, keep2, sizeof keep) == 0);
+    CHECK(memcmp(out, x, sizeof x) == 0);
+    int dropped = 0;
+    for (int b = 0; b < B; b++) dropped += keep[b] == 0.0f;
+    CHECK_MSG(dropped > 0 && dropped < B, "%d of %d samples dropped", dropped, B);
 }
 
 TEST(droppath_draws_and_gradient) {
@@ -303,7 +323,7 @@ TEST(droppath_draws_and_gradient) {
     float *x = falloc(B * P), *y = falloc(B * P), *keep = falloc(B), *keep2 = falloc(B);
     float *dy = falloc(B * P), *g = falloc(B * P);
     for (int i = 0; i < B * P; i++) y[i] = 1.0f + (float)(i % 7), g[i] = (float)(i % 5) - 2.0f;
-    visc_droppath_add_forward(x, y, keep, B, P, p, 1, 42, 1000);
+    visc_droppath_add_forward(x, x, y, keep, B, P, p, 1, 42, 1000);
     int kept = 0;
     for (int b = 0; b < B; b++) {
         /* The documented draw: keep = floor(1 - p + U), U the first uniform of (seed, offset + b).
@@ -319,9 +339,9 @@ TEST(droppath_draws_and_gradient) {
     CHECK_MSG(kept > 1297 && kept < 1503, "kept %d of %d", kept, B);
     /* Reproducible and shift-consistent: sample b at offset o+1 is sample b+1 at offset o. */
     memset(x, 0, B * P * sizeof(float));
-    visc_droppath_add_forward(x, y, keep2, B, P, p, 1, 42, 1001);
+    visc_droppath_add_forward(x, x, y, keep2, B, P, p, 1, 42, 1001);
     for (int b = 0; b + 1 < B; b++) CHECK(keep2[b] == keep[b + 1]);
-    visc_droppath_add_forward(x, y, keep2, B, P, p, 1, 43, 1000); /* another seed differs */
+    visc_droppath_add_forward(x, x, y, keep2, B, P, p, 1, 43, 1000); /* another seed differs */
     CHECK(memcmp(keep, keep2, B * sizeof(float)) != 0);
     visc_droppath_add_backward(dy, g, keep, B, P);
     for (int i = 0; i < B * P; i++) CHECK(dy[i] == keep[i / P] * g[i]);

@@ -560,8 +560,8 @@ int visc_cuda_add_broadcast(visc_cuda *ctx, float *x, const float *table, int B,
 int visc_cuda_sum_rows(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C);
 /* As visc_droppath_add_forward / backward with the keep factors [B] given
  * (drawn on the host by visc_droppath_keep, uploaded). */
-int visc_cuda_droppath_add_forward(visc_cuda *ctx, float *x, const float *branch, const float *keep,
-                                   int B, size_t per_sample);
+int visc_cuda_droppath_add_forward(visc_cuda *ctx, float *out, const float *x, const float *branch,
+                                   const float *keep, int B, size_t per_sample);
 int visc_cuda_droppath_add_backward(visc_cuda *ctx, float *dbranch, const float *dx,
                                     const float *keep, int B, size_t per_sample);
 /* rows x count floats, rows dst_stride / src_stride floats apart */

@@ -248,10 +248,10 @@ void visc_gpu_add_broadcast(visc_cuda *ctx, float *x, const float *table, int B,
 /* out[c] = sum over the rows of a [rows, C] */
 void visc_gpu_sum_rows(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C);
 /* Drop-path's factors drawn on the host (keep_host [B]) as the CPU draws
- * them, uploaded to keep [B] (device), then x += keep_b branch. */
-void visc_gpu_droppath_add_forward(visc_cuda *ctx, float *x, const float *branch, float *keep,
-                                   float *keep_host, int B, size_t per_sample, float p, int train,
-                                   uint64_t seed, uint64_t offset);
+ * them, uploaded to keep [B] (device), then out = x + keep_b branch. */
+void visc_gpu_droppath_add_forward(visc_cuda *ctx, float *out, const float *x, const float *branch,
+                                   float *keep, float *keep_host, int B, size_t per_sample, float p,
+                                   int train, uint64_t seed, uint64_t offset);
 void visc_gpu_droppath_add_backward(visc_cuda *ctx, float *dbranch, const float *dx,
                                     const float *keep, int B, size_t per_sample);
 /* rows x count floats, rows dst_stride / src_stride floats apart */

@@ -105,17 +105,20 @@ typedef struct {
 } visc_th_dims;
 
 /* ---- droppath.c ----
- * x += keep_b / (1 - p) * branch for each sample b of B (per_sample floats
- * each), keep_b ~ Bernoulli(1 - p) drawn from (seed, offset + b); p = 0 or
- * eval is a plain add. keep [B] records the factor applied (0 or
+ * out = x + keep_b / (1 - p) * branch for each sample b of B (per_sample
+ * floats each; out may be x: a residual sum in place, or the next block's
+ * input written beside the kept x, with no copy of it first), keep_b ~
+ * Bernoulli(1 - p) drawn from (seed, offset + b); p = 0 or eval is a plain
+ * add. keep [B] records the factor applied (0 or
  * 1/(1-p)) for backward. The draw is the first uniform of
  * visc_rng_make(seed, VISC_STREAM_DROPOUT, offset + b); give each site and
  * step a disjoint offset range, e.g. offset = (step * sites + site) * B. */
 /* The factors alone (what forward writes to keep): for a device that
  * draws them on the host. */
 void visc_droppath_keep(float *keep, int B, float p, int train, uint64_t seed, uint64_t offset);
-void visc_droppath_add_forward(float *x, const float *branch, float *keep, int B, size_t per_sample,
-                               float p, int train, uint64_t seed, uint64_t offset);
+void visc_droppath_add_forward(float *out, const float *x, const float *branch, float *keep, int B,
+                               size_t per_sample, float p, int train, uint64_t seed,
+                               uint64_t offset);
 /* dbranch = keep_b * dx (dx, the gradient of the sum, passes to x as is). */
 void visc_droppath_add_backward(float *dbranch, const float *dx, const float *keep, int B,
                                 size_t per_sample);

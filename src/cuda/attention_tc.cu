@@ -12,19 +12,20 @@
  *   forward   Q, K, V packed to bf16 [pairs, N, D]; S = Q K^T (fp32);
  *             a warp per row: the scale, bias and mask, the softmax into
  *             P (bf16) and the row's log-sum-exp; O = P V (fp32), written
- *             to out's strides
+ *             straight to out's strides (a batch over the sequences per head)
  *   backward  Q, K, V, dO packed; S = Q K^T and dP = dO V^T (fp32);
  *             a warp per row: P = exp(score - lse) (bf16, as forward made
  *             it: the same product, the same bits), dS = P (dP - delta),
  *             s_h dS (bf16), dS itself in dP's place when dbias is asked,
  *             and the row's share of dhead_scale (sum of dS . raw);
  *             dV = P^T dO, dQ = (s_h dS) K, dK = (s_h dS)^T Q (fp32),
- *             written to their strides; dbias: dS summed over sequences
+ *             straight to their strides; dbias: dS summed over sequences
  *
  * The price of the products is the N x N matrices, which the fused kernels
  * never hold: they are made for a chunk of whole sequences at a time, so
- * the workspace stays under CHUNK_BYTES (256 MiB) however large the batch (ViT-S at
- * batch 256: five chunks of 52 images). Every sum runs in a fixed order
+ * the workspace stays under CHUNK_BYTES (256 MiB) however large the batch
+ * (ViT-S at batch 256: five chunks of 61 images, 201 MiB; Swin-T's first
+ * stage eleven of 1576 windows). Every sum runs in a fixed order
  * (cuBLASLt's algorithm is fixed per shape, the chunks per shape), so the
  * same inputs give the same bits. Score rows are padded to a multiple of 8
  * elements and packed rows to a multiple of 8 (16 bytes of bf16), which
@@ -49,7 +50,6 @@ typedef struct {
     bf16 *q, *k, *v, *dout; /* packed [pairs, N, Dp] */
     float *s, *dp;     /* [pairs, Nq, L]: the raw scores; dP, then dS */
     bf16 *p, *ds;      /* [pairs, Nq, L]: P, s_h dS */
-    float *oq, *ok, *ov; /* products' outputs [pairs, N, D]: O or dQ, dK, dV */
     float *dbias_sum;  /* [H, Nq, L]: one chunk's dbias */
 } tc_chunk;
 
@@ -62,14 +62,12 @@ static size_t chunk_layout(const visc_attention *a, int seqs, char *base, tc_chu
     const size_t packed_k = aligned(sizeof(bf16) * pairs * a->Nk * Dp);
     const size_t scores32 = aligned(sizeof(float) * pairs * a->Nq * L);
     const size_t scores16 = aligned(sizeof(bf16) * pairs * a->Nq * L);
-    const size_t out_q = aligned(sizeof(float) * pairs * a->Nq * a->D);
-    const size_t out_k = aligned(sizeof(float) * pairs * a->Nk * a->D);
     const size_t bias = aligned(sizeof(float) * a->H * a->Nq * L);
-    const size_t sizes[] = {packed_q, packed_k, packed_k, packed_q, scores32, scores32,
-                            scores16, scores16, out_q,    out_k,    out_k,    bias};
-    void **places[] = {(void **)&c->q,  (void **)&c->k,  (void **)&c->v,  (void **)&c->dout,
-                       (void **)&c->s,  (void **)&c->dp, (void **)&c->p,  (void **)&c->ds,
-                       (void **)&c->oq, (void **)&c->ok, (void **)&c->ov, (void **)&c->dbias_sum};
+    const size_t sizes[] = {packed_q, packed_k, packed_k, packed_q, scores32,
+                            scores32, scores16, scores16, bias};
+    void **places[] = {(void **)&c->q, (void **)&c->k,  (void **)&c->v,
+                       (void **)&c->dout, (void **)&c->s, (void **)&c->dp,
+                       (void **)&c->p, (void **)&c->ds, (void **)&c->dbias_sum};
     size_t at = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
         if (base) *places[i] = base + at;
@@ -112,17 +110,6 @@ __global__ void pack_kernel(bf16 *dst, const float *src, int64_t sb, int64_t sh,
     }
 }
 
-/* The way back for the products' fp32 results [pairs, rows, D]. */
-__global__ void unpack_kernel(float *dst, int64_t sb, int64_t sh, int64_t sn, const float *src,
-                              int H, int rows, int D, int64_t first, int64_t n) {
-    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n;
-         e += (int64_t)gridDim.x * blockDim.x) {
-        const int d = (int)(e % D);
-        const int64_t r = e / D % rows, pair = first + e / D / rows;
-        dst[pair / H * sb + pair % H * sh + r * sn + d] = src[e];
-    }
-}
-
 static int pack(visc_cuda *ctx, bf16 *dst, const float *src, int64_t sb, int64_t sh, int64_t sn,
                 const visc_attention *a, int rows, int64_t Dp, int64_t first, int64_t pairs) {
     const int64_t n = pairs * rows * a->D;
@@ -131,21 +118,28 @@ static int pack(visc_cuda *ctx, bf16 *dst, const float *src, int64_t sb, int64_t
     return visc_cuda_launched("attention (bf16): packing");
 }
 
-static int unpack(visc_cuda *ctx, float *dst, int64_t sb, int64_t sh, int64_t sn,
-                  const float *src, const visc_attention *a, int rows, int64_t first,
-                  int64_t pairs) {
-    const int64_t n = pairs * rows * a->D;
-    unpack_kernel<<<visc_cuda_blocks((size_t)n, 256), 256, 0, ctx->stream>>>(
-        dst, sb, sh, sn, src, a->H, rows, a->D, first, n);
-    return visc_cuda_launched("attention (bf16): unpacking");
+/* One chunk's sequences b0 .. b0 + seqs, their pairs first .. first + pairs. */
+typedef struct {
+    int b0, seqs;
+    int64_t first, pairs;
+} chunk_span;
+
+/* The chunk after *s (the first when s is zeroed); 0 past the last. */
+static int next_chunk(const visc_attention *a, const tc_chunk *c, chunk_span *s) {
+    s->b0 += s->seqs;
+    if (s->b0 >= a->B) return 0;
+    s->seqs = a->B - s->b0 < c->seqs ? a->B - s->b0 : c->seqs;
+    s->first = (int64_t)s->b0 * a->H;
+    s->pairs = (int64_t)s->seqs * a->H;
+    return 1;
 }
 
 /* ---- the products ----
- * D_p = op(A_p) op(B_p) for each pair p of the chunk; every matrix packed
- * at its leading dimension, one after another. */
-static int products(visc_cuda *ctx, int64_t pairs, float *D, int64_t ldd, const bf16 *A,
-                    int64_t lda, int trans_a, const bf16 *B, int64_t ldb, int trans_b, int M,
-                    int N, int K) {
+ * D_p = op(A_p) op(B_p) for `pairs` pairs at once, each matrix packed at its
+ * leading dimension, the next one stride_* further. */
+static int products(visc_cuda *ctx, int64_t pairs, float *D, int64_t ldd, int64_t sd,
+                    const bf16 *A, int64_t lda, int64_t sa, int trans_a, const bf16 *B,
+                    int64_t ldb, int64_t sb, int trans_b, int M, int N, int K) {
     visc_cuda_products p;
     p.A = (const uint16_t *)A;
     p.B = (const uint16_t *)B;
@@ -154,11 +148,32 @@ static int products(visc_cuda *ctx, int64_t pairs, float *D, int64_t ldd, const 
     p.trans_a = trans_a, p.trans_b = trans_b;
     p.batch = (int)pairs;
     p.lda = lda, p.ldb = ldb, p.ldd = ldd;
-    p.stride_a = lda * (trans_a ? K : M);
-    p.stride_b = ldb * (trans_b ? N : K);
-    p.stride_d = ldd * M;
+    p.stride_a = sa, p.stride_b = sb, p.stride_d = sd;
     p.alpha = 1.0f, p.beta = 0.0f;
     return visc_cuda_matmul_bf16_batched(ctx, &p);
+}
+
+/* Scores-shaped products over the chunk's pairs: [Nq, L] each. */
+static int score_products(visc_cuda *ctx, const visc_attention *a, const tc_chunk *c,
+                          int64_t pairs, float *D, const bf16 *A, int64_t rows_a, const bf16 *B,
+                          int64_t rows_b) {
+    return products(ctx, pairs, D, c->L, a->Nq * c->L, A, c->Dp, rows_a * c->Dp, 0, B, c->Dp,
+                    rows_b * c->Dp, 1, a->Nq, a->Nk, a->D);
+}
+
+/* Products whose results go straight to a strided output (O, dQ, dK, dV:
+ * element (b, h, r, d) at dst[b sb + h sh + r sn + d]): per head, a batch
+ * over the chunk's sequences. A is [Nq, L] per pair (P or s_h dS; trans_a:
+ * its transpose), B packed [K, Dp] per pair (V, dO, K or Q). */
+static int head_products(visc_cuda *ctx, const visc_attention *a, const tc_chunk *c,
+                         const chunk_span *at, float *dst, int64_t sb, int64_t sh, int64_t sn,
+                         const bf16 *A, int trans_a, const bf16 *B, int M, int K) {
+    const int64_t H = a->H, pair_a = a->Nq * c->L, pair_b = (int64_t)K * c->Dp;
+    for (int64_t h = 0; h < H; h++)
+        if (products(ctx, at->seqs, dst + at->b0 * sb + h * sh, sn, sb, A + h * pair_a, c->L,
+                     H * pair_a, trans_a, B + h * pair_b, c->Dp, H * pair_b, 0, M, a->D, K))
+            return -1;
+    return 0;
 }
 
 /* ---- the rows ---- */
@@ -241,30 +256,13 @@ static unsigned row_blocks(int64_t rows) { return visc_cuda_blocks((size_t)rows 
 
 /* ---- the passes ---- */
 
-/* One chunk's sequences b0 .. b0 + seqs, their pairs first .. first + pairs. */
-typedef struct {
-    int b0, seqs;
-    int64_t first, pairs;
-} chunk_span;
-
-/* The chunk after *s (the first when s is zeroed); 0 past the last. */
-static int next_chunk(const visc_attention *a, const tc_chunk *c, chunk_span *s) {
-    s->b0 += s->seqs;
-    if (s->b0 >= a->B) return 0;
-    s->seqs = a->B - s->b0 < c->seqs ? a->B - s->b0 : c->seqs;
-    s->first = (int64_t)s->b0 * a->H;
-    s->pairs = (int64_t)s->seqs * a->H;
-    return 1;
-}
-
 /* The chunk's pairs first .. first + pairs: Q, K, V packed, S = Q K^T. */
 static int scores(visc_cuda *ctx, const visc_attention *a, const tc_chunk *c, const float *q,
                   const float *k, const float *v, int64_t first, int64_t pairs) {
     return pack(ctx, c->q, q, a->q_sb, a->q_sh, a->q_sn, a, a->Nq, c->Dp, first, pairs) ||
                    pack(ctx, c->k, k, a->k_sb, a->k_sh, a->k_sn, a, a->Nk, c->Dp, first, pairs) ||
                    pack(ctx, c->v, v, a->v_sb, a->v_sh, a->v_sn, a, a->Nk, c->Dp, first, pairs) ||
-                   products(ctx, pairs, c->s, c->L, c->q, c->Dp, 0, c->k, c->Dp, 1, a->Nq, a->Nk,
-                            a->D)
+                   score_products(ctx, a, c, pairs, c->s, c->q, a->Nq, c->k, a->Nk)
                ? -1
                : 0;
 }
@@ -273,15 +271,14 @@ int visc_attention_tc_forward(visc_cuda *ctx, const visc_attention *a, float *ou
                               const float *q, const float *k, const float *v, void *work) {
     tc_chunk c;
     chunk_layout(a, chunk_sequences(ctx, a), (char *)work, &c);
-    const int Nq = a->Nq, Nk = a->Nk, D = a->D;
+    const int Nq = a->Nq, Nk = a->Nk;
     for (chunk_span at = {}; next_chunk(a, &c, &at);) {
         const int64_t first = at.first, pairs = at.pairs, rows = pairs * Nq;
         if (scores(ctx, a, &c, q, k, v, first, pairs)) return -1;
         softmax_rows_kernel<<<row_blocks(rows), 256, 0, ctx->stream>>>(*a, c.p, lse, c.s, c.L,
                                                                        first, rows);
         if (visc_cuda_launched("attention (bf16): softmax") ||
-            products(ctx, pairs, c.oq, D, c.p, c.L, 0, c.v, c.Dp, 0, Nq, D, Nk) ||
-            unpack(ctx, out, a->o_sb, a->o_sh, a->o_sn, c.oq, a, Nq, first, pairs))
+            head_products(ctx, a, &c, &at, out, a->o_sb, a->o_sh, a->o_sn, c.p, 0, c.v, Nq, Nk))
             return -1;
     }
     return 0;
@@ -293,24 +290,23 @@ int visc_attention_tc_backward(visc_cuda *ctx, const visc_attention *a, float *d
                                const float *delta, void *work) {
     tc_chunk c;
     chunk_layout(a, chunk_sequences(ctx, a), (char *)work, &c);
-    const int Nq = a->Nq, Nk = a->Nk, D = a->D;
+    const int Nq = a->Nq, Nk = a->Nk;
     for (chunk_span at = {}; next_chunk(a, &c, &at);) {
         const int64_t first = at.first, pairs = at.pairs, rows = pairs * Nq;
         if (scores(ctx, a, &c, q, k, v, first, pairs) ||
             pack(ctx, c.dout, dout, a->o_sb, a->o_sh, a->o_sn, a, Nq, c.Dp, first, pairs) ||
-            products(ctx, pairs, c.dp, c.L, c.dout, c.Dp, 0, c.v, c.Dp, 1, Nq, Nk, D))
+            score_products(ctx, a, &c, pairs, c.dp, c.dout, Nq, c.v, Nk))
             return -1;
         grad_rows_kernel<<<row_blocks(rows), 256, 0, ctx->stream>>>(
             *a, c.p, c.ds, c.dp, dbias != NULL, hs_rows, c.s, lse, delta, c.L, first, rows);
         if (visc_cuda_launched("attention (bf16): score gradients")) return -1;
         /* dV = P^T dO, dK = (s_h dS)^T Q, dQ = (s_h dS) K */
-        if (products(ctx, pairs, c.ov, D, c.p, c.L, 1, c.dout, c.Dp, 0, Nk, D, Nq) ||
-            products(ctx, pairs, c.ok, D, c.ds, c.L, 1, c.q, c.Dp, 0, Nk, D, Nq) ||
-            unpack(ctx, dv, a->v_sb, a->v_sh, a->v_sn, c.ov, a, Nk, first, pairs) ||
-            unpack(ctx, dk, a->k_sb, a->k_sh, a->k_sn, c.ok, a, Nk, first, pairs))
+        if (head_products(ctx, a, &c, &at, dv, a->v_sb, a->v_sh, a->v_sn, c.p, 1, c.dout, Nk,
+                          Nq) ||
+            head_products(ctx, a, &c, &at, dk, a->k_sb, a->k_sh, a->k_sn, c.ds, 1, c.q, Nk, Nq))
             return -1;
-        if (dq && (products(ctx, pairs, c.oq, D, c.ds, c.L, 0, c.k, c.Dp, 0, Nq, D, Nk) ||
-                   unpack(ctx, dq, a->q_sb, a->q_sh, a->q_sn, c.oq, a, Nq, first, pairs)))
+        if (dq &&
+            head_products(ctx, a, &c, &at, dq, a->q_sb, a->q_sh, a->q_sn, c.ds, 0, c.k, Nq, Nk))
             return -1;
         if (dbias) {
             const int64_t n = (int64_t)a->H * Nq * Nk;

@@ -99,14 +99,15 @@ int visc_cuda_sum_rows(visc_cuda *ctx, float *out, const float *a, int64_t rows,
 /* x[b] += keep[b] branch[b] (a 0 skips the branch, a 1 is a plain add, as the
  * CPU); the product rounded before the sum, as the CPU's (nvcc would fuse
  * the two into one multiply-add, another rounding when keep is 1/(1-p)) */
-__global__ void droppath_add_kernel(float *x, const float *branch, const float *keep, int B,
-                                    size_t per_sample) {
+__global__ void droppath_add_kernel(float *out, const float *x, const float *branch,
+                                    const float *keep, int B, size_t per_sample) {
     const size_t n = (size_t)B * per_sample;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;
          e += (size_t)gridDim.x * blockDim.x) {
         const float k = keep[e / per_sample];
-        if (k == 1.0f) x[e] += branch[e];
-        else if (k != 0.0f) x[e] = __fadd_rn(x[e], __fmul_rn(k, branch[e]));
+        if (k == 1.0f) out[e] = x[e] + branch[e];
+        else if (k != 0.0f) out[e] = __fadd_rn(x[e], __fmul_rn(k, branch[e]));
+        else if (out != x) out[e] = x[e];
     }
 }
 
@@ -118,11 +119,11 @@ __global__ void scale_rows_kernel(float *out, const float *in, const float *keep
         out[e] = keep[e / per_sample] * in[e];
 }
 
-int visc_cuda_droppath_add_forward(visc_cuda *ctx, float *x, const float *branch,
+int visc_cuda_droppath_add_forward(visc_cuda *ctx, float *out, const float *x, const float *branch,
                                    const float *keep, int B, size_t per_sample) {
     const size_t n = (size_t)B * per_sample;
     if (n == 0) return 0;
-    droppath_add_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(x, branch, keep, B,
+    droppath_add_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(out, x, branch, keep, B,
                                                                            per_sample);
     return visc_cuda_launched("drop-path add");
 }

@@ -376,12 +376,12 @@ void visc_gpu_sum_rows(visc_cuda *ctx, float *out, const float *a, int64_t rows,
     RUN(visc_cuda_sum_rows(ctx, out, a, rows, C));
 }
 
-void visc_gpu_droppath_add_forward(visc_cuda *ctx, float *x, const float *branch, float *keep,
-                                   float *keep_host, int B, size_t per_sample, float p, int train,
-                                   uint64_t seed, uint64_t offset) {
+void visc_gpu_droppath_add_forward(visc_cuda *ctx, float *out, const float *x, const float *branch,
+                                   float *keep, float *keep_host, int B, size_t per_sample, float p,
+                                   int train, uint64_t seed, uint64_t offset) {
     visc_droppath_keep(keep_host, B, p, train, seed, offset);
     visc_gpu_upload(ctx, keep, keep_host, (size_t)B * sizeof(float));
-    RUN(visc_cuda_droppath_add_forward(ctx, x, branch, keep, B, per_sample));
+    RUN(visc_cuda_droppath_add_forward(ctx, out, x, branch, keep, B, per_sample));
 }
 
 void visc_gpu_droppath_add_backward(visc_cuda *ctx, float *dbranch, const float *dx,

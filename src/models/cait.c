@@ -346,7 +346,7 @@ static th_dims dims(const visc_model *m, const cait *c) {
 static void block_forward(visc_model *m, cait *c, cait_block *b, int i, int train) {
     const int B = m->cfg.batch, C = c->embed;
     const int64_t R = (int64_t)B * c->tokens;
-    const size_t per_sample = (size_t)c->tokens * C, RC = (size_t)R * C;
+    const size_t per_sample = (size_t)c->tokens * C;
     const float p = m->cfg.drop_path_rate;
     const th_dims d = dims(m, c);
     visc_tf_norm_forward(m, &b->norm1, b->ln1, b->mean1, b->rstd1, b->x, R);
@@ -354,15 +354,13 @@ static void block_forward(visc_model *m, cait *c, cait_block *b, int i, int trai
     th_forward(m, b, c->mix, &d);
     visc_tf_linear_forward(m, &b->proj, b->a_out, b->att, R);
     layerscale_forward(m, c->branch, b->a_out, P(b->gamma_1), R, C);
-    md_copy(m, b->x_mid, b->x, RC);
-    md_droppath_forward(m, b->x_mid, c->branch, b->keep1, c->keep_host, B, per_sample, p, train,
-                        visc_tf_noise_offset(SITE_BLOCKS + 2 * i));
+    md_droppath_forward(m, b->x_mid, b->x, c->branch, b->keep1, c->keep_host, B, per_sample, p,
+                        train, visc_tf_noise_offset(SITE_BLOCKS + 2 * i));
     visc_tf_norm_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->x_mid, R);
     visc_tf_mlp_forward(m, &b->mlp, b->m_out, b->h, c->hid, b->ln2, R);
     layerscale_forward(m, c->branch, b->m_out, P(b->gamma_2), R, C);
-    md_copy(m, b->x_out, b->x_mid, RC);
-    md_droppath_forward(m, b->x_out, c->branch, b->keep2, c->keep_host, B, per_sample, p, train,
-                        visc_tf_noise_offset(SITE_BLOCKS + 2 * i + 1));
+    md_droppath_forward(m, b->x_out, b->x_mid, c->branch, b->keep2, c->keep_host, B, per_sample, p,
+                        train, visc_tf_noise_offset(SITE_BLOCKS + 2 * i + 1));
 }
 
 static void class_block_forward(visc_model *m, cait *c, class_block *b, const float *x) {

@@ -137,13 +137,16 @@ static inline void md_attention_backward(visc_model *m, const visc_attention *a,
 }
 
 /* x += drop_path(branch); keep_host: [B] host floats for the GPU's draws. */
-static inline void md_droppath_forward(visc_model *m, float *x, const float *branch, float *keep,
-                                       float *keep_host, int B, size_t per_sample, float p,
-                                       int train, uint64_t offset) {
+/* out = x + keep_b branch (out may be x) */
+static inline void md_droppath_forward(visc_model *m, float *out, const float *x,
+                                       const float *branch, float *keep, float *keep_host, int B,
+                                       size_t per_sample, float p, int train, uint64_t offset) {
     if (m->cuda)
-        visc_gpu_droppath_add_forward(m->cuda, x, branch, keep, keep_host, B, per_sample, p, train,
-                                      m->noise_seed, offset);
-    else visc_droppath_add_forward(x, branch, keep, B, per_sample, p, train, m->noise_seed, offset);
+        visc_gpu_droppath_add_forward(m->cuda, out, x, branch, keep, keep_host, B, per_sample, p,
+                                      train, m->noise_seed, offset);
+    else
+        visc_droppath_add_forward(out, x, branch, keep, B, per_sample, p, train, m->noise_seed,
+                                  offset);
 }
 
 static inline void md_droppath_backward(visc_model *m, float *dbranch, const float *dx,

@@ -438,7 +438,7 @@ static void residual_add(visc_model *m, swin *s, float *x, const float *branch, 
                          const swin_block *b, int which, int train) {
     size_t per = (size_t)b->g.H * b->g.W * b->C;
     uint64_t site = (uint64_t)(2 * b->site + which) << 32;
-    md_droppath_forward(m, x, branch, keep, s->keep_host, m->cfg.batch, per, b->drop_path, train,
+    md_droppath_forward(m, x, x, branch, keep, s->keep_host, m->cfg.batch, per, b->drop_path, train,
                         site);
 }
 

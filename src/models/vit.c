@@ -198,10 +198,10 @@ static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
 /* Noise sites: 1 the head dropout, 2 + 2i and 3 + 2i block i's drop-paths. */
 enum { SITE_HEAD = 1, SITE_BLOCKS = 2 };
 
-/* drop-path on the block's branch (scratch v->branch) */
-static void droppath_forward(visc_model *m, vit *v, float *x, float *keep, float p, int train,
-                             uint64_t offset) {
-    md_droppath_forward(m, x, v->branch, keep, v->keep_host, m->cfg.batch,
+/* out = x + the block's branch (scratch v->branch) after drop-path */
+static void droppath_forward(visc_model *m, vit *v, float *out, const float *x, float *keep,
+                             float p, int train, uint64_t offset) {
+    md_droppath_forward(m, out, x, v->branch, keep, v->keep_host, m->cfg.batch,
                         (size_t)v->tokens * v->embed, p, train, offset);
 }
 
@@ -212,19 +212,16 @@ static void droppath_backward(visc_model *m, vit *v, const float *keep) {
 static void block_forward(visc_model *m, vit *v, vit_block *b, int i, int train) {
     const int B = m->cfg.batch;
     const int64_t R = (int64_t)B * v->tokens;
-    const size_t RC = (size_t)R * v->embed;
     float *qkv = b->qkv_out;
     visc_tf_norm_forward(m, &b->norm1, b->ln1, b->mean1, b->rstd1, b->x, R);
     visc_tf_linear_forward(m, &b->qkv, qkv, b->ln1, R);
     md_attention_forward(m, &b->attn, b->att, b->lse, qkv, qkv + v->embed, qkv + 2 * v->embed);
     visc_tf_linear_forward(m, &b->proj, v->branch, b->att, R);
-    md_copy(m, b->x_mid, b->x, RC);
-    droppath_forward(m, v, b->x_mid, b->keep1, b->drop_path, train,
+    droppath_forward(m, v, b->x_mid, b->x, b->keep1, b->drop_path, train,
                      visc_tf_noise_offset(SITE_BLOCKS + 2 * i));
     visc_tf_norm_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->x_mid, R);
     visc_tf_mlp_forward(m, &b->mlp, v->branch, b->h, v->hid, b->ln2, R);
-    md_copy(m, b->x_out, b->x_mid, RC);
-    droppath_forward(m, v, b->x_out, b->keep2, b->drop_path, train,
+    droppath_forward(m, v, b->x_out, b->x_mid, b->keep2, b->drop_path, train,
                      visc_tf_noise_offset(SITE_BLOCKS + 2 * i + 1));
 }
 

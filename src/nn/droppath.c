@@ -10,6 +10,7 @@
  * resumed run or a recomputed forward drops the same samples. Callers give
  * each drop-path site and step its own offset range (e.g. offset = (step *
  * sites + site) * B). The dropped samples' branches are never read. */
+#include <string.h>
 #include <math.h>
 
 #include "visc/core.h"
@@ -30,20 +31,22 @@ void visc_droppath_keep(float *keep, int B, float p, int train, uint64_t seed, u
     }
 }
 
-void visc_droppath_add_forward(float *x, const float *branch, float *keep, int B, size_t per_sample,
-                               float p, int train, uint64_t seed, uint64_t offset) {
+void visc_droppath_add_forward(float *out, const float *x, const float *branch, float *keep, int B,
+                               size_t per_sample, float p, int train, uint64_t seed,
+                               uint64_t offset) {
     visc_droppath_keep(keep, B, p, train, seed, offset);
     const int64_t total = (int64_t)B * (int64_t)per_sample;
 #pragma omp parallel for if (total > 32768)
     for (int b = 0; b < B; b++) {
         const float k = keep[b];
-        if (k == 0.0f) continue;
-        float *xb = x + (size_t)b * per_sample;
-        const float *yb = branch + (size_t)b * per_sample;
-        if (k == 1.0f) {
-            for (size_t i = 0; i < per_sample; i++) xb[i] += yb[i];
+        float *ob = out + (size_t)b * per_sample;
+        const float *xb = x + (size_t)b * per_sample, *yb = branch + (size_t)b * per_sample;
+        if (k == 0.0f) {
+            if (ob != xb) memcpy(ob, xb, per_sample * sizeof(float));
+        } else if (k == 1.0f) {
+            for (size_t i = 0; i < per_sample; i++) ob[i] = xb[i] + yb[i];
         } else {
-            for (size_t i = 0; i < per_sample; i++) xb[i] += k * yb[i];
+            for (size_t i = 0; i < per_sample; i++) ob[i] = xb[i] + k * yb[i];
         }
     }
 }

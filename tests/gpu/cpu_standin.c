@@ -980,17 +980,18 @@ int visc_cuda_sum_rows(visc_cuda *ctx, float *out, const float *a, int64_t rows,
     return 0;
 }
 
-int visc_cuda_droppath_add_forward(visc_cuda *ctx, float *x, const float *branch, const float *keep,
-                                   int B, size_t per_sample) {
+int visc_cuda_droppath_add_forward(visc_cuda *ctx, float *out, const float *x, const float *branch,
+                                   const float *keep, int B, size_t per_sample) {
     (void)ctx;
     for (int b = 0; b < B; b++) { /* nn/droppath.c's loop */
         const float k = keep[b];
-        float *xb = x + (size_t)b * per_sample;
-        const float *yb = branch + (size_t)b * per_sample;
+        float *ob = out + (size_t)b * per_sample;
+        const float *xb = x + (size_t)b * per_sample, *yb = branch + (size_t)b * per_sample;
         if (k == 1.0f)
-            for (size_t i = 0; i < per_sample; i++) xb[i] += yb[i];
+            for (size_t i = 0; i < per_sample; i++) ob[i] = xb[i] + yb[i];
         else if (k != 0.0f)
-            for (size_t i = 0; i < per_sample; i++) xb[i] += k * yb[i];
+            for (size_t i = 0; i < per_sample; i++) ob[i] = xb[i] + k * yb[i];
+        else if (ob != xb) memcpy(ob, xb, per_sample * sizeof(float));
     }
     return 0;
 }

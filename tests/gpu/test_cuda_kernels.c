@@ -2164,15 +2164,25 @@ static void check_tokens(int B, int T, int C) {
     free(got);
     /* drop-path: x += keep_b branch_b (factors 0 and 1 / 0.7, whose product
      * with the branch must be rounded before the sum as on the CPU; then
-     * eval's 1s), dbranch = keep_b dx */
+     * eval's 1s), in place and into another buffer (x copied over where a
+     * sample is dropped), dbranch = keep_b dx */
     float *ref = malloc(sizeof(float) * n), *keep_cpu = malloc(sizeof(float) * B);
     for (int train = 1; train >= 0; train--) {
-        memcpy(ref, x, sizeof(float) * n);
-        visc_droppath_add_forward(ref, branch, keep_cpu, B, NC, 0.3f, train, 7, 0);
+        visc_droppath_add_forward(ref, x, branch, keep_cpu, B, NC, 0.3f, train, 7, 0);
         if (visc_cuda_upload(ctx, d_x, x, sizeof(float) * n) ||
             visc_cuda_upload(ctx, d_keep, keep_cpu, sizeof(float) * B))
             die_cuda("upload");
-        launched(visc_cuda_droppath_add_forward(ctx, d_x, d_branch, d_keep, B, NC),
+        launched(visc_cuda_droppath_add_forward(ctx, d_out, d_x, d_branch, d_keep, B, NC),
+                 "drop-path add");
+        got = down(d_out, n);
+        int dropped = 0;
+        for (int b = 0; b < B; b++) dropped += keep_cpu[b] == 0.0f;
+        snprintf(name, sizeof name,
+                 "drop-path add [%d, %zu]%s, %d dropped, into another buffer: bit-identical", B, NC,
+                 train ? "" : ", eval", dropped);
+        expect_bits(name, got, ref, n, sizeof(float));
+        free(got);
+        launched(visc_cuda_droppath_add_forward(ctx, d_x, d_x, d_branch, d_keep, B, NC),
                  "drop-path add");
         got = down(d_x, n);
         snprintf(name, sizeof name, "drop-path add [%d, %zu]%s: bit-identical", B, NC,
