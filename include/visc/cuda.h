@@ -378,6 +378,20 @@ int visc_cuda_linear_forward_rounded(visc_cuda *ctx, float *out, const uint16_t 
 int visc_cuda_linear_backward_rounded(visc_cuda *ctx, float *din, float *dweight, float *dbias,
                                       const float *dout, const uint16_t *in, const float *weight,
                                       int N, int in_features, int out_features);
+/* A layer norm whose output only a linear layer reads (its input in
+ * forward and in its weight gradient): written in the context's operand
+ * form, fp32 or under bf16 the bf16 values the products take, in out's
+ * storage (no fp32 copy, no rounding pass; the statistics stay fp32); and
+ * the linear layer that reads its input in that form. */
+int visc_cuda_layernorm_operand_forward(visc_cuda *ctx, float *out, float *save_mean,
+                                        float *save_rstd, const float *in, const float *gamma,
+                                        const float *beta, int64_t rows, int C, float eps);
+int visc_cuda_linear_operand_forward(visc_cuda *ctx, float *out, const float *in,
+                                     const float *weight, const float *bias, int N, int in_features,
+                                     int out_features);
+int visc_cuda_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
+                                      const float *dout, const float *in, const float *weight,
+                                      int N, int in_features, int out_features);
 
 /* ---- eltwise.cu ---- */
 /* out = a + b (out may alias a or b), as visc_add_forward */

@@ -218,6 +218,18 @@ void visc_gpu_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, floa
 void visc_gpu_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n);
 void visc_gpu_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const float *in,
                             size_t n);
+/* A layer norm whose output only a linear layer reads, and that layer:
+ * the output in the products' form, bf16 under --precision bf16 (the CPU
+ * keeps it fp32 and rounds it in the layer) */
+void visc_gpu_layernorm_operand_forward(visc_cuda *ctx, float *out, float *save_mean,
+                                        float *save_rstd, const float *in, const float *gamma,
+                                        const float *beta, int64_t rows, int C, float eps);
+void visc_gpu_linear_operand_forward(visc_cuda *ctx, float *out, const float *in,
+                                     const float *weight, const float *bias, int N, int in_features,
+                                     int out_features);
+void visc_gpu_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
+                                      const float *dout, const float *in, const float *weight,
+                                      int N, int in_features, int out_features);
 /* visc_gelu_linear_* (tokens.h): act holds what the products take, bf16
  * under --precision bf16 (as on the CPU) */
 void visc_gpu_gelu_linear_forward(visc_cuda *ctx, float *out, float *act, const float *h,

@@ -7,18 +7,20 @@
  * there are many of them (batch x tokens). The statistics take the CPU's
  * two passes (the mean relative to the row's first element, then the
  * centred variance), which keep their precision on rows with a large mean. */
+#include <cuda_bf16.h>
+
 #include "common.cuh"
 
 #define ROWS_PER_BLOCK 8 /* warps of 32 threads */
 
-__global__ void ln_forward_kernel(float *out, float *save_mean, float *save_rstd, const float *in,
+/* out holds fp32, or bf16 with bf16_out (each value rounded once) */
+__global__ void ln_forward_kernel(void *out, float *save_mean, float *save_rstd, const float *in,
                                   const float *gamma, const float *beta, int64_t rows, int C,
-                                  float eps) {
+                                  float eps, int bf16_out) {
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
     if (r >= rows) return; /* whole warps leave together: r is the warp's */
     const float *x = in + r * C;
-    float *y = out + r * C;
     const float x0 = x[0];
     float sum = 0.0f;
     for (int c = lane; c < C; c += 32) sum += x[c] - x0;
@@ -31,7 +33,8 @@ __global__ void ln_forward_kernel(float *out, float *save_mean, float *save_rstd
         float v = (x[c] - mean) * rstd;
         if (gamma) v *= gamma[c];
         if (beta) v += beta[c];
-        y[c] = v;
+        if (bf16_out) ((__nv_bfloat16 *)out)[r * C + c] = __float2bfloat16_rn(v);
+        else ((float *)out)[r * C + c] = v;
     }
     if (lane == 0) {
         save_mean[r] = mean;
@@ -39,18 +42,29 @@ __global__ void ln_forward_kernel(float *out, float *save_mean, float *save_rstd
     }
 }
 
-int visc_cuda_layernorm_forward(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
-                                const float *in, const float *gamma, const float *beta,
-                                int64_t rows, int C, float eps) {
+static int ln_forward(visc_cuda *ctx, void *out, float *save_mean, float *save_rstd,
+                      const float *in, const float *gamma, const float *beta, int64_t rows, int C,
+                      float eps, int bf16_out) {
     if (rows < 0 || C <= 0)
         return visc_set_error("layernorm: bad shape [%lld, %d]", (long long)rows, C);
     if (rows == 0) return 0;
     const int64_t blocks = (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
-    ln_forward_kernel<<<(unsigned)blocks, 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(out, save_mean,
-                                                                                 save_rstd, in,
-                                                                                 gamma, beta, rows,
-                                                                                 C, eps);
+    ln_forward_kernel<<<(unsigned)blocks, 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(
+        out, save_mean, save_rstd, in, gamma, beta, rows, C, eps, bf16_out);
     return visc_cuda_launched("layernorm forward");
+}
+
+int visc_cuda_layernorm_forward(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
+                                const float *in, const float *gamma, const float *beta,
+                                int64_t rows, int C, float eps) {
+    return ln_forward(ctx, out, save_mean, save_rstd, in, gamma, beta, rows, C, eps, 0);
+}
+
+int visc_cuda_layernorm_operand_forward(visc_cuda *ctx, float *out, float *save_mean,
+                                        float *save_rstd, const float *in, const float *gamma,
+                                        const float *beta, int64_t rows, int C, float eps) {
+    /* under bf16 out's storage is untyped: it holds bf16, the linear layer's operand */
+    return ln_forward(ctx, out, save_mean, save_rstd, in, gamma, beta, rows, C, eps, ctx->bf16);
 }
 
 __global__ void ln_backward_kernel(float *din, const float *dout, const float *in,

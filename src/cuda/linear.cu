@@ -97,3 +97,22 @@ int visc_cuda_linear_backward_rounded(visc_cuda *ctx, float *din, float *dweight
     return backward_bf16(ctx, din, dweight, dout, c[0], in, weight, c[1], N, in_features,
                          out_features);
 }
+
+int visc_cuda_linear_operand_forward(visc_cuda *ctx, float *out, const float *in,
+                                     const float *weight, const float *bias, int N,
+                                     int in_features, int out_features) {
+    if (!ctx->bf16)
+        return visc_cuda_linear_forward(ctx, out, in, weight, bias, N, in_features, out_features);
+    return visc_cuda_linear_forward_rounded(ctx, out, (const uint16_t *)in, weight, bias, N,
+                                            in_features, out_features);
+}
+
+int visc_cuda_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
+                                      const float *dout, const float *in, const float *weight,
+                                      int N, int in_features, int out_features) {
+    if (!ctx->bf16)
+        return visc_cuda_linear_backward(ctx, din, dweight, dbias, dout, in, weight, N,
+                                         in_features, out_features);
+    return visc_cuda_linear_backward_rounded(ctx, din, dweight, dbias, dout, (const uint16_t *)in,
+                                             weight, N, in_features, out_features);
+}

@@ -309,6 +309,26 @@ void visc_gpu_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const
     RUN(visc_cuda_gelu_backward(ctx, din, dout, in, n));
 }
 
+void visc_gpu_layernorm_operand_forward(visc_cuda *ctx, float *out, float *save_mean,
+                                        float *save_rstd, const float *in, const float *gamma,
+                                        const float *beta, int64_t rows, int C, float eps) {
+    RUN(visc_cuda_layernorm_operand_forward(ctx, out, save_mean, save_rstd, in, gamma, beta, rows,
+                                            C, eps));
+}
+
+void visc_gpu_linear_operand_forward(visc_cuda *ctx, float *out, const float *in,
+                                     const float *weight, const float *bias, int N, int in_features,
+                                     int out_features) {
+    RUN(visc_cuda_linear_operand_forward(ctx, out, in, weight, bias, N, in_features, out_features));
+}
+
+void visc_gpu_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
+                                      const float *dout, const float *in, const float *weight,
+                                      int N, int in_features, int out_features) {
+    RUN(visc_cuda_linear_operand_backward(ctx, din, dweight, dbias, dout, in, weight, N,
+                                          in_features, out_features));
+}
+
 void visc_gpu_gelu_linear_forward(visc_cuda *ctx, float *out, float *act, const float *h,
                                   const float *weight, const float *bias, int N, int hidden,
                                   int out_features) {

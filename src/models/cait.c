@@ -349,14 +349,14 @@ static void block_forward(visc_model *m, cait *c, cait_block *b, int i, int trai
     const size_t per_sample = (size_t)c->tokens * C;
     const float p = m->cfg.drop_path_rate;
     const th_dims d = dims(m, c);
-    visc_tf_norm_forward(m, &b->norm1, b->ln1, b->mean1, b->rstd1, b->x, R);
-    visc_tf_linear_forward(m, &b->qkv, b->qkv_out, b->ln1, R);
+    visc_tf_norm_operand_forward(m, &b->norm1, b->ln1, b->mean1, b->rstd1, b->x, R);
+    visc_tf_linear_operand_forward(m, &b->qkv, b->qkv_out, b->ln1, R);
     th_forward(m, b, c->mix, &d);
     visc_tf_linear_forward(m, &b->proj, b->a_out, b->att, R);
     layerscale_forward(m, c->branch, b->a_out, P(b->gamma_1), R, C);
     md_droppath_forward(m, b->x_mid, b->x, c->branch, b->keep1, c->keep_host, B, per_sample, p,
                         train, visc_tf_noise_offset(SITE_BLOCKS + 2 * i));
-    visc_tf_norm_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->x_mid, R);
+    visc_tf_norm_operand_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->x_mid, R);
     visc_tf_mlp_forward(m, &b->mlp, b->m_out, b->h, c->hid, b->ln2, R);
     layerscale_forward(m, c->branch, b->m_out, P(b->gamma_2), R, C);
     md_droppath_forward(m, b->x_out, b->x_mid, c->branch, b->keep2, c->keep_host, B, per_sample, p,
@@ -382,7 +382,7 @@ static void class_block_forward(visc_model *m, cait *c, class_block *b, const fl
     visc_tf_linear_forward(m, &b->proj, b->a_out, b->att, B);
     layerscale_forward(m, b->cls_mid, b->a_out, P(b->gamma_1), B, C);
     md_add_in(m, b->cls_mid, b->cls, BC);
-    visc_tf_norm_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->cls_mid, B);
+    visc_tf_norm_operand_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->cls_mid, B);
     visc_tf_mlp_forward(m, &b->mlp, b->m_out, b->h, c->hid, b->ln2, B);
     layerscale_forward(m, b->cls_out, b->m_out, P(b->gamma_2), B, C);
     md_add_in(m, b->cls_out, b->cls_mid, BC);
@@ -461,7 +461,7 @@ static void block_backward(visc_model *m, cait *c, cait_block *b) {
     layerscale_backward(m, c->dln, G(b->gamma_1), c->branch, b->a_out, P(b->gamma_1), R, C);
     visc_tf_linear_backward(m, &b->proj, c->datt, c->dln, b->att, R);
     th_backward(m, b, c->dqkv, c->datt, c->mix, c->dmix, c->dmix2, &d);
-    visc_tf_linear_backward(m, &b->qkv, c->dln, c->dqkv, b->ln1, R);
+    visc_tf_linear_operand_backward(m, &b->qkv, c->dln, c->dqkv, b->ln1, R);
     visc_tf_norm_backward(m, &b->norm1, c->dtmp, c->dln, b->x, b->mean1, b->rstd1, R);
     md_add_in(m, c->dx, c->dtmp, RC);
 }

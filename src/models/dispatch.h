@@ -79,6 +79,31 @@ static inline void md_layernorm_forward(visc_model *m, float *out, float *mean, 
     else visc_layernorm_forward(out, mean, rstd, in, gamma, beta, rows, C, eps);
 }
 
+/* A layer norm whose output only a linear layer reads (the _operand pair
+ * below): on a GPU under bf16 in bf16, the layer's operand; else fp32. */
+static inline void md_layernorm_operand_forward(visc_model *m, float *out, float *mean, float *rstd,
+                                                const float *in, const float *gamma,
+                                                const float *beta, int64_t rows, int C, float eps) {
+    if (m->cuda)
+        visc_gpu_layernorm_operand_forward(m->cuda, out, mean, rstd, in, gamma, beta, rows, C, eps);
+    else visc_layernorm_forward(out, mean, rstd, in, gamma, beta, rows, C, eps);
+}
+
+static inline void md_linear_operand_forward(visc_model *m, float *out, const float *in,
+                                             const float *w, const float *b, int N, int in_f,
+                                             int out_f) {
+    if (m->cuda) visc_gpu_linear_operand_forward(m->cuda, out, in, w, b, N, in_f, out_f);
+    else visc_linear_forward(out, in, w, b, N, in_f, out_f);
+}
+
+static inline void md_linear_operand_backward(visc_model *m, float *din, float *dw, float *db,
+                                              const float *dout, const float *in, const float *w,
+                                              int N, int in_f, int out_f) {
+    if (m->cuda)
+        visc_gpu_linear_operand_backward(m->cuda, din, dw, db, dout, in, w, N, in_f, out_f);
+    else visc_linear_backward(din, dw, db, dout, in, w, N, in_f, out_f);
+}
+
 static inline void md_layernorm_backward(visc_model *m, float *din, float *dgamma, float *dbeta,
                                          const float *dout, const float *in, const float *gamma,
                                          const float *mean, const float *rstd, int64_t rows,

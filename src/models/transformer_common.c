@@ -42,12 +42,30 @@ void visc_tf_linear_forward(visc_model *m, const visc_tf_linear *l, float *out, 
                       l->out);
 }
 
+/* The layer's parameter gradients reported ready (the data-parallel buckets) */
+static void linear_grads_ready(visc_model *m, const visc_tf_linear *l) {
+    visc_model_grad_ready(m, G(l->weight), (size_t)l->in * l->out);
+    if (l->bias >= 0) visc_model_grad_ready(m, G(l->bias), (size_t)l->out);
+}
+
 void visc_tf_linear_backward(visc_model *m, const visc_tf_linear *l, float *din, const float *dout,
                              const float *in, int64_t rows) {
     md_linear_backward(m, din, G(l->weight), l->bias >= 0 ? G(l->bias) : NULL, dout, in,
                        P(l->weight), (int)rows, l->in, l->out);
-    visc_model_grad_ready(m, G(l->weight), (size_t)l->in * l->out);
-    if (l->bias >= 0) visc_model_grad_ready(m, G(l->bias), (size_t)l->out);
+    linear_grads_ready(m, l);
+}
+
+void visc_tf_linear_operand_forward(visc_model *m, const visc_tf_linear *l, float *out,
+                                    const float *in, int64_t rows) {
+    md_linear_operand_forward(m, out, in, P(l->weight), l->bias >= 0 ? P(l->bias) : NULL, (int)rows,
+                              l->in, l->out);
+}
+
+void visc_tf_linear_operand_backward(visc_model *m, const visc_tf_linear *l, float *din,
+                                     const float *dout, const float *in, int64_t rows) {
+    md_linear_operand_backward(m, din, G(l->weight), l->bias >= 0 ? G(l->bias) : NULL, dout, in,
+                               P(l->weight), (int)rows, l->in, l->out);
+    linear_grads_ready(m, l);
 }
 
 /* ---- LayerNorm ---- */
@@ -65,6 +83,12 @@ void visc_tf_norm_forward(visc_model *m, const visc_tf_norm *n, float *out, floa
     md_layernorm_forward(m, out, mean, rstd, in, P(n->weight), P(n->bias), rows, n->C, n->eps);
 }
 
+void visc_tf_norm_operand_forward(visc_model *m, const visc_tf_norm *n, float *out, float *mean,
+                                  float *rstd, const float *in, int64_t rows) {
+    md_layernorm_operand_forward(m, out, mean, rstd, in, P(n->weight), P(n->bias), rows, n->C,
+                                 n->eps);
+}
+
 void visc_tf_head_backward(visc_model *m, const visc_tf_linear *l, const float *dout,
                            const float *in, int64_t rows) {
     if (dout) {
@@ -73,8 +97,7 @@ void visc_tf_head_backward(visc_model *m, const visc_tf_linear *l, const float *
     }
     visc_model_zero_grad(m, l->weight);
     if (l->bias >= 0) visc_model_zero_grad(m, l->bias);
-    visc_model_grad_ready(m, G(l->weight), (size_t)l->in * l->out);
-    if (l->bias >= 0) visc_model_grad_ready(m, G(l->bias), (size_t)l->out);
+    linear_grads_ready(m, l);
 }
 
 void visc_tf_norm_backward(visc_model *m, const visc_tf_norm *n, float *din, const float *dout,
@@ -100,7 +123,7 @@ void visc_tf_add_mlp(visc_model *m, visc_tf_mlp *p, const char *name, int C, int
  * GELU writes fc2's bf16 operand straight into `scratch` (tokens.h). */
 void visc_tf_mlp_forward(visc_model *m, const visc_tf_mlp *p, float *out, float *h, float *scratch,
                          const float *in, int64_t rows) {
-    visc_tf_linear_forward(m, &p->fc1, h, in, rows);
+    visc_tf_linear_operand_forward(m, &p->fc1, h, in, rows);
     md_gelu_linear_forward(m, out, scratch, h, P(p->fc2.weight), P(p->fc2.bias), (int)rows,
                            p->hidden, p->fc2.out);
 }
@@ -112,9 +135,8 @@ void visc_tf_mlp_backward(visc_model *m, const visc_tf_mlp *p, float *din, const
     md_gelu_linear_act(m, scratch, h, (int)rows, p->hidden, p->fc2.out, 1);
     md_gelu_linear_backward(m, dscratch, G(p->fc2.weight), G(p->fc2.bias), dout, scratch, h,
                             P(p->fc2.weight), (int)rows, p->hidden, p->fc2.out);
-    visc_model_grad_ready(m, G(p->fc2.weight), (size_t)p->hidden * p->fc2.out);
-    visc_model_grad_ready(m, G(p->fc2.bias), (size_t)p->fc2.out);
-    visc_tf_linear_backward(m, &p->fc1, din, dscratch, in, rows);
+    linear_grads_ready(m, &p->fc2);
+    visc_tf_linear_operand_backward(m, &p->fc1, din, dscratch, in, rows);
 }
 
 double visc_tf_mlp_flops(const visc_tf_mlp *p, int64_t rows) {

@@ -50,6 +50,18 @@ void visc_tf_norm_forward(visc_model *m, const visc_tf_norm *n, float *out, floa
 void visc_tf_norm_backward(visc_model *m, const visc_tf_norm *n, float *din, const float *dout,
                            const float *in, const float *mean, const float *rstd, int64_t rows);
 
+/* ---- a LayerNorm whose output only linear layers read, whole ----
+ * The output is in the products' operand form (md_layernorm_operand_*:
+ * bf16 on a GPU under --precision bf16, else fp32): read it only through
+ * the _operand linear layer (and never at a row offset, whose size in
+ * floats is not its size). */
+void visc_tf_norm_operand_forward(visc_model *m, const visc_tf_norm *n, float *out, float *mean,
+                                  float *rstd, const float *in, int64_t rows);
+void visc_tf_linear_operand_forward(visc_model *m, const visc_tf_linear *l, float *out,
+                                    const float *in, int64_t rows);
+void visc_tf_linear_operand_backward(visc_model *m, const visc_tf_linear *l, float *din,
+                                     const float *dout, const float *in, int64_t rows);
+
 /* ---- timm's Mlp: fc1 -> GELU -> fc2 (no dropout inside: timm's proj_drop = 0) ----
  * Forward keeps only fc1's output `h` [rows, hidden]; GELU(h) lives in a
  * scratch buffer and is recomputed in backward, which saves a quarter of a
@@ -60,7 +72,8 @@ typedef struct {
 } visc_tf_mlp;
 
 void visc_tf_add_mlp(visc_model *m, visc_tf_mlp *p, const char *name, int C, int hidden);
-/* h: [rows, hidden] kept; scratch: [rows, hidden]. */
+/* h: [rows, hidden] kept; scratch: [rows, hidden]; in: a norm's output
+ * in the operand form (visc_tf_norm_operand_forward). */
 void visc_tf_mlp_forward(visc_model *m, const visc_tf_mlp *p, float *out, float *h, float *scratch,
                          const float *in, int64_t rows);
 /* scratch, dscratch: [rows, hidden] each; din [rows, C] overwritten. */

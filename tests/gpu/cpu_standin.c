@@ -861,6 +861,29 @@ int visc_cuda_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const
     return 0;
 }
 
+/* A layer norm for a linear layer, and that layer: the operand form is
+ * fp32 here, as on the CPU, whose bf16 linear layer rounds its input
+ * itself (the stand-in's linear layer above does the same). */
+int visc_cuda_layernorm_operand_forward(visc_cuda *ctx, float *out, float *save_mean,
+                                        float *save_rstd, const float *in, const float *gamma,
+                                        const float *beta, int64_t rows, int C, float eps) {
+    return visc_cuda_layernorm_forward(ctx, out, save_mean, save_rstd, in, gamma, beta, rows, C,
+                                       eps);
+}
+
+int visc_cuda_linear_operand_forward(visc_cuda *ctx, float *out, const float *in,
+                                     const float *weight, const float *bias, int N, int in_features,
+                                     int out_features) {
+    return visc_cuda_linear_forward(ctx, out, in, weight, bias, N, in_features, out_features);
+}
+
+int visc_cuda_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
+                                      const float *dout, const float *in, const float *weight,
+                                      int N, int in_features, int out_features) {
+    return visc_cuda_linear_backward(ctx, din, dweight, dbias, dout, in, weight, N, in_features,
+                                     out_features);
+}
+
 /* GELU then the linear layer as the CPU's gelu_linear.c in the context's
  * precision (the host's stays fp32 under --device): act in bf16 where the
  * CPU's bf16 mode would keep it so, else fp32 and the linear layer above,

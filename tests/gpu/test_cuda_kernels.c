@@ -235,6 +235,39 @@ static void check_layernorm(int64_t rows, int C, int affine, float offset, float
     snprintf(name, sizeof name, "layernorm forward [%lld, %d] %s, mean %g, spread %g: out",
              (long long)rows, C, tag, offset, spread);
     expect_fp32(name, h_out, out, n);
+    /* The operand form (a linear layer's input): fp32, the same bits; in
+     * bf16 each value the CPU's rounded once (half a bf16 step at most:
+     * 2^-8 of the value, plus the fp32 tolerance), the statistics the
+     * fp32 form's bits. */
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        float *d_op = dev(sizeof(float) * n), *d_m2 = dev(sizeof(float) * rows);
+        float *d_r2 = dev(sizeof(float) * rows);
+        visc_cuda_set_bf16(ctx, bf16);
+        launched(visc_cuda_layernorm_operand_forward(ctx, d_op, d_m2, d_r2, d_x,
+                                                     affine ? d_g : NULL, affine ? d_b : NULL, rows,
+                                                     C, 1e-5f),
+                 "layernorm operand forward");
+        visc_cuda_set_bf16(ctx, 0);
+        float *op = down(d_op, n), *m2 = down(d_m2, (size_t)rows), *r2 = down(d_r2, (size_t)rows);
+        snprintf(name, sizeof name, "layernorm operand %s [%lld, %d] %s: out%s",
+                 bf16 ? "bf16" : "fp32", (long long)rows, C, tag, bf16 ? "" : ", bit-identical");
+        if (bf16) {
+            float *wide = malloc(sizeof(float) * n);
+            for (size_t i = 0; i < n; i++) wide[i] = visc_bf16_to_f32(((const uint16_t *)op)[i]);
+            expect_close(name, wide, out, n, 1e-5 * max_abs(out, n), 1.0 / 256);
+            free(wide);
+        } else {
+            expect_bits(name, op, h_out, n, sizeof(float));
+        }
+        snprintf(name, sizeof name, "layernorm operand %s [%lld, %d] %s: statistics, bit-identical",
+                 bf16 ? "bf16" : "fp32", (long long)rows, C, tag);
+        expect_bits(name, m2, h_mean, (size_t)rows, sizeof(float));
+        expect_bits(name, r2, h_rstd, (size_t)rows, sizeof(float));
+        visc_cuda_free(ctx, d_op);
+        visc_cuda_free(ctx, d_m2);
+        visc_cuda_free(ctx, d_r2);
+        free(op), free(m2), free(r2);
+    }
     /* A row's mean is a sum (over C) whose terms may cancel: held, as the
      * column sums, to 1e-5 of its terms' magnitudes (a mean near 0 of
      * inputs of either sign moved by 2e-4 of itself between the CPU's
@@ -1687,9 +1720,39 @@ static void check_linear(int N, int in, int out, int shift, int bf16) {
     launched(visc_cuda_linear_forward(ctx, d_y, d_x, d_w, d_b, N, in, out), "linear forward");
     launched(visc_cuda_linear_backward(ctx, d_dx, d_dw, d_db, d_dy, d_x, d_w, N, in, out),
              "linear backward");
-    visc_cuda_set_bf16(ctx, 0);
     float *y = down(d_y, (size_t)N * out), *dx = down(d_dx, (size_t)N * in);
     float *dw = down(d_dw, (size_t)out * in), *db = down(d_db, (size_t)out);
+    /* The operand form of the input (a norm's output): X as the products
+     * take it, the context's form (bf16: its bits), must give the layer's
+     * results, up to the order of the products' sums (at another alignment
+     * cuBLASLt may take another algorithm): 1e-5 of the largest, 1e-5 rtol */
+    {
+        void *xop = malloc(sizeof(float) * N * in);
+        for (size_t i = 0; i < (size_t)N * in; i++)
+            if (bf16) ((uint16_t *)xop)[i] = visc_f32_to_bf16(x[i]);
+            else ((float *)xop)[i] = x[i];
+        float *d_xop = up(xop, sizeof(float) * N * in);
+        launched(visc_cuda_linear_operand_forward(ctx, d_y, d_xop, d_w, d_b, N, in, out),
+                 "linear operand forward");
+        launched(visc_cuda_linear_operand_backward(ctx, d_dx, d_dw, d_db, d_dy, d_xop, d_w, N, in,
+                                                   out),
+                 "linear operand backward");
+        float *got[4] = {down(d_y, (size_t)N * out), down(d_dx, (size_t)N * in),
+                         down(d_dw, (size_t)out * in), down(d_db, (size_t)out)};
+        const float *want[4] = {y, dx, dw, db};
+        const size_t count[4] = {(size_t)N * out, (size_t)N * in, (size_t)out * in, (size_t)out};
+        const char *part[4] = {"forward", "dX", "dW", "db"};
+        for (int i = 0; i < 4; i++) {
+            snprintf(name, sizeof name,
+                     "linear %s operand form %s: N %d, %d -> %d, shift %d: the layer's results",
+                     bf16 ? "bf16" : "fp32", part[i], N, in, out, shift);
+            expect_fp32(name, got[i], want[i], count[i]);
+            free(got[i]);
+        }
+        visc_cuda_free(ctx, d_xop);
+        free(xop);
+    }
+    visc_cuda_set_bf16(ctx, 0);
     const double tol = bf16 ? 1e-4 : 3e-5;
     tally ty = {.tol = tol}, tdx = {.tol = tol}, tdw = {.tol = tol}, tdb = {.tol = 3e-5};
     for (int i = 0; i < N; i++)
