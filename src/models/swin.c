@@ -434,12 +434,13 @@ static void tokens_to_nchw(float *out, const float *in, int B, int C, int HW) {
                 out[((size_t)b * C + c) * HW + t] = in[((size_t)b * HW + t) * C + c];
 }
 
-static void residual_add(visc_model *m, swin *s, float *x, const float *branch, float *keep,
-                         const swin_block *b, int which, int train) {
+/* out = x + the branch after drop-path (no copy of x first) */
+static void residual_add(visc_model *m, swin *s, float *out, const float *x, const float *branch,
+                         float *keep, const swin_block *b, int which, int train) {
     size_t per = (size_t)b->g.H * b->g.W * b->C;
     uint64_t site = (uint64_t)(2 * b->site + which) << 32;
-    md_droppath_forward(m, x, x, branch, keep, s->keep_host, m->cfg.batch, per, b->drop_path, train,
-                        site);
+    md_droppath_forward(m, out, x, branch, keep, s->keep_host, m->cfg.batch, per, b->drop_path,
+                        train, site);
 }
 
 static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
@@ -454,15 +455,13 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
         md_attention_forward(m, &b->attn, b->ao, b->lse, b->qkv, b->qkv + C, b->qkv + 2 * C);
         md_linear_forward(m, s->sa, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
         reverse(m, s->sb, s->sa, &b->g, B, C);
-        md_copy(m, b->x1, b->in, (size_t)(R * C));
-        residual_add(m, s, b->x1, s->sb, b->keep1, b, 0, train);
-        md_layernorm_forward(m, s->sa, b->mean2, b->rstd2, b->x1, P(b->n2w), P(b->n2b), R, C,
-                             LN_EPS);
-        md_linear_forward(m, b->h, s->sa, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
+        residual_add(m, s, b->x1, b->in, s->sb, b->keep1, b, 0, train);
+        md_layernorm_operand_forward(m, s->sa, b->mean2, b->rstd2, b->x1, P(b->n2w), P(b->n2b), R,
+                                     C, LN_EPS);
+        md_linear_operand_forward(m, b->h, s->sa, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
         /* fc1's input (the norm2 output) is rebuilt in backward, not stored */
         md_gelu_linear_forward(m, s->sa, b->gl, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
-        md_copy(m, b->out, b->x1, (size_t)(R * C));
-        residual_add(m, s, b->out, s->sa, b->keep2, b, 1, train);
+        residual_add(m, s, b->out, b->x1, s->sa, b->keep2, b, 1, train);
         return;
     }
     partition(m, b->xw, b->in, &b->g, B, C);
@@ -485,13 +484,11 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
     md_linear_forward(m, s->sa, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
     reverse(m, b->a, s->sa, &b->g, B, C);
     md_layernorm_forward(m, s->sb, b->mean1, b->rstd1, b->a, P(b->n1w), P(b->n1b), R, C, LN_EPS);
-    md_copy(m, b->x1, b->in, (size_t)(R * C));
-    residual_add(m, s, b->x1, s->sb, b->keep1, b, 0, train);
+    residual_add(m, s, b->x1, b->in, s->sb, b->keep1, b, 0, train);
     md_linear_forward(m, b->h, b->x1, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
     md_gelu_linear_forward(m, b->mo, b->gl, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
     md_layernorm_forward(m, s->sa, b->mean2, b->rstd2, b->mo, P(b->n2w), P(b->n2b), R, C, LN_EPS);
-    md_copy(m, b->out, b->x1, (size_t)(R * C));
-    residual_add(m, s, b->out, s->sa, b->keep2, b, 1, train);
+    residual_add(m, s, b->out, b->x1, s->sa, b->keep2, b, 1, train);
 }
 
 static void merge_forward(visc_model *m, swin *s, swin_merge *mg) {
@@ -578,8 +575,10 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
         md_gelu_linear_backward(m, sh, G(b->fc2w), G(b->fc2b), dm, b->gl, b->h, P(b->fc2w), (int)R,
                                 hid, C);
         /* rebuild norm2's output (fc1's input) into sb */
-        md_layernorm_forward(m, sb, b->mean2, b->rstd2, b->x1, P(b->n2w), P(b->n2b), R, C, LN_EPS);
-        md_linear_backward(m, sa, G(b->fc1w), G(b->fc1b), sh, sb, P(b->fc1w), (int)R, C, hid);
+        md_layernorm_operand_forward(m, sb, b->mean2, b->rstd2, b->x1, P(b->n2w), P(b->n2b), R, C,
+                                     LN_EPS);
+        md_linear_operand_backward(m, sa, G(b->fc1w), G(b->fc1b), sh, sb, P(b->fc1w), (int)R, C,
+                                   hid);
         md_layernorm_backward(m, sb, G(b->n2w), G(b->n2b), sa, b->x1, P(b->n2w), b->mean2, b->rstd2,
                               R, C);
         md_add_in(m, gx, sb, RC);
