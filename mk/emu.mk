@@ -55,8 +55,7 @@ $(EMU_TEST): $(BUILD)/tests/gpu/test_cuda_kernels.o $(GPU_REF_OBJ) $(EMU_OBJ) | 
 # Whole models (tests/gpu/test_cuda_model.c) on the emulated GPU: the
 # engine, src/gpu/ and every kernel together, against the CPU. Built with
 # the tests, run by `make test-gpu-model-emu` and not by `make test`: it
-# takes tens of minutes on the emulator (ResNet-20 alone 7), and its
-# fp32 ResNet-20 does not yet agree with the CPU (README, GPU section).
+# takes tens of minutes on the emulator (ResNet-20 alone 7).
 $(EMU_MODEL_TEST): $(BUILD)/tests/gpu/test_cuda_model.o $(BUILD)/libvisc.a $(EMU_OBJ) | $(EMU_LIBS)
 	$(CXX) $(LDFLAGS) $^ $(BUILD)/libvisc.a -o $@ $(LDLIBS) -Wl,--disable-new-dtags,-rpath,$(EMU_LIBDIR)
 # Not in the sanitizer build (`make asan`): there the kernel test took over
