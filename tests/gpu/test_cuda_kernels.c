@@ -253,7 +253,8 @@ static void check_layernorm(int64_t rows, int C, int affine, float offset, float
                  bf16 ? "bf16" : "fp32", (long long)rows, C, tag, bf16 ? "" : ", bit-identical");
         if (bf16) {
             float *wide = malloc(sizeof(float) * n);
-            for (size_t i = 0; i < n; i++) wide[i] = visc_bf16_to_f32(((const uint16_t *)op)[i]);
+            const uint16_t *op16 = (const void *)op; /* the bf16 form */
+            for (size_t i = 0; i < n; i++) wide[i] = visc_bf16_to_f32(op16[i]);
             expect_close(name, wide, out, n, 1e-5 * max_abs(out, n), 1.0 / 256);
             free(wide);
         } else {
