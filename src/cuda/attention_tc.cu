@@ -4,7 +4,10 @@
  *
  * attention.cu's kernels multiply on the CUDA cores in fp32, one fused
  * multiply-add at a time: for ViT-S at batch 256 that is some 0.8 TFLOP a
- * step at a few tens of TFLOP/s, more than the whole step may take. Here
+ * step (a count: 2 N^2 D a product, about seven products' worth with
+ * backward's recomputations), which at CUDA-core rates would take longer
+ * than a whole step may at the benchmark's target (an estimate, not yet
+ * measured on a GPU). Here
  * each of the six products of every (sequence, head) pair is one of
  * cuBLASLt's batched bf16 products with fp32 accumulation (the tensor
  * cores, as PyTorch's autocast runs attention):
