@@ -37,9 +37,9 @@ EMU_CXXFLAGS := -std=c++17 $(EMU_OPT) $(filter-out --coverage,$(SANFLAGS)) -ffp-
 
 $(EMU_DIR)/src/cuda/%: src/cuda/% tests/gpu/emu/cu2cpp.sh
 	@bash tests/gpu/emu/cu2cpp.sh $< $@
-$(EMU_DIR)/src/cuda/%.o: $(EMU_DIR)/src/cuda/%.cu $(EMU_CU_HDR) tests/gpu/emu/emu.h
+$(EMU_DIR)/src/cuda/%.o: $(EMU_DIR)/src/cuda/%.cu $(EMU_CU_HDR) tests/gpu/emu/emu.h tests/gpu/emu/emu_wmma.h
 	$(CXX) $(EMU_CXXFLAGS) -x c++ -c $< -o $@
-$(EMU_DIR)/emu_runtime.o: tests/gpu/emu/emu_runtime.cpp tests/gpu/emu/emu.h
+$(EMU_DIR)/emu_runtime.o: tests/gpu/emu/emu_runtime.cpp tests/gpu/emu/emu.h tests/gpu/emu/emu_wmma.h
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
 $(EMU_DIR)/lib/libcublasLt.so.$(LT_MAJOR): tests/gpu/emu/emu_cublaslt.cpp

@@ -538,11 +538,13 @@ int visc_cuda_relu_backward(visc_cuda *ctx, float *din, const float *dout, const
 /* ---- attention.cu: as visc_attention_forward/backward (tokens.h) ----
  * The same descriptor, its bias / mask / head_scale pointers on the device;
  * head dimension D up to 128. In fp32, fused kernels (flash-style: nothing
- * N x N is kept) on the CUDA cores; in bf16 (visc_cuda_set_bf16), the six
- * products on tensor cores (attention_tc.cu: bf16 operands, fp32 sums and
- * results). Both keep a workspace in the context: in fp32, 4 bytes per query
- * row, and B H Nq Nk floats more when dbias is asked; in bf16, the N x N
- * matrices of a chunk of sequences, at most 256 MiB. */
+ * N x N is kept) on the CUDA cores; in bf16 (visc_cuda_set_bf16), fused
+ * kernels on tensor cores for D up to 64 (attention_flash.cu), the six
+ * products on tensor cores beyond (attention_tc.cu), both with bf16
+ * operands and fp32 sums and results. They keep a workspace in the
+ * context: fused (fp32 or bf16), 4 bytes per query row, and B H Nq Nk
+ * floats more when dbias is asked; the products, the N x N matrices of a
+ * chunk of sequences, at most 256 MiB. */
 int visc_cuda_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
                                 const float *q, const float *k, const float *v);
 int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
@@ -553,6 +555,11 @@ int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float 
  * default, 256 MiB); a chunk holds one sequence at least. Smaller saves
  * memory and makes more, smaller products. */
 void visc_cuda_set_attention_chunk(visc_cuda *ctx, size_t bytes);
+/* 1 (the default): bf16 attention with heads of at most 64 dimensions runs
+ * fused on tensor cores, forward and backward, with no N x N matrices
+ * (attention_flash.cu: its workspace is the fp32 form's); 0: as the
+ * products above. */
+void visc_cuda_set_attention_fused(visc_cuda *ctx, int on);
 
 /* ---- tokens.cu ---- */
 /* The patch embedding, as visc_tf_patch_embed_*: Conv2d(kernel = stride =

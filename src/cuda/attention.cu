@@ -368,6 +368,8 @@ int visc_cuda_attention_forward(visc_cuda *ctx, const visc_attention *a, float *
                                 const float *q, const float *k, const float *v) {
     if (attention_check(a)) return -1;
     if (a->B == 0) return 0;
+    if (ctx->bf16 && visc_attention_flash_ready(ctx, a))
+        return visc_attention_flash_forward(ctx, a, out, lse, q, k, v);
     if (ctx->bf16) {
         void *work = attn_workspace(ctx, visc_attention_tc_bytes(ctx, a));
         return work ? visc_attention_tc_forward(ctx, a, out, lse, q, k, v, work) : -1;
@@ -376,6 +378,21 @@ int visc_cuda_attention_forward(visc_cuda *ctx, const visc_attention *a, float *
     attention_forward_kernel<<<attention_grid(a, a->Nq), WARPS * 32, smem, ctx->stream>>>(
         *a, out, lse, q, k, v);
     return visc_cuda_launched("attention forward");
+}
+
+/* attention.cu's own backward kernels, the fp32 form. */
+static int attention_fp32_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
+                                   float *dv, float *ds, float *hs_rows, const float *dout,
+                                   const float *q, const float *k, const float *v,
+                                   const float *lse, const float *delta) {
+    const size_t smem_q = sizeof(float) * (2 * TILE * (a->D + 1) + 2 * WARPS * a->D);
+    attention_dq_kernel<<<attention_grid(a, a->Nq), WARPS * 32, smem_q, ctx->stream>>>(
+        *a, dq, ds, hs_rows, dout, q, k, v, lse, delta);
+    if (visc_cuda_launched("attention backward (query side)")) return -1;
+    const size_t smem_k = sizeof(float) * (2 * TILE * (a->D + 1) + 2 * TILE + 2 * WARPS * a->D);
+    attention_dkv_kernel<<<attention_grid(a, a->Nk), WARPS * 32, smem_k, ctx->stream>>>(
+        *a, dk, dv, dout, q, k, v, lse, delta);
+    return visc_cuda_launched("attention backward (key side)");
 }
 
 int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
@@ -391,10 +408,12 @@ int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float 
         return dhead_scale ? visc_cuda_zero(ctx, dhead_scale, sizeof(float) * a->H) : 0;
     }
     /* delta [rows], the head-scale row partials [rows]; then dS [rows, Nk]
-     * when dbias is asked (fp32), or the tensor cores' chunk (bf16) */
+     * when dbias is asked (fp32, bf16 fused), or the products' chunk (bf16) */
+    const int fused = ctx->bf16 && visc_attention_flash_ready(ctx, a);
+    const int products = ctx->bf16 && !fused;
     const size_t head = (size_t)rows * (1 + (dhead_scale ? 1 : 0));
-    const size_t tail = ctx->bf16 ? visc_attention_tc_bytes(ctx, a)
-                                  : sizeof(float) * (dbias ? (size_t)rows * a->Nk : 0);
+    const size_t tail = products ? visc_attention_tc_bytes(ctx, a)
+                                 : sizeof(float) * (dbias ? (size_t)rows * a->Nk : 0);
     const size_t head_bytes = (sizeof(float) * head + 255) / 256 * 256;
     float *ws = attn_workspace(ctx, head_bytes + tail);
     if (!ws) return -1;
@@ -403,20 +422,20 @@ int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float 
     attention_delta_kernel<<<visc_cuda_blocks((size_t)rows * 32, 256), 256, 0, ctx->stream>>>(
         *a, delta, dout, out, ctx->bf16);
     if (visc_cuda_launched("attention backward (delta)")) return -1;
-    if (ctx->bf16) {
+    if (products) {
         if (visc_attention_tc_backward(ctx, a, dq, dk, dv, dbias, hs_rows, dout, q, k, v, lse,
                                        delta, (char *)ws + head_bytes))
             return -1;
         return dhead_scale ? head_scale_sums(ctx, a, dhead_scale, hs_rows) : 0;
     }
-    const size_t smem_q = sizeof(float) * (2 * TILE * (a->D + 1) + 2 * WARPS * a->D);
-    attention_dq_kernel<<<attention_grid(a, a->Nq), WARPS * 32, smem_q, ctx->stream>>>(
-        *a, dq, ds, hs_rows, dout, q, k, v, lse, delta);
-    if (visc_cuda_launched("attention backward (query side)")) return -1;
-    const size_t smem_k = sizeof(float) * (2 * TILE * (a->D + 1) + 2 * TILE + 2 * WARPS * a->D);
-    attention_dkv_kernel<<<attention_grid(a, a->Nk), WARPS * 32, smem_k, ctx->stream>>>(
-        *a, dk, dv, dout, q, k, v, lse, delta);
-    if (visc_cuda_launched("attention backward (key side)")) return -1;
+    if (fused) {
+        if (visc_attention_flash_backward(ctx, a, dq, dk, dv, ds, hs_rows, dout, q, k, v, lse,
+                                          delta))
+            return -1;
+    } else if (attention_fp32_backward(ctx, a, dq, dk, dv, ds, hs_rows, dout, q, k, v, lse,
+                                       delta)) {
+        return -1;
+    }
     if (dbias && visc_cuda_column_sums(ctx, dbias, ds, a->B, a->H * a->Nq * a->Nk)) return -1;
     return dhead_scale ? head_scale_sums(ctx, a, dhead_scale, hs_rows) : 0;
 }

@@ -33,4 +33,17 @@ int visc_attention_tc_backward(visc_cuda *ctx, const visc_attention *a, float *d
                                const float *q, const float *k, const float *v, const float *lse,
                                const float *delta, void *work);
 
+/* attention_flash.cu: the bf16 forward and backward fused on tensor cores
+ * (no N x N matrices), for heads of at most 64 dimensions unless
+ * visc_cuda_set_attention_fused turned them off. */
+int visc_attention_flash_ready(const visc_cuda *ctx, const visc_attention *a);
+int visc_attention_flash_forward(visc_cuda *ctx, const visc_attention *a, float *out,
+                                 float *lse, const float *q, const float *k, const float *v);
+/* dq may be NULL; ds_out [B H Nq, Nk] (dS, for dbias's sums) and hs_rows
+ * [B H Nq] (each row's share of dhead_scale) when not NULL. */
+int visc_attention_flash_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
+                                  float *dv, float *ds_out, float *hs_rows, const float *dout,
+                                  const float *q, const float *k, const float *v,
+                                  const float *lse, const float *delta);
+
 #endif

@@ -2,6 +2,10 @@
  * visc_cuda_attention_* (attention.cu sends a context that multiplies in
  * bf16 here, the fp32 one to its fused kernels).
  *
+ * It runs only for heads of more than 64 dimensions, or when
+ * visc_cuda_set_attention_fused turned the fused kernels (attention_flash.cu,
+ * no N x N matrices) off.
+ *
  * attention.cu's kernels multiply on the CUDA cores in fp32, one fused
  * multiply-add at a time: for ViT-S at batch 256 that is some 0.8 TFLOP a
  * step (a count: 2 N^2 D a product, about seven products' worth with
@@ -85,6 +89,7 @@ static size_t chunk_layout(const visc_attention *a, int seqs, char *base, tc_chu
 }
 
 void visc_cuda_set_attention_chunk(visc_cuda *ctx, size_t bytes) { ctx->attn_chunk_bytes = bytes; }
+void visc_cuda_set_attention_fused(visc_cuda *ctx, int on) { ctx->attn_unfused = !on; }
 
 /* Sequences per chunk: as many as the cap holds, at least one. */
 static int chunk_sequences(const visc_cuda *ctx, const visc_attention *a) {

@@ -2139,7 +2139,11 @@ static void check_attention(attn_case c) {
     a.mask = c.nmask ? d_mask : NULL;
     a.head_scale = c.head_scale ? d_hs : NULL;
     visc_cuda_set_bf16(ctx, c.bf16);
-    for (int chunked = 0; chunked <= c.bf16; chunked++) {
+    /* bf16: fused (where D allows), the products in one chunk, and again
+     * at one sequence a chunk */
+    for (int way = 0; way <= 2 * c.bf16; way++) {
+        const int chunked = way == 2;
+        visc_cuda_set_attention_fused(ctx, way == 0);
         visc_cuda_set_attention_chunk(ctx, chunked ? 1 : 0);
         /* parts of dqkv no gradient reaches (rows beyond Nq or Nk) stay as they are */
         if (visc_cuda_zero(ctx, d_dqkv, sizeof(float) * nqkv)) die_cuda("zero");
@@ -2174,7 +2178,10 @@ static void check_attention(attn_case c) {
                      c.bf16 ? "bf16 " : "", outs[o].what, B, H, Nq, Nk, D, c.bias ? ", bias" : "",
                      c.nmask ? ", masks" : "", c.head_scale ? ", head scale" : "",
                      c.dead_row ? ", a fully masked row" : "",
-                     chunked ? ", a sequence a chunk" : "");
+                     !c.bf16    ? ""
+                     : way == 0 ? (D <= 64 ? ", fused" : "")
+                     : chunked  ? ", a sequence a chunk"
+                                : ", the products");
             if (!c.bf16) expect_close(name, got, want, outs[o].n, 2e-5 * big, 1e-4);
             else if (!outs[o].mag) expect_close(name, got, want, outs[o].n, 1e-4 * big, 1e-4);
             else expect_within(name, got, outs[o].ref, outs[o].mag, outs[o].n, 1.0 / 128);
@@ -2183,6 +2190,7 @@ static void check_attention(attn_case c) {
         }
     }
     visc_cuda_set_attention_chunk(ctx, 0);
+    visc_cuda_set_attention_fused(ctx, 1);
     visc_cuda_set_bf16(ctx, 0);
     void *dfree[] = {d_qkv, d_dout, d_bias, d_hs, d_mask, d_out, d_lse, d_dqkv, d_dbias, d_dhs};
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
@@ -2823,6 +2831,17 @@ static void attention_cases(int bf16) {
                                 .D = 32,
                                 .bias = 1,
                                 .head_scale = 1}); /* bias and head scales off the diagonal */
+    /* the fused bf16 kernels' edges: D padded to 48 (40) and 16, row and
+     * key tiles cut short (70 rows, 130 keys), a fully masked row */
+    check_attention((attn_case){.bf16 = bf16,
+                                .B = 2,
+                                .H = 3,
+                                .Nq = 70,
+                                .Nk = 130,
+                                .D = 40,
+                                .nmask = 2,
+                                .dead_row = 1});
+    check_attention((attn_case){.bf16 = bf16, .B = 3, .H = 1, .Nq = 20, .Nk = 17, .D = 16});
 }
 static void group_attention(void) {
     attention_cases(0);

@@ -29,6 +29,8 @@
 #define __device__
 #define __host__
 #define __launch_bounds__(...)
+/* <mma.h> left empty: emu_wmma.h is its emulation */
+#define __CUDA_MMA_H__
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -59,8 +61,9 @@ uint64_t shuffle(unsigned mask, uint64_t value, int src_lane);
 int lane_id(void);
 
 /* This block's shared array for the declaration `key` (its address): made
- * by the first thread to reach it, filled with 0xff bytes. */
-void *shared(const void *key, size_t bytes);
+ * by the first thread to reach it, aligned as its type, filled with 0xff
+ * bytes. */
+void *shared(const void *key, size_t bytes, size_t align);
 /* The launch's dynamic shared memory (0xff bytes). */
 void *dynamic_shared(void);
 
@@ -171,5 +174,7 @@ static inline float __fsqrt_rn(float a) { return sqrtf(a); }
 static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 static inline double __dadd_rn(double a, double b) { return a + b; }
 static inline double __dmul_rn(double a, double b) { return a * b; }
+
+#include "emu_wmma.h"
 
 #endif

@@ -432,6 +432,13 @@ static int switching_possible(void) {
     return 0;
 }
 
+void misuse(const char *what) {
+    if (run_now && !run_now->failed) {
+        kernel_fault(run_now->kernel, what, current);
+        run_now->failed = 1;
+    }
+}
+
 void sync_block(void) {
     if (!switching_possible()) return;
     fiber_now->state = AT_BARRIER;
@@ -460,12 +467,12 @@ uint64_t shuffle(unsigned mask, uint64_t value, int src_lane) {
     return f->result;
 }
 
-void *shared(const void *key, size_t bytes) {
+void *shared(const void *key, size_t bytes, size_t align) {
     block_run *b = run_now;
     for (auto &s : b->shared_arrays)
         if (s.first == key) return s.second;
-    void *p = malloc(bytes);
-    if (!p) abort();
+    void *p = NULL;
+    if (posix_memalign(&p, align < sizeof(void *) ? sizeof(void *) : align, bytes)) abort();
     memset(p, 0xff, bytes);
     b->shared_arrays.push_back({key, p});
     return p;
