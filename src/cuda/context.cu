@@ -8,6 +8,7 @@
  * driver, and visc_cuda_device_count then reports why there is no device. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.cuh"
 
@@ -63,6 +64,16 @@ visc_cuda *visc_cuda_open(int dev) {
         return NULL;
     }
     ctx->device = dev;
+    /* VISC_CUDA_ATTENTION=products: bf16 attention as cuBLASLt's products
+     * even where the fused kernels apply (a way round them, should they
+     * fail on a device; the kernel test checks both) */
+    const char *attention = getenv("VISC_CUDA_ATTENTION");
+    if (attention && strcmp(attention, "fused") != 0 && strcmp(attention, "products") != 0) {
+        visc_set_error("VISC_CUDA_ATTENTION='%s': expected fused or products", attention);
+        free(ctx);
+        return NULL;
+    }
+    ctx->attn_unfused = attention && strcmp(attention, "products") == 0;
     if (visc_cuda_check(cudaSetDevice(dev), "cudaSetDevice") ||
         visc_cuda_check(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking),
                         "cudaStreamCreate")) {

@@ -14,12 +14,14 @@
 # visc runs with --precision bf16: its linear layers' products take bf16
 # operands, and the ResNets keep their activations in bf16 channels-last
 # (convolutions, batch norm, pooling and sums in bf16, as autocast with
-# channels_last); the transformers' attention multiplies bf16 operands on
-# tensor cores and the MLP's GELU writes bf16, but their layer norm,
+# channels_last); the transformers' attention runs fused on tensor cores
+# with bf16 operands and the MLP's GELU writes bf16, but their layer norm,
 # residual stream and attention's inputs and outputs are still fp32, and
 # the table says so rather than compare unlike precisions silently. Memory: visc's is what
 # the device held after the run minus before the model (cudaMemGetInfo:
 # arena, weights, workspaces), PyTorch's torch.cuda.max_memory_allocated.
+# Then ViT-S once more with its attention as cuBLASLt's products
+# (VISC_CUDA_ATTENTION=products), the fused kernels' own measure.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 BUILD=${1:-${BUILD:-build-gpu}}
@@ -81,4 +83,10 @@ for s in "${settings[@]}"; do
         >>"$OUT/bench.md"
 done
 [ $have_torch -eq 1 ] || echo "(no PyTorch with CUDA and timm here: the torch columns are empty)" >>"$OUT/bench.md"
+p=$(VISC_CUDA_ATTENTION=products run "$BUILD/bench/bench_train" --model vit_small_patch16_224 \
+    --batch 256 --image-size 224 --classes 1000 --device cuda --precision bf16 --warmup 3 \
+    --steps 10 --quiet)
+pi=$(field img_s "$p")
+echo "
+ViT-S/16 with attention as cuBLASLt's products (VISC_CUDA_ATTENTION=products): ${pi:-$p} img/s, $(field mem_mib "$p") MiB." >>"$OUT/bench.md"
 cat "$OUT/bench.md"
