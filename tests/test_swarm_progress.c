@@ -507,6 +507,82 @@ TEST(progress_forged_peers_are_distrusted) {
     for (int i = N - 1; i >= 0; i--) close_node(d[i]);
 }
 
+/* One epoch ahead of the swarm: a liar that publishes the swarm's epoch
+ * plus one, watched by the peer that steps last. Each scripted step of 1 s:
+ * for 0.7 s the swarm is at e and the liar alone at e + 1; then another
+ * peer has stepped to e + 1 (joining the liar there) while this one has
+ * not. Without a 5 s break alone, only the share of time alone (0.7 of
+ * it) gets the liar reported. Then an honest peer that always steps first
+ * is alone ahead for 0.15 s of every step, joined for 0.15 s by the other
+ * one, which steps second: never reported. */
+static char *lone_epoch_run(int liar) {
+    enum { SELF, FIRST, OTHER, N = 3, STEPS = 14 };
+    visc_dht *d[N] = {0};
+    char *err = NULL;
+    for (int i = 0; i < N; i++)
+        if (!(d[i] = open_node(liar ? 8 + i : i, i ? d[0] : NULL))) goto out;
+    double clk = 0;
+    visc_progress_config c = {.dht = d[SELF],
+                              .self_key = ids[liar ? 8 : 0].public_key,
+                              .target_batch_size = 100000,
+                              .expiration_s = 60,
+                              .max_refresh_s = 5,
+                              .op_timeout_s = OP_TIMEOUT,
+                              .clock = clock_of,
+                              .clock_ctx = &clk,
+                              .corroborated_epochs = 1};
+    visc_progress_tracker *t = visc_progress_tracker_new(&c);
+    CHECK_MSG(t != NULL, "tracker: %s", visc_last_error());
+    if (!t) goto out;
+    char path[] = "/tmp/visc-progress-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    int saved = redirect(2, path);
+    visc_swarm_progress_view v;
+    for (uint64_t e = 0; e < STEPS; e++) {
+        if (e) visc_progress_set_epoch(t, e);
+        /* liar: FIRST is the liar one ahead, OTHER the swarm; honest:
+         * FIRST steps first, OTHER with this peer */
+        publish(d[FIRST], liar ? e + 1 : e, 0, 100, visc_unix_ms(), 0);
+        publish(d[OTHER], e, 0, 100, visc_unix_ms(), 0);
+        clk += 0.7;
+        refresh(t, &v);
+        if (!liar) { /* FIRST steps, alone ahead for a moment */
+            publish(d[FIRST], e + 1, 0, 100, visc_unix_ms(), 0);
+            clk += 0.15;
+            refresh(t, &v);
+        }
+        publish(d[OTHER], e + 1, 0, 100, visc_unix_ms(), 0);
+        clk += liar ? 0.3 : 0.15;
+        refresh(t, &v);
+    }
+    restore(2, saved);
+    err = read_text(path);
+    unlink(path);
+    visc_progress_tracker_free(t);
+out:
+    for (int i = N - 1; i >= 0; i--)
+        if (d[i]) close_node(d[i]);
+    return err;
+}
+
+TEST(progress_lone_epoch_ahead_is_reported_to_the_last_stepper) {
+    setup();
+    char id[VISC_PEER_ID_CHARS + 1];
+    char *err = lone_epoch_run(1);
+    visc_peer_id(ids[9].public_key, id);
+    CHECK_MSG(err && strstr(err, id) && strstr(err, "not followed") &&
+                  count_of(err, "not followed") == 1,
+              "the liar %s not reported once:\n%s", id, err ? err : "(no output)");
+    free(err);
+    err = lone_epoch_run(0);
+    visc_peer_id(ids[1].public_key, id);
+    CHECK_MSG(err && !strstr(err, "not followed"), "an honest peer reported:\n%s",
+              err ? err : "(no output)");
+    free(err);
+}
+
 /* A peer that stops publishing drops out when its record expires. */
 TEST(progress_dead_peer_expires_from_the_view) {
     setup();

@@ -16,7 +16,8 @@
 #define GROWTH_FACTOR 3.0  /* slack on claimed throughput x elapsed time */
 #define GROWTH_SLACK_S 2.0 /* plus this many seconds of claimed throughput */
 #define SPS_MEDIAN_FACTOR 10.0
-#define LONE_REPORT_S 5.0 /* a lone epoch ahead is reported after this long */
+#define LONE_REPORT_S 5.0 /* a lone epoch ahead is reported after this long alone, */
+#define LONE_SHARE 0.6    /* and alone for this share of the time since first seen */
 #define PEER_TABLE_MAX (VISC_DHT_MAX_GET + 64)
 
 /* ---- wire form ---- */
@@ -137,8 +138,11 @@ typedef struct {
     int live;    /* in the latest read */
     int trusted; /* the verdict on cur */
     int reported;
-    int lone, ahead_reported; /* alone ahead (since lone_since, tracker clock); reported */
-    double lone_since;
+    /* alone ahead (report_lone_epochs; tracker clock): without a break
+     * since lone_since (lone); watched since lone_seen (watched), alone for
+     * lone_total seconds of it, last looked at at lone_checked; said once */
+    int lone, watched, ahead_reported;
+    double lone_since, lone_seen, lone_total, lone_checked;
     double distrust_until; /* tracker clock */
     double seen_at;
 } peer_entry;
@@ -446,21 +450,46 @@ static uint64_t global_epoch(const visc_progress_tracker *t, const visc_progress
 }
 
 /* Says once per peer that its epoch ahead is not followed, when it has
- * stayed alone there for LONE_REPORT_S (right after a step, the group's
- * members publish their new epoch one after the other). */
+ * been alone there (no other peer at its epoch or beyond, this one behind
+ * it) for LONE_REPORT_S without a break, or for LONE_REPORT_S in all and
+ * most of the time since it was first seen so (LONE_SHARE).
+ *
+ * Right after a step an honest peer is alone ahead for a moment (the
+ * group's members publish their new epoch one after the other), so a
+ * peer joined at its epoch is no longer alone. A liar one epoch ahead of
+ * the swarm is joined too, for moments, when the others have stepped to
+ * its epoch and it has not yet read them; a peer that steps last sees
+ * those moments at every step, and with steps shorter than LONE_REPORT_S
+ * the break alone never came (a CI run: the slowest of three peers said
+ * nothing of the liar). Hence the share: an honest peer is ahead of this
+ * one only between their steps. */
 static void report_lone_epochs(visc_progress_tracker *t, const visc_progress_record *self,
                                double now) {
     for (int i = 0; i < t->n_peers; i++) {
         peer_entry *e = &t->peers[i];
-        /* a liar stays ahead of every step: caught up with for a moment is
-         * no reason to forget it; joined there by another peer is */
-        if (e->live && e->trusted && e->cur.epoch <= self->epoch) continue;
-        if (!e->live || !e->trusted || epoch_counts(t, self, i)) {
-            e->lone = 0;
-            continue;
+        const int trusted = e->live && e->trusted;
+        const int alone = trusted && e->cur.epoch > self->epoch && !epoch_counts(t, self, i);
+        /* the share: alone time over the time watched */
+        if (e->watched) {
+            if (alone) e->lone_total += now - e->lone_checked;
+            e->lone_checked = now;
+            const double span = now - e->lone_seen;
+            if (!trusted || (span >= LONE_REPORT_S && e->lone_total < LONE_SHARE * span))
+                e->watched = 0;
+        } else if (alone) {
+            e->watched = 1;
+            e->lone_seen = e->lone_checked = now;
+            e->lone_total = 0;
         }
-        if (!e->lone) e->lone = 1, e->lone_since = now;
-        if (e->ahead_reported || now - e->lone_since < LONE_REPORT_S) continue;
+        /* without a break: caught up with for a moment is no reason to
+         * forget a liar (it stays ahead of every step); joined there is */
+        if (!(trusted && e->cur.epoch <= self->epoch)) {
+            if (alone && !e->lone) e->lone = 1, e->lone_since = now;
+            if (!alone) e->lone = 0;
+        }
+        const int long_alone = e->lone && now - e->lone_since >= LONE_REPORT_S;
+        const int mostly_alone = e->watched && e->lone_total >= LONE_REPORT_S;
+        if (e->ahead_reported || !alone || !(long_alone || mostly_alone)) continue;
         e->ahead_reported = 1;
         char id[VISC_PEER_ID_CHARS + 1];
         visc_peer_id(e->key, id);

@@ -131,7 +131,9 @@ typedef struct {
      * when another trusted peer has reached that epoch too (a step is taken
      * by a group of two or more; a lone record ahead is a liar's, or a
      * survivor's whose state nobody can vouch for). It is reported once
-     * when it stays alone for 5 s ("... not followed") and left out of the
+     * when it stays alone for 5 s, or is alone 5 s in all and most of the
+     * time ("... not followed": a peer that steps last sees the liar joined
+     * for a moment at every step), and left out of the
      * count at the epoch. Training peers set it; observers show every
      * record. */
     int corroborated_epochs;
