@@ -33,45 +33,112 @@ using namespace nvcuda;
 
 typedef __nv_bfloat16 bf16;
 
-#define ROWS 16  /* query rows a warp (a fragment's) */
+#define ROWS 16  /* rows a warp (a fragment's) */
 #define WARPS 4  /* a block's warps */
-#define KEYS 64  /* keys a tile */
-#define LDH 72   /* bf16 row pitch: 64 + 8, a multiple of 16 bytes */
-#define LDF 68   /* fp32 row pitch: 64 + 4 */
-
-/* 32-byte aligned (wmma's pointers), every array a multiple of 32 bytes */
-struct __align__(32) flash_smem {
-    bf16 k[KEYS][LDH], v[KEYS][LDH];
-    float stage[WARPS][ROWS][LDF]; /* scores, then the accumulator rows */
-    bf16 p[WARPS][ROWS][LDH];      /* Q (before the loop), then P */
-    float m[WARPS][ROWS], l[WARPS][ROWS];
-};
+#define LDH 72   /* bf16 pitch of a tile's rows (up to 64 dimensions + 8: 16-byte multiples) */
 
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> frag_a;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> frag_bt;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> frag_b;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
 
-/* Element (r, d) of a [rows, D] tile of pair (b, h) from a strided fp32
- * tensor, rounded to bf16; 0 beyond its rows or D. */
-__device__ __forceinline__ bf16 tile_element(const float *x, int64_t sb, int64_t sh, int64_t sn,
-                                             int b, int h, int row, int rows, int d, int D) {
-    return __float2bfloat16_rn(row < rows && d < D ? x[b * sb + h * sh + row * sn + d] : 0.0f);
+/* ---- what the three kernels share ----
+ * Shared-memory arrays are 32-byte aligned structs whose arrays are each a
+ * multiple of 32 bytes (wmma's pointers), their pitches multiples of 16
+ * bytes (wmma's leading dimensions). */
+
+/* A strided fp32 tensor as visc_attention addresses it: element (b, h, r, d)
+ * at x[b sb + h sh + r sn + d], `rows` rows a (sequence, head) pair. */
+struct strided {
+    const float *x;
+    int64_t sb, sh, sn;
+    int rows;
+};
+
+/* Q, K, V and dO of a descriptor (dO's strides are the output's). */
+struct views {
+    strided q, k, v, dout;
+};
+__device__ __forceinline__ views views_of(const visc_attention &a, const float *q, const float *k,
+                                          const float *v, const float *dout) {
+    return views{{q, a.q_sb, a.q_sh, a.q_sn, a.Nq},
+                 {k, a.k_sb, a.k_sh, a.k_sn, a.Nk},
+                 {v, a.v_sb, a.v_sh, a.v_sn, a.Nk},
+                 {dout, a.o_sb, a.o_sh, a.o_sn, a.Nq}};
 }
 
-/* The accumulator's 16 rows (DP columns) through the warp's stage: each
- * row multiplied by `scale` (lane r and r + 16 hold row r's). */
+/* rows row0 .. row0 + n of pair (b, h) of t into dst as bf16 (0 beyond t's
+ * rows or D), by threads tid, tid + threads, ... */
 template <int DP>
-__device__ __forceinline__ void scale_rows(frag_c *acc, float (*stage)[LDF], float scale,
+__device__ __forceinline__ void load_rows(bf16 (*dst)[LDH], int n, const strided &t, int b, int h,
+                                          int row0, int D, int tid, int threads) {
+    for (int e = tid; e < n * DP; e += threads) {
+        const int r = row0 + e / DP, d = e % DP;
+        dst[e / DP][d] = __float2bfloat16_rn(
+            r < t.rows && d < D ? t.x[b * t.sb + h * t.sh + r * t.sn + d] : 0.0f);
+    }
+}
+
+/* A warp's fragments of its 16 rows of t, through a staging tile. */
+template <int DP>
+__device__ __forceinline__ void warp_fragments(frag_a *f, bf16 (*staging)[LDH], const strided &t,
+                                               int b, int h, int row0, int D, int lane) {
+    load_rows<DP>(staging, ROWS, t, b, h, row0, D, lane, 32);
+    __syncwarp();
+    for (int kk = 0; kk < DP / 16; kk++) wmma::load_matrix_sync(f[kk], &staging[0][kk * 16], LDH);
+    __syncwarp(); /* read before the staging tile is written again */
+}
+
+/* stage[:, at + 16 n] = A T^T for a warp's 16 rows (A: its fragments) and
+ * the tile's COLS rows T. */
+template <int DP, int COLS, int LD>
+__device__ __forceinline__ void products_with_tile(float (*stage)[LD], int at, const frag_a *f,
+                                                   bf16 (*tile)[LDH]) {
+    for (int n = 0; n < COLS / 16; n++) {
+        frag_c c;
+        wmma::fill_fragment(c, 0.0f);
+        for (int kk = 0; kk < DP / 16; kk++) {
+            frag_bt t;
+            wmma::load_matrix_sync(t, &tile[n * 16][kk * 16], LDH);
+            wmma::mma_sync(c, f[kk], t, c);
+        }
+        wmma::store_matrix_sync(&stage[0][at + n * 16], c, LD, wmma::mem_row_major);
+    }
+}
+
+/* acc += A T for A [16, COLS] bf16 (lhs) and T the tile's COLS rows. */
+template <int DP, int COLS, int LDA>
+__device__ __forceinline__ void accumulate_with_tile(frag_c *acc, bf16 (*lhs)[LDA],
+                                                     bf16 (*tile)[LDH]) {
+    frag_a a[COLS / 16];
+    for (int kk = 0; kk < COLS / 16; kk++) wmma::load_matrix_sync(a[kk], &lhs[0][kk * 16], LDA);
+    for (int n = 0; n < DP / 16; n++)
+        for (int kk = 0; kk < COLS / 16; kk++) {
+            frag_b t;
+            wmma::load_matrix_sync(t, &tile[kk * 16][n * 16], LDH);
+            wmma::mma_sync(acc[n], a[kk], t, acc[n]);
+        }
+}
+
+/* acc's 16 rows into the warp's stage (columns 0 .. DP). */
+template <int DP, int LD>
+__device__ __forceinline__ void stage_fragments(float (*stage)[LD], const frag_c *acc) {
+    __syncwarp(); /* the stage is free */
+    for (int n = 0; n < DP / 16; n++)
+        wmma::store_matrix_sync(&stage[0][n * 16], acc[n], LD, wmma::mem_row_major);
+    __syncwarp();
+}
+
+/* acc's 16 rows, each lane's row times `scale`, to dst (rows row0 .. of a
+ * pair, pitch sn), through the warp's stage. */
+template <int DP, int LD>
+__device__ __forceinline__ void store_rows(float *dst, int64_t sn, int row0, int rows, int D,
+                                           const frag_c *acc, float (*stage)[LD], float scale,
                                            int lane) {
-    for (int n = 0; n < DP / 16; n++)
-        wmma::store_matrix_sync(&stage[0][n * 16], acc[n], LDF, wmma::mem_row_major);
-    __syncwarp();
+    stage_fragments<DP, LD>(stage, acc);
     const int r = lane % ROWS;
-    for (int c = lane / ROWS; c < DP; c += 2) stage[r][c] *= scale;
-    __syncwarp();
-    for (int n = 0; n < DP / 16; n++)
-        wmma::load_matrix_sync(acc[n], &stage[0][n * 16], LDF, wmma::mem_row_major);
+    if (row0 + r < rows)
+        for (int d = lane / ROWS; d < D; d += 2) dst[(row0 + r) * sn + d] = stage[r][d] * scale;
 }
 
 /* Where a thread of a (pairs, row tiles) grid is: its warp and lane, the
@@ -97,6 +164,31 @@ __device__ __forceinline__ place place_of(const visc_attention &a) {
     return p;
 }
 
+/* ---- forward ---- */
+
+#define KEYS 64 /* keys a tile */
+#define LDF 68  /* fp32 pitch of a warp's stage: 64 + 4 */
+
+struct __align__(32) flash_smem {
+    bf16 k[KEYS][LDH], v[KEYS][LDH];
+    float stage[WARPS][ROWS][LDF]; /* scores, then the accumulator rows */
+    bf16 p[WARPS][ROWS][LDH];      /* Q (before the loop), then P */
+    float m[WARPS][ROWS], l[WARPS][ROWS];
+};
+
+/* The accumulator's rows, each multiplied by `scale` (lanes r and r + 16
+ * take row r), through the warp's stage. */
+template <int DP>
+__device__ __forceinline__ void scale_rows(frag_c *acc, float (*stage)[LDF], float scale,
+                                           int lane) {
+    stage_fragments<DP, LDF>(stage, acc);
+    const int r = lane % ROWS;
+    for (int c = lane / ROWS; c < DP; c += 2) stage[r][c] *= scale;
+    __syncwarp();
+    for (int n = 0; n < DP / 16; n++)
+        wmma::load_matrix_sync(acc[n], &stage[0][n * 16], LDF, wmma::mem_row_major);
+}
+
 /* grid (pairs, ceil(Nq / 64)), WARPS * 32 threads. */
 template <int DP>
 __global__ void __launch_bounds__(WARPS * 32)
@@ -106,47 +198,28 @@ __global__ void __launch_bounds__(WARPS * 32)
     flash_smem &s = sm[0];
     const place at = place_of(a);
     const int warp = at.warp, lane = at.lane, b = at.b, h = at.h, r = at.r, half = at.half;
-    const int64_t pair = at.pair;
     const int i0 = at.row0, i = i0 + r;
     const bool active = i0 < a.Nq; /* a warp past the last row only loads tiles */
     const float sh = at.sh;
+    const views t = views_of(a, q, k, v, NULL);
     float(*stage)[LDF] = s.stage[warp];
     bf16(*p)[LDH] = s.p[warp];
 
     frag_a qf[DP / 16];
     frag_c acc[DP / 16];
-    for (int e = lane; e < ROWS * DP; e += 32)
-        p[e / DP][e % DP] = tile_element(q, a.q_sb, a.q_sh, a.q_sn, b, h, i0 + e / DP, a.Nq,
-                                         e % DP, a.D);
-    __syncwarp();
-    for (int kk = 0; kk < DP / 16; kk++) {
-        wmma::load_matrix_sync(qf[kk], &p[0][kk * 16], LDH);
-        wmma::fill_fragment(acc[kk], 0.0f);
-    }
+    warp_fragments<DP>(qf, p, t.q, b, h, i0, a.D, lane);
+    for (int n = 0; n < DP / 16; n++) wmma::fill_fragment(acc[n], 0.0f);
     if (half == 0) {
         s.m[warp][r] = -INFINITY;
         s.l[warp][r] = 0.0f;
     }
     for (int j0 = 0; j0 < a.Nk; j0 += KEYS) {
         __syncthreads(); /* the previous tile's K and V are read */
-        for (int e = threadIdx.x; e < KEYS * DP; e += WARPS * 32) {
-            const int jj = e / DP, d = e % DP;
-            s.k[jj][d] = tile_element(k, a.k_sb, a.k_sh, a.k_sn, b, h, j0 + jj, a.Nk, d, a.D);
-            s.v[jj][d] = tile_element(v, a.v_sb, a.v_sh, a.v_sn, b, h, j0 + jj, a.Nk, d, a.D);
-        }
+        load_rows<DP>(s.k, KEYS, t.k, b, h, j0, a.D, threadIdx.x, WARPS * 32);
+        load_rows<DP>(s.v, KEYS, t.v, b, h, j0, a.D, threadIdx.x, WARPS * 32);
         __syncthreads();
         if (!active) continue;
-        /* S = Q K^T: 16 x 64 */
-        for (int n = 0; n < KEYS / 16; n++) {
-            frag_c sf;
-            wmma::fill_fragment(sf, 0.0f);
-            for (int kk = 0; kk < DP / 16; kk++) {
-                frag_bt kf;
-                wmma::load_matrix_sync(kf, &s.k[n * 16][kk * 16], LDH);
-                wmma::mma_sync(sf, qf[kk], kf, sf);
-            }
-            wmma::store_matrix_sync(&stage[0][n * 16], sf, LDF, wmma::mem_row_major);
-        }
+        products_with_tile<DP, KEYS, LDF>(stage, 0, qf, s.k); /* S = Q K^T: 16 x 64 */
         __syncwarp();
         /* the running maximum and sum of row r; P = exp(score - m) */
         const int c0 = half * (KEYS / 2), c1 = c0 + KEYS / 2;
@@ -176,27 +249,15 @@ __global__ void __launch_bounds__(WARPS * 32)
             s.l[warp][r] = s.l[warp][r] * alpha + sum;
         }
         if (j0 > 0) scale_rows<DP>(acc, stage, alpha, lane);
-        /* O += P V */
-        frag_a pf[KEYS / 16];
-        for (int kk = 0; kk < KEYS / 16; kk++) wmma::load_matrix_sync(pf[kk], &p[0][kk * 16], LDH);
-        for (int n = 0; n < DP / 16; n++)
-            for (int kk = 0; kk < KEYS / 16; kk++) {
-                frag_b vf;
-                wmma::load_matrix_sync(vf, &s.v[kk * 16][n * 16], LDH);
-                wmma::mma_sync(acc[n], pf[kk], vf, acc[n]);
-            }
+        accumulate_with_tile<DP, KEYS, LDH>(acc, p, s.v); /* O += P V */
     }
     if (!active) return;
     /* O / l to out, m + log l to lse */
-    for (int n = 0; n < DP / 16; n++)
-        wmma::store_matrix_sync(&stage[0][n * 16], acc[n], LDF, wmma::mem_row_major);
-    __syncwarp();
-    if (i < a.Nq) {
-        const float l = s.l[warp][r], inv = l > 0.0f ? 1.0f / l : 0.0f;
-        float *o = out + b * a.o_sb + h * a.o_sh + i * a.o_sn;
-        for (int d = half; d < a.D; d += 2) o[d] = stage[r][d] * inv;
-        if (half == 0) lse[pair * a.Nq + i] = l > 0.0f ? s.m[warp][r] + logf(l) : INFINITY;
-    }
+    __syncwarp(); /* m and l are written */
+    const float l = s.l[warp][r], m = s.m[warp][r];
+    store_rows<DP, LDF>(out + b * a.o_sb + h * a.o_sh, a.o_sn, i0, a.Nq, a.D, acc, stage,
+                        l > 0.0f ? 1.0f / l : 0.0f, lane);
+    if (half == 0 && i < a.Nq) lse[at.pair * a.Nq + i] = l > 0.0f ? m + logf(l) : INFINITY;
 }
 
 /* ---- backward ----
@@ -228,72 +289,6 @@ struct __align__(32) flash_back_smem {
     float lse[STEP], delta[STEP];                   /* the key side's queries' */
 };
 
-/* rows row0 .. row0 + n of pair (b, h) of x into dst as bf16, by the
- * block's threads (0 beyond the tensor's rows or D). */
-template <int DP>
-__device__ __forceinline__ void load_rows(bf16 (*dst)[LDH], int n, const float *x, int64_t sb,
-                                          int64_t sh, int64_t sn, int b, int h, int row0,
-                                          int rows, int D, int tid, int threads) {
-    for (int e = tid; e < n * DP; e += threads)
-        dst[e / DP][e % DP] = tile_element(x, sb, sh, sn, b, h, row0 + e / DP, rows, e % DP, D);
-}
-
-/* A warp's fragments of its 16 rows of x (through its staging tile). */
-template <int DP>
-__device__ __forceinline__ void warp_fragments(frag_a *f, warp_rows &w, const float *x,
-                                               int64_t sb, int64_t sh, int64_t sn, int b, int h,
-                                               int row0, int rows, int D, int lane) {
-    load_rows<DP>(w.tile, ROWS, x, sb, sh, sn, b, h, row0, rows, D, lane, 32);
-    __syncwarp();
-    for (int kk = 0; kk < DP / 16; kk++) wmma::load_matrix_sync(f[kk], &w.tile[0][kk * 16], LDH);
-    __syncwarp(); /* read before the stage takes the place */
-}
-
-/* stage[:, at + 16 n] = A B^T for a warp's 16 rows and the tile's 32:
- * A its fragments, B the tile's rows. */
-template <int DP>
-__device__ __forceinline__ void products_with_tile(float (*stage)[LDW], int at, const frag_a *f,
-                                                   bf16 (*tile)[LDH]) {
-    for (int n = 0; n < STEP / 16; n++) {
-        frag_c c;
-        wmma::fill_fragment(c, 0.0f);
-        for (int kk = 0; kk < DP / 16; kk++) {
-            frag_bt t;
-            wmma::load_matrix_sync(t, &tile[n * 16][kk * 16], LDH);
-            wmma::mma_sync(c, f[kk], t, c);
-        }
-        wmma::store_matrix_sync(&stage[0][at + n * 16], c, LDW, wmma::mem_row_major);
-    }
-}
-
-/* acc += A T for A [16, 32] bf16 (lhs) and T the tile's rows [32, DP]. */
-template <int DP>
-__device__ __forceinline__ void accumulate_with_tile(frag_c *acc, bf16 (*lhs)[LDS],
-                                                     bf16 (*tile)[LDH]) {
-    frag_a a[STEP / 16];
-    for (int kk = 0; kk < STEP / 16; kk++) wmma::load_matrix_sync(a[kk], &lhs[0][kk * 16], LDS);
-    for (int n = 0; n < DP / 16; n++)
-        for (int kk = 0; kk < STEP / 16; kk++) {
-            frag_b t;
-            wmma::load_matrix_sync(t, &tile[kk * 16][n * 16], LDH);
-            wmma::mma_sync(acc[n], a[kk], t, acc[n]);
-        }
-}
-
-/* acc's 16 rows to dst (rows row0 .., strides of the tensor), through
- * the warp's stage. */
-template <int DP>
-__device__ __forceinline__ void store_rows(float *dst, int64_t sn, int row0, int rows, int D,
-                                           const frag_c *acc, float (*stage)[LDW], int lane) {
-    __syncwarp(); /* the stage is free */
-    for (int n = 0; n < DP / 16; n++)
-        wmma::store_matrix_sync(&stage[0][n * 16], acc[n], LDW, wmma::mem_row_major);
-    __syncwarp();
-    const int r = lane % ROWS;
-    if (row0 + r < rows)
-        for (int d = lane / ROWS; d < D; d += 2) dst[(row0 + r) * sn + d] = stage[r][d];
-}
-
 /* grid (pairs, ceil(Nq / 64)); dq may be NULL (hs_rows or ds_out then
  * are not), ds_out [B H Nq, Nk] and hs_rows [B H Nq] may be NULL. */
 template <int DP>
@@ -308,6 +303,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     const int i0 = at.row0, i = i0 + r;
     const bool active = i0 < a.Nq;
     const float sh = at.sh;
+    const views t = views_of(a, q, k, v, dout);
     warp_rows &w = s.w[at.warp];
     bf16(*ds)[LDS] = s.ds[at.warp];
     const int64_t row = at.pair * a.Nq + i;
@@ -315,20 +311,18 @@ __global__ void __launch_bounds__(WARPS * 32)
 
     frag_a qf[DP / 16], of[DP / 16];
     frag_c acc[DP / 16];
-    warp_fragments<DP>(qf, w, q, a.q_sb, a.q_sh, a.q_sn, b, h, i0, a.Nq, a.D, lane);
-    warp_fragments<DP>(of, w, dout, a.o_sb, a.o_sh, a.o_sn, b, h, i0, a.Nq, a.D, lane);
+    warp_fragments<DP>(qf, w.tile, t.q, b, h, i0, a.D, lane);
+    warp_fragments<DP>(of, w.tile, t.dout, b, h, i0, a.D, lane);
     for (int n = 0; n < DP / 16; n++) wmma::fill_fragment(acc[n], 0.0f);
     float hs = 0.0f;
     for (int j0 = 0; j0 < a.Nk; j0 += STEP) {
         __syncthreads();
-        load_rows<DP>(s.x, STEP, k, a.k_sb, a.k_sh, a.k_sn, b, h, j0, a.Nk, a.D, threadIdx.x,
-                      WARPS * 32);
-        load_rows<DP>(s.y, STEP, v, a.v_sb, a.v_sh, a.v_sn, b, h, j0, a.Nk, a.D, threadIdx.x,
-                      WARPS * 32);
+        load_rows<DP>(s.x, STEP, t.k, b, h, j0, a.D, threadIdx.x, WARPS * 32);
+        load_rows<DP>(s.y, STEP, t.v, b, h, j0, a.D, threadIdx.x, WARPS * 32);
         __syncthreads();
         if (!active) continue;
-        products_with_tile<DP>(w.stage, 0, qf, s.x);     /* S = Q K^T */
-        products_with_tile<DP>(w.stage, DP_AT, of, s.y); /* dP = dO V^T */
+        products_with_tile<DP, STEP, LDW>(w.stage, 0, qf, s.x);     /* S = Q K^T */
+        products_with_tile<DP, STEP, LDW>(w.stage, DP_AT, of, s.y); /* dP = dO V^T */
         __syncwarp();
         for (int c = half * (STEP / 2); c < (half + 1) * (STEP / 2); c++) {
             const int j = j0 + c;
@@ -343,13 +337,14 @@ __global__ void __launch_bounds__(WARPS * 32)
             }
         }
         __syncwarp();
-        if (dq) accumulate_with_tile<DP>(acc, ds, s.x); /* dQ += (s_h dS) K */
+        if (dq) accumulate_with_tile<DP, STEP, LDS>(acc, ds, s.x); /* dQ += (s_h dS) K */
     }
     if (!active) return;
     hs += __shfl_xor_sync(0xffffffffu, hs, ROWS);
     if (hs_rows && half == 0 && i < a.Nq) hs_rows[row] = hs;
     if (dq)
-        store_rows<DP>(dq + b * a.q_sb + h * a.q_sh, a.q_sn, i0, a.Nq, a.D, acc, w.stage, lane);
+        store_rows<DP, LDW>(dq + b * a.q_sb + h * a.q_sh, a.q_sn, i0, a.Nq, a.D, acc, w.stage,
+                            1.0f, lane);
 }
 
 /* grid (pairs, ceil(Nk / 64)). */
@@ -361,37 +356,35 @@ __global__ void __launch_bounds__(WARPS * 32)
     flash_back_smem &s = sm[0];
     const place at = place_of(a);
     const int lane = at.lane, b = at.b, h = at.h, r = at.r, half = at.half;
-    const int64_t pair = at.pair;
     const int j0 = at.row0, j = j0 + r;
     const bool active = j0 < a.Nk;
     const float sh = at.sh;
+    const views t = views_of(a, q, k, v, dout);
     warp_rows &w = s.w[at.warp];
     bf16(*p)[LDS] = s.p[at.warp];
     bf16(*ds)[LDS] = s.ds[at.warp];
 
     frag_a kf[DP / 16], vf[DP / 16];
     frag_c dk_acc[DP / 16], dv_acc[DP / 16];
-    warp_fragments<DP>(kf, w, k, a.k_sb, a.k_sh, a.k_sn, b, h, j0, a.Nk, a.D, lane);
-    warp_fragments<DP>(vf, w, v, a.v_sb, a.v_sh, a.v_sn, b, h, j0, a.Nk, a.D, lane);
+    warp_fragments<DP>(kf, w.tile, t.k, b, h, j0, a.D, lane);
+    warp_fragments<DP>(vf, w.tile, t.v, b, h, j0, a.D, lane);
     for (int n = 0; n < DP / 16; n++) {
         wmma::fill_fragment(dk_acc[n], 0.0f);
         wmma::fill_fragment(dv_acc[n], 0.0f);
     }
     for (int i0 = 0; i0 < a.Nq; i0 += STEP) {
         __syncthreads();
-        load_rows<DP>(s.x, STEP, q, a.q_sb, a.q_sh, a.q_sn, b, h, i0, a.Nq, a.D, threadIdx.x,
-                      WARPS * 32);
-        load_rows<DP>(s.y, STEP, dout, a.o_sb, a.o_sh, a.o_sn, b, h, i0, a.Nq, a.D, threadIdx.x,
-                      WARPS * 32);
+        load_rows<DP>(s.x, STEP, t.q, b, h, i0, a.D, threadIdx.x, WARPS * 32);
+        load_rows<DP>(s.y, STEP, t.dout, b, h, i0, a.D, threadIdx.x, WARPS * 32);
         if (threadIdx.x < STEP) {
             const int i = i0 + threadIdx.x;
-            s.lse[threadIdx.x] = i < a.Nq ? lse[pair * a.Nq + i] : INFINITY;
-            s.delta[threadIdx.x] = i < a.Nq ? delta[pair * a.Nq + i] : 0.0f;
+            s.lse[threadIdx.x] = i < a.Nq ? lse[at.pair * a.Nq + i] : INFINITY;
+            s.delta[threadIdx.x] = i < a.Nq ? delta[at.pair * a.Nq + i] : 0.0f;
         }
         __syncthreads();
         if (!active) continue;
-        products_with_tile<DP>(w.stage, 0, kf, s.x);     /* S^T = K Q^T */
-        products_with_tile<DP>(w.stage, DP_AT, vf, s.y); /* dP^T = V dO^T */
+        products_with_tile<DP, STEP, LDW>(w.stage, 0, kf, s.x);     /* S^T = K Q^T */
+        products_with_tile<DP, STEP, LDW>(w.stage, DP_AT, vf, s.y); /* dP^T = V dO^T */
         __syncwarp();
         for (int c = half * (STEP / 2); c < (half + 1) * (STEP / 2); c++) {
             const int i = i0 + c;
@@ -403,16 +396,18 @@ __global__ void __launch_bounds__(WARPS * 32)
             ds[r][c] = __float2bfloat16_rn(sh * (pij * (w.stage[r][DP_AT + c] - s.delta[c])));
         }
         __syncwarp();
-        accumulate_with_tile<DP>(dv_acc, p, s.y);  /* dV += P^T dO */
-        accumulate_with_tile<DP>(dk_acc, ds, s.x); /* dK += (s_h dS)^T Q */
+        accumulate_with_tile<DP, STEP, LDS>(dv_acc, p, s.y);  /* dV += P^T dO */
+        accumulate_with_tile<DP, STEP, LDS>(dk_acc, ds, s.x); /* dK += (s_h dS)^T Q */
     }
     if (!active) return;
-    store_rows<DP>(dk + b * a.k_sb + h * a.k_sh, a.k_sn, j0, a.Nk, a.D, dk_acc, w.stage, lane);
-    store_rows<DP>(dv + b * a.v_sb + h * a.v_sh, a.v_sn, j0, a.Nk, a.D, dv_acc, w.stage, lane);
+    store_rows<DP, LDW>(dk + b * a.k_sb + h * a.k_sh, a.k_sn, j0, a.Nk, a.D, dk_acc, w.stage, 1.0f,
+                        lane);
+    store_rows<DP, LDW>(dv + b * a.v_sb + h * a.v_sh, a.v_sn, j0, a.Nk, a.D, dv_acc, w.stage, 1.0f,
+                        lane);
 }
 
 int visc_attention_flash_ready(const visc_cuda *ctx, const visc_attention *a) {
-    return !ctx->attn_unfused && a->D >= 1 && a->D <= 64;
+    return !ctx->attn_unfused && a->D <= 64;
 }
 
 typedef void (*forward_launch)(visc_cuda *ctx, dim3 grid, const visc_attention *a, float *out,

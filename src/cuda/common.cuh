@@ -30,7 +30,7 @@ struct visc_cuda {
     struct visc_conv_state *conv; /* cuDNN handle, plans, workspace (conv.cu), or NULL */
     struct visc_attn_state *attn; /* attention's workspace (attention.cu), or NULL */
     size_t attn_chunk_bytes; /* bf16 attention's cap (attention_tc.cu); 0: its default */
-    int attn_unfused; /* 1: no fused bf16 forward (attention_flash.cu) */
+    int attn_unfused; /* 1: bf16 attention as products, not fused (attention_flash.cu) */
     struct visc_nccl_state *nccl; /* NCCL's communicator and stream (comm.cu), or NULL */
     void *bn_acc; /* SyncBN's sums between the passes (batchnorm.cu), or NULL */
     size_t bn_acc_bytes;

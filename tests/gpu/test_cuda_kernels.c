@@ -1997,8 +1997,9 @@ static void check_products(int M, int N, int K, int trans_a, int trans_b, int ba
  * carries the output's rounding: its magnitude is the sum of |dO| times
  * the output's magnitudes). The log-sum-exp comes from fp32 sums of the same bf16
  * products: 1e-4 relative. A wrong element, pair or stride is off by about
- * its whole magnitude. Each bf16 case runs twice, with the N x N
- * matrices made in one chunk and one sequence at a time. */
+ * its whole magnitude. Each bf16 case runs three times: fused (where D
+ * is at most 64), and as the products with the N x N matrices made in one
+ * chunk and one sequence at a time. */
 typedef struct {
     int B, H, Nq, Nk, D, nmask, bias, head_scale, dead_row, bf16;
 } attn_case;
@@ -2794,54 +2795,24 @@ static void group_linear(void) {
     }
 }
 static void attention_cases(int bf16) {
-    check_attention(
-        (attn_case){.bf16 = bf16, .B = 2, .H = 6, .Nq = 197, .Nk = 197, .D = 64}); /* ViT-S */
-    check_attention((attn_case){.bf16 = bf16,
-                                .B = 8,
-                                .H = 3,
-                                .Nq = 49,
-                                .Nk = 49,
-                                .D = 32,
-                                .nmask = 4,
-                                .bias = 1}); /* Swin: windows, bias, shift masks */
-    check_attention((attn_case){.bf16 = bf16,
-                                .B = 4,
-                                .H = 2,
-                                .Nq = 64,
-                                .Nk = 64,
-                                .D = 32,
-                                .nmask = 2,
-                                .bias = 1,
-                                .head_scale = 1}); /* Swin V2 */
-    /* CaiT's class attention */
-    check_attention((attn_case){.bf16 = bf16, .B = 3, .H = 4, .Nq = 1, .Nk = 197, .D = 48});
-    check_attention((attn_case){.bf16 = bf16,
-                                .B = 2,
-                                .H = 2,
-                                .Nq = 40,
-                                .Nk = 33,
-                                .D = 128,
-                                .nmask = 1,
-                                .dead_row = 1}); /* D 128, a row with every key masked */
-    check_attention((attn_case){.bf16 = bf16,
-                                .B = 2,
-                                .H = 2,
-                                .Nq = 40,
-                                .Nk = 33,
-                                .D = 32,
-                                .bias = 1,
-                                .head_scale = 1}); /* bias and head scales off the diagonal */
-    /* the fused bf16 kernels' edges: D padded to 48 (40) and 16, row and
-     * key tiles cut short (70 rows, 130 keys), a fully masked row */
-    check_attention((attn_case){.bf16 = bf16,
-                                .B = 2,
-                                .H = 3,
-                                .Nq = 70,
-                                .Nk = 130,
-                                .D = 40,
-                                .nmask = 2,
-                                .dead_row = 1});
-    check_attention((attn_case){.bf16 = bf16, .B = 3, .H = 1, .Nq = 20, .Nk = 17, .D = 16});
+    /* B, H, Nq, Nk, D, nmask, bias, head_scale, dead_row, bf16 (set below) */
+    static const attn_case cases[] = {
+        {2, 6, 197, 197, 64, 0, 0, 0, 0, 0}, /* ViT-S */
+        {8, 3, 49, 49, 32, 4, 1, 0, 0, 0},   /* Swin: windows, bias, shift masks */
+        {4, 2, 64, 64, 32, 2, 1, 1, 0, 0},   /* Swin V2 */
+        {3, 4, 1, 197, 48, 0, 0, 0, 0, 0},   /* CaiT's class attention */
+        {2, 2, 40, 33, 128, 1, 0, 0, 1, 0},  /* D 128, a row with every key masked */
+        {2, 2, 40, 33, 32, 0, 1, 1, 0, 0},   /* bias and head scales off the diagonal */
+        /* the fused bf16 kernels' edges: D padded to 48 (40) and 16, row and
+         * key tiles cut short (70 rows, 130 keys), a fully masked row */
+        {2, 3, 70, 130, 40, 2, 0, 0, 1, 0},
+        {3, 1, 20, 17, 16, 0, 0, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        attn_case c = cases[i];
+        c.bf16 = bf16;
+        check_attention(c);
+    }
 }
 static void group_attention(void) {
     attention_cases(0);

@@ -417,26 +417,21 @@ void run(const launch_config &c, const char *kernel, void (*body)(void *), void 
 
 /* A barrier or shuffle reached outside a fiber: the first block reached
  * none, so the launch went on without fibers. */
-static int switching_possible(void) {
-    if (fiber_now) {
-        run_now->used_sync = 1;
-        return 1;
-    }
-    if (!run_now->failed) {
-        kernel_fault(run_now->kernel,
-                     "reached a barrier or warp operation that the grid's first block never "
-                     "reached (run with VISC_EMU_FIBERS=1)",
-                     current);
-        run_now->failed = 1;
-    }
-    return 0;
-}
-
 void misuse(const char *what) {
     if (run_now && !run_now->failed) {
         kernel_fault(run_now->kernel, what, current);
         run_now->failed = 1;
     }
+}
+
+static int switching_possible(void) {
+    if (fiber_now) {
+        run_now->used_sync = 1;
+        return 1;
+    }
+    misuse("reached a barrier or warp operation that the grid's first block never reached (run "
+           "with VISC_EMU_FIBERS=1)");
+    return 0;
 }
 
 void sync_block(void) {
