@@ -542,18 +542,20 @@ int visc_cuda_relu_backward(visc_cuda *ctx, float *din, const float *dout, const
  * kernels on tensor cores for D up to 64 (attention_flash.cu), the six
  * products on tensor cores beyond (attention_tc.cu), both with bf16
  * operands and fp32 sums and results. They keep a workspace in the
- * context: fused (fp32 or bf16), 4 bytes per query row, and B H Nq Nk
- * floats more when dbias is asked; the products, the N x N matrices of a
- * chunk of sequences, at most 256 MiB. */
+ * context: fused (fp32 or bf16), 4 bytes per query row, and when dbias is
+ * asked the score gradients of a group of sequences, at most 32 MiB (the
+ * bias gradient is summed group by group); the products, the N x N
+ * matrices of a chunk of sequences, at most 256 MiB. */
 int visc_cuda_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
                                 const float *q, const float *k, const float *v);
 int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
                                  float *dv, float *dbias, float *dhead_scale, const float *dout,
                                  const float *q, const float *k, const float *v, const float *out,
                                  const float *lse);
-/* The bf16 form's cap on its chunk of N x N matrices, in bytes (0: the
- * default, 256 MiB); a chunk holds one sequence at least. Smaller saves
- * memory and makes more, smaller products. */
+/* The cap on those chunks and groups of N x N matrices, in bytes (0: the
+ * defaults, 256 and 32 MiB); a chunk holds one sequence at least, a group
+ * one period of the masks. Smaller saves memory and makes more, smaller
+ * launches. */
 void visc_cuda_set_attention_chunk(visc_cuda *ctx, size_t bytes);
 /* 1 (the default): bf16 attention with heads of at most 64 dimensions runs
  * fused on tensor cores, forward and backward, with no N x N matrices

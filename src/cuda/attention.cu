@@ -34,6 +34,7 @@
 #define ROWS 4     /* rows (query side) or keys (key side) per warp */
 #define MAX_D 128  /* head dimension */
 #define PER_LANE (MAX_D / 32)
+#define DS_GROUP_BYTES ((size_t)32 << 20) /* dS of a group of sequences, for dbias */
 
 struct visc_attn_state {
     void *buf; /* delta, the dhead_scale row partials, dS */
@@ -380,19 +381,62 @@ int visc_cuda_attention_forward(visc_cuda *ctx, const visc_attention *a, float *
     return visc_cuda_launched("attention forward");
 }
 
-/* attention.cu's own backward kernels, the fp32 form. */
-static int attention_fp32_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
-                                   float *dv, float *ds, float *hs_rows, const float *dout,
-                                   const float *q, const float *k, const float *v,
-                                   const float *lse, const float *delta) {
-    const size_t smem_q = sizeof(float) * (2 * TILE * (a->D + 1) + 2 * WARPS * a->D);
-    attention_dq_kernel<<<attention_grid(a, a->Nq), WARPS * 32, smem_q, ctx->stream>>>(
-        *a, dq, ds, hs_rows, dout, q, k, v, lse, delta);
-    if (visc_cuda_launched("attention backward (query side)")) return -1;
-    const size_t smem_k = sizeof(float) * (2 * TILE * (a->D + 1) + 2 * TILE + 2 * WARPS * a->D);
-    attention_dkv_kernel<<<attention_grid(a, a->Nk), WARPS * 32, smem_k, ctx->stream>>>(
+/* One side of the backward or both, by the fused bf16 kernels or the fp32
+ * ones: the query side when dq, ds or hs_rows is asked, the key side when
+ * dk (and dv) is. */
+static int backward_sides(visc_cuda *ctx, const visc_attention *a, int fused, float *dq,
+                          float *dk, float *dv, float *ds, float *hs_rows, const float *dout,
+                          const float *q, const float *k, const float *v, const float *lse,
+                          const float *delta) {
+    if (fused)
+        return visc_attention_flash_backward(ctx, a, dq, dk, dv, ds, hs_rows, dout, q, k, v, lse,
+                                             delta);
+    if (dq || ds || hs_rows) {
+        const size_t smem = sizeof(float) * (2 * TILE * (a->D + 1) + 2 * WARPS * a->D);
+        attention_dq_kernel<<<attention_grid(a, a->Nq), WARPS * 32, smem, ctx->stream>>>(
+            *a, dq, ds, hs_rows, dout, q, k, v, lse, delta);
+        if (visc_cuda_launched("attention backward (query side)")) return -1;
+    }
+    if (!dk) return 0;
+    const size_t smem = sizeof(float) * (2 * TILE * (a->D + 1) + 2 * TILE + 2 * WARPS * a->D);
+    attention_dkv_kernel<<<attention_grid(a, a->Nk), WARPS * 32, smem, ctx->stream>>>(
         *a, dk, dv, dout, q, k, v, lse, delta);
     return visc_cuda_launched("attention backward (key side)");
+}
+
+/* Sequences whose dS the query side writes at once when dbias is asked: as
+ * many as DS_GROUP_BYTES (or the context's attention cap) holds, a multiple
+ * of the masks' period, since a group's masks are indexed from its first
+ * sequence (b % nmask). */
+static int ds_group_sequences(const visc_cuda *ctx, const visc_attention *a) {
+    const size_t cap = ctx->attn_chunk_bytes ? ctx->attn_chunk_bytes : DS_GROUP_BYTES;
+    const size_t period = a->mask ? (size_t)a->nmask : 1;
+    const size_t per_period = sizeof(float) * period * a->H * a->Nq * a->Nk;
+    const size_t n = (cap / per_period < 1 ? 1 : cap / per_period) * period;
+    return n > (size_t)a->B ? a->B : (int)n;
+}
+
+/* The query side, a group of sequences at a time, each group's dS summed
+ * into dbias (the first group's sums replace it): dS of all sequences at
+ * once would take B H Nq Nk floats, 470 MB at Swin-T's first stage at
+ * batch 256. The groups and the order of the sums are fixed by the shape,
+ * so the bits are the same on every run. */
+static int query_side_in_groups(visc_cuda *ctx, const visc_attention *a, int fused, float *dq,
+                                float *dbias, float *ds, int group, float *hs_rows,
+                                const float *dout, const float *q, const float *k,
+                                const float *v, const float *lse, const float *delta) {
+    const int64_t per_seq = (int64_t)a->H * a->Nq; /* rows of lse, delta, hs_rows */
+    for (int b0 = 0; b0 < a->B; b0 += group) {
+        visc_attention g = *a;
+        g.B = a->B - b0 < group ? a->B - b0 : group;
+        if (backward_sides(ctx, &g, fused, dq ? dq + b0 * a->q_sb : NULL, NULL, NULL, ds,
+                           hs_rows ? hs_rows + b0 * per_seq : NULL, dout + b0 * a->o_sb,
+                           q + b0 * a->q_sb, k + b0 * a->k_sb, v + b0 * a->v_sb,
+                           lse + b0 * per_seq, delta + b0 * per_seq) ||
+            visc_cuda_column_sums_into(ctx, dbias, ds, g.B, a->H * a->Nq * a->Nk, b0 > 0))
+            return -1;
+    }
+    return 0;
 }
 
 int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
@@ -407,18 +451,19 @@ int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float 
             return -1;
         return dhead_scale ? visc_cuda_zero(ctx, dhead_scale, sizeof(float) * a->H) : 0;
     }
-    /* delta [rows], the head-scale row partials [rows]; then dS [rows, Nk]
-     * when dbias is asked (fp32, bf16 fused), or the products' chunk (bf16) */
+    /* delta [rows], the head-scale row partials [rows]; then dS of a group
+     * of sequences [group H Nq, Nk] when dbias is asked (fp32, bf16 fused),
+     * or the products' chunk (bf16) */
     const int fused = ctx->bf16 && visc_attention_flash_ready(ctx, a);
     const int products = ctx->bf16 && !fused;
+    const int group = dbias && !products ? ds_group_sequences(ctx, a) : 0;
     const size_t head = (size_t)rows * (1 + (dhead_scale ? 1 : 0));
     const size_t tail = products ? visc_attention_tc_bytes(ctx, a)
-                                 : sizeof(float) * (dbias ? (size_t)rows * a->Nk : 0);
+                                 : sizeof(float) * (size_t)group * a->H * a->Nq * a->Nk;
     const size_t head_bytes = (sizeof(float) * head + 255) / 256 * 256;
     float *ws = attn_workspace(ctx, head_bytes + tail);
     if (!ws) return -1;
     float *delta = ws, *hs_rows = dhead_scale ? delta + rows : NULL;
-    float *ds = dbias ? (float *)((char *)ws + head_bytes) : NULL;
     attention_delta_kernel<<<visc_cuda_blocks((size_t)rows * 32, 256), 256, 0, ctx->stream>>>(
         *a, delta, dout, out, ctx->bf16);
     if (visc_cuda_launched("attention backward (delta)")) return -1;
@@ -426,16 +471,15 @@ int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float 
         if (visc_attention_tc_backward(ctx, a, dq, dk, dv, dbias, hs_rows, dout, q, k, v, lse,
                                        delta, (char *)ws + head_bytes))
             return -1;
-        return dhead_scale ? head_scale_sums(ctx, a, dhead_scale, hs_rows) : 0;
-    }
-    if (fused) {
-        if (visc_attention_flash_backward(ctx, a, dq, dk, dv, ds, hs_rows, dout, q, k, v, lse,
-                                          delta))
+    } else if (dbias) {
+        float *ds = (float *)((char *)ws + head_bytes);
+        if (query_side_in_groups(ctx, a, fused, dq, dbias, ds, group, hs_rows, dout, q, k, v, lse,
+                                 delta) ||
+            backward_sides(ctx, a, fused, NULL, dk, dv, NULL, NULL, dout, q, k, v, lse, delta))
             return -1;
-    } else if (attention_fp32_backward(ctx, a, dq, dk, dv, ds, hs_rows, dout, q, k, v, lse,
-                                       delta)) {
+    } else if (backward_sides(ctx, a, fused, dq, dk, dv, NULL, hs_rows, dout, q, k, v, lse,
+                              delta)) {
         return -1;
     }
-    if (dbias && visc_cuda_column_sums(ctx, dbias, ds, a->B, a->H * a->Nq * a->Nk)) return -1;
     return dhead_scale ? head_scale_sums(ctx, a, dhead_scale, hs_rows) : 0;
 }

@@ -39,8 +39,9 @@ int visc_attention_tc_backward(visc_cuda *ctx, const visc_attention *a, float *d
 int visc_attention_flash_ready(const visc_cuda *ctx, const visc_attention *a);
 int visc_attention_flash_forward(visc_cuda *ctx, const visc_attention *a, float *out,
                                  float *lse, const float *q, const float *k, const float *v);
-/* dq may be NULL; ds_out [B H Nq, Nk] (dS, for dbias's sums) and hs_rows
- * [B H Nq] (each row's share of dhead_scale) when not NULL. */
+/* The query side (dQ; dS into ds_out [B H Nq, Nk], for dbias's sums; each
+ * row's share of dhead_scale into hs_rows [B H Nq]) for what of them is not
+ * NULL, the key side (dK and dV) when dk is not. */
 int visc_attention_flash_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
                                   float *dv, float *ds_out, float *hs_rows, const float *dout,
                                   const float *q, const float *k, const float *v,

@@ -431,8 +431,9 @@ static void launch_backward(visc_cuda *ctx, dim3 q_grid, dim3 k_grid, const visc
     if (dq || ds_out || hs_rows)
         flash_dq_kernel<DP><<<q_grid, WARPS * 32, 0, ctx->stream>>>(
             *a, dq, ds_out, hs_rows, dout, q, k, v, lse, delta);
-    flash_dkv_kernel<DP><<<k_grid, WARPS * 32, 0, ctx->stream>>>(*a, dk, dv, dout, q, k, v, lse,
-                                                                 delta);
+    if (dk)
+        flash_dkv_kernel<DP><<<k_grid, WARPS * 32, 0, ctx->stream>>>(*a, dk, dv, dout, q, k, v,
+                                                                     lse, delta);
 }
 
 /* The kernels' instance for a's head size (padded to 16). */

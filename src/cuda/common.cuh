@@ -29,7 +29,7 @@ struct visc_cuda {
     int bf16; /* the linear layers' precision: visc_cuda_set_bf16 */
     struct visc_conv_state *conv; /* cuDNN handle, plans, workspace (conv.cu), or NULL */
     struct visc_attn_state *attn; /* attention's workspace (attention.cu), or NULL */
-    size_t attn_chunk_bytes; /* bf16 attention's cap (attention_tc.cu); 0: its default */
+    size_t attn_chunk_bytes; /* attention's cap on N x N workspaces; 0: the defaults */
     int attn_unfused; /* 1: bf16 attention as products, not fused (attention_flash.cu) */
     struct visc_nccl_state *nccl; /* NCCL's communicator and stream (comm.cu), or NULL */
     void *bn_acc; /* SyncBN's sums between the passes (batchnorm.cu), or NULL */
@@ -135,6 +135,9 @@ int visc_cuda_add_partials(visc_cuda *ctx, float *out, const float *part, int ch
                            int C);
 /* out[c] = sum over rows of a[r * C + c]. */
 int visc_cuda_column_sums(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C);
+/* The same, added to out when accumulate is set (a sum in parts). */
+int visc_cuda_column_sums_into(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C,
+                               int accumulate);
 
 /* The float a warp holds in every lane, summed over the warp. */
 __device__ __forceinline__ float visc_warp_sum(float v) {

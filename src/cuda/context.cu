@@ -253,7 +253,8 @@ void visc_cuda_set_bf16(visc_cuda *ctx, int on) { ctx->bf16 = on != 0; }
 int visc_cuda_bf16(const visc_cuda *ctx) { return ctx->bf16; }
 
 /* Block c: column c's partials, every 256th to each thread, then a fixed tree. */
-__global__ void add_partials_kernel(float *out, const float *part, int chunks, int stride) {
+__global__ void add_partials_kernel(float *out, const float *part, int chunks, int stride,
+                                    int accumulate) {
     __shared__ float sum[256];
     const int c = blockIdx.x;
     float v = 0.0f;
@@ -264,14 +265,19 @@ __global__ void add_partials_kernel(float *out, const float *part, int chunks, i
         if (threadIdx.x < half) sum[threadIdx.x] += sum[threadIdx.x + half];
         __syncthreads();
     }
-    if (threadIdx.x == 0) out[c] = sum[0];
+    if (threadIdx.x == 0) out[c] = accumulate ? out[c] + sum[0] : sum[0];
+}
+
+static int add_partials(visc_cuda *ctx, float *out, const float *part, int chunks, int stride,
+                        int C, int accumulate) {
+    if (C <= 0) return 0;
+    add_partials_kernel<<<C, 256, 0, ctx->stream>>>(out, part, chunks, stride, accumulate);
+    return visc_cuda_launched("column sums");
 }
 
 int visc_cuda_add_partials(visc_cuda *ctx, float *out, const float *part, int chunks, int stride,
                            int C) {
-    if (C <= 0) return 0;
-    add_partials_kernel<<<C, 256, 0, ctx->stream>>>(out, part, chunks, stride);
-    return visc_cuda_launched("column sums");
+    return add_partials(ctx, out, part, chunks, stride, C, 0);
 }
 
 /* Block (x, k): columns x * blockDim.x + thread of rows chunk k. */
@@ -286,16 +292,22 @@ __global__ void column_partials_kernel(float *part, const float *a, int64_t rows
     part[(size_t)blockIdx.y * C + c] = s;
 }
 
-int visc_cuda_column_sums(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C) {
+int visc_cuda_column_sums_into(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C,
+                               int accumulate) {
     const int chunks = visc_cuda_col_chunks(rows);
     float *part = (float *)visc_cuda_scratch(ctx, (size_t)chunks * C * sizeof(float));
     if (!part) return -1;
     if (rows == 0)
-        return visc_cuda_check(cudaMemsetAsync(out, 0, sizeof(float) * C, ctx->stream),
-                               "column sums");
+        return accumulate ? 0
+                          : visc_cuda_check(cudaMemsetAsync(out, 0, sizeof(float) * C, ctx->stream),
+                                            "column sums");
     const unsigned threads = visc_cuda_col_threads(C);
     column_partials_kernel<<<dim3((C + threads - 1) / threads, chunks), threads, 0, ctx->stream>>>(
         part, a, rows, C, chunks);
     if (visc_cuda_launched("column sums")) return -1;
-    return visc_cuda_add_partials(ctx, out, part, chunks, C, C);
+    return add_partials(ctx, out, part, chunks, C, C, accumulate);
+}
+
+int visc_cuda_column_sums(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C) {
+    return visc_cuda_column_sums_into(ctx, out, a, rows, C, 0);
 }

@@ -2140,12 +2140,26 @@ static void check_attention(attn_case c) {
     a.mask = c.nmask ? d_mask : NULL;
     a.head_scale = c.head_scale ? d_hs : NULL;
     visc_cuda_set_bf16(ctx, c.bf16);
-    /* bf16: fused (where D allows), the products in one chunk, and again
-     * at one sequence a chunk */
-    for (int way = 0; way <= 2 * c.bf16; way++) {
-        const int chunked = way == 2;
-        visc_cuda_set_attention_fused(ctx, way == 0);
-        visc_cuda_set_attention_chunk(ctx, chunked ? 1 : 0);
+    /* fp32: dS of all sequences at once for dbias, and of one mask period
+     * at a time; bf16: fused (where D allows) both ways, the products in
+     * one chunk, and again at one sequence a chunk */
+    const struct {
+        int fused, chunked;
+        const char *what;
+    } ways[] = {{1, 0, ""},
+                {1, 1, ", dS in groups"},
+                {0, 0, ", the products"},
+                {0, 1, ", a sequence a chunk"}};
+    for (int way = 0; way < (c.bf16 ? 4 : 2); way++) {
+        const int chunked = ways[way].chunked;
+        if (chunked && !c.bias && (!c.bf16 || ways[way].fused)) continue; /* as the unchunked */
+        if (c.bf16 && ways[way].fused && D > 64) continue;                /* as the products */
+        visc_cuda_set_attention_fused(ctx, ways[way].fused);
+        /* dS groups of one mask period, or of two sequences without masks
+         * (the last one short where B is odd); the products' chunks of one
+         * sequence */
+        const size_t group_bytes = sizeof(float) * (c.nmask ? c.nmask : 2) * H * nsc;
+        visc_cuda_set_attention_chunk(ctx, !chunked ? 0 : ways[way].fused ? group_bytes : 1);
         /* parts of dqkv no gradient reaches (rows beyond Nq or Nk) stay as they are */
         if (visc_cuda_zero(ctx, d_dqkv, sizeof(float) * nqkv)) die_cuda("zero");
         launched(visc_cuda_attention_forward(ctx, &a, d_out, d_lse, d_qkv, d_qkv + H * D,
@@ -2175,14 +2189,11 @@ static void check_attention(attn_case c) {
                 if (isfinite(outs[o].ref[i])) big = fmax(big, fabs(outs[o].ref[i]));
                 if (isinf(outs[o].ref[i]) && got[i] == want[i]) got[i] = want[i] = 0; /* +inf */
             }
-            snprintf(name, sizeof name, "attention %s%s: B %d H %d Nq %d Nk %d D %d%s%s%s%s%s",
+            snprintf(name, sizeof name, "attention %s%s: B %d H %d Nq %d Nk %d D %d%s%s%s%s%s%s",
                      c.bf16 ? "bf16 " : "", outs[o].what, B, H, Nq, Nk, D, c.bias ? ", bias" : "",
                      c.nmask ? ", masks" : "", c.head_scale ? ", head scale" : "",
                      c.dead_row ? ", a fully masked row" : "",
-                     !c.bf16    ? ""
-                     : way == 0 ? (D <= 64 ? ", fused" : "")
-                     : chunked  ? ", a sequence a chunk"
-                                : ", the products");
+                     c.bf16 && ways[way].fused ? ", fused" : "", ways[way].what);
             if (!c.bf16) expect_close(name, got, want, outs[o].n, 2e-5 * big, 1e-4);
             else if (!outs[o].mag) expect_close(name, got, want, outs[o].n, 1e-4 * big, 1e-4);
             else expect_within(name, got, outs[o].ref, outs[o].mag, outs[o].n, 1.0 / 128);
@@ -2802,7 +2813,7 @@ static void attention_cases(int bf16) {
         {4, 2, 64, 64, 32, 2, 1, 1, 0, 0},   /* Swin V2 */
         {3, 4, 1, 197, 48, 0, 0, 0, 0, 0},   /* CaiT's class attention */
         {2, 2, 40, 33, 128, 1, 0, 0, 1, 0},  /* D 128, a row with every key masked */
-        {2, 2, 40, 33, 32, 0, 1, 1, 0, 0},   /* bias and head scales off the diagonal */
+        {3, 2, 40, 33, 32, 0, 1, 1, 0, 0},   /* bias and head scales off the diagonal */
         /* the fused bf16 kernels' edges: D padded to 48 (40) and 16, row and
          * key tiles cut short (70 rows, 130 keys), a fully masked row */
         {2, 3, 70, 130, 40, 2, 0, 0, 1, 0},
