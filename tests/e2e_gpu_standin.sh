@@ -161,6 +161,18 @@ swin=(--model swinv2_micro_patch2_window4_32 --input-size 32 --opt adamw --lr 0.
 "$G" train "${swin[@]}" --output "$tmp/swin-gpu" --device cuda >/dev/null
 cmp "$tmp/swin-cpu/model_last.safetensors" "$tmp/swin-gpu/model_last.safetensors"
 echo "4 steps of swinv2_micro_patch2_window4_32 on the stand-in GPU: the CPU's, bit for bit"
+# Swin V1 (its first norm written to windowed order as the qkv projection's
+# operand, and its backward from there), fp32 and bf16
+swin1=(--model swin_micro_patch2_window4_32 --input-size 32 --opt adamw --lr 0.002 --wd 0.05
+       --drop-path 0.1 --epochs 1 --batch-size 8 --print-freq 0 --no-progress --threads 2
+       --max-steps 4)
+for p in fp32 bf16; do
+    "$V" train "${swin1[@]}" --precision $p --output "$tmp/swin1-$p-cpu" >/dev/null 2>&1
+    "$G" train "${swin1[@]}" --precision $p --output "$tmp/swin1-$p-gpu" --device cuda >/dev/null 2>&1
+    cmp "$tmp/swin1-$p-cpu/model_last.safetensors" "$tmp/swin1-$p-gpu/model_last.safetensors"
+done
+! cmp -s "$tmp/swin1-fp32-gpu/model_last.safetensors" "$tmp/swin1-bf16-gpu/model_last.safetensors"
+echo "4 steps of swin_micro_patch2_window4_32 on the stand-in GPU, fp32 and bf16: the CPU's, bit for bit"
 # CaiT (talking heads, class attention, LayerScale)
 cait=(--model cait_xxs24_224 --input-size 32 --opt adamw --lr 0.001 --epochs 1 --batch-size 4
       --print-freq 0 --no-progress --threads 2 --max-steps 2)

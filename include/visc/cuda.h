@@ -417,6 +417,21 @@ int visc_cuda_swin_partition(visc_cuda *ctx, float *out, const float *in,
                              const visc_cuda_swin_grid *g, int B, int C);
 int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
                            const visc_cuda_swin_grid *g, int B, int C);
+/* (layernorm.cu) Swin V1's first norm and the partition after it in one
+ * pass: visc_cuda_layernorm_operand_forward of the [B H W, C] token rows
+ * `in`, each output row written at its windowed place (out as
+ * visc_cuda_swin_partition would make it); the statistics stay in token
+ * order. And its backward: dout in windowed order, visc_cuda_swin_reverse
+ * then visc_cuda_layernorm_backward (din, the statistics in token order). */
+int visc_cuda_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *save_mean,
+                                           float *save_rstd, const float *in, const float *gamma,
+                                           const float *beta, const visc_cuda_swin_grid *g, int B,
+                                           int C, float eps);
+int visc_cuda_layernorm_backward_from_windows(visc_cuda *ctx, float *din, float *dgamma,
+                                              float *dbeta, const float *dout, const float *in,
+                                              const float *gamma, const float *save_mean,
+                                              const float *save_rstd, const visc_cuda_swin_grid *g,
+                                              int B, int C);
 
 /* ---- conv.cu: cuDNN convolutions (dilation 1, groups 1, no bias: ResNets) ----
  * Two forms: fp32 in NCHW (x [N, C, H, W], w [K, C, R, S], y [N, K, P, Q],
@@ -585,6 +600,11 @@ int visc_cuda_sum_rows(visc_cuda *ctx, float *out, const float *a, int64_t rows,
  * (drawn on the host by visc_droppath_keep, uploaded). */
 int visc_cuda_droppath_add_forward(visc_cuda *ctx, float *out, const float *x, const float *branch,
                                    const float *keep, int B, size_t per_sample);
+/* The same when no sample is dropped (eval, or a rate of 0): out = x +
+ * branch, keep [B] set to 1s on the device, with no copy from the host (a
+ * copy from pageable memory waits for the stream). */
+int visc_cuda_droppath_add_kept(visc_cuda *ctx, float *out, const float *x, const float *branch,
+                                float *keep, int B, size_t per_sample);
 int visc_cuda_droppath_add_backward(visc_cuda *ctx, float *dbranch, const float *dx,
                                     const float *keep, int B, size_t per_sample);
 /* rows x count floats, rows dst_stride / src_stride floats apart */

@@ -279,6 +279,17 @@ void visc_gpu_swin_partition(visc_cuda *ctx, float *out, const float *in, int H,
                              int ww, int sh, int sw, int B, int C);
 void visc_gpu_swin_reverse(visc_cuda *ctx, float *out, const float *in, int H, int W, int wh,
                            int ww, int sh, int sw, int B, int C);
+/* Swin V1's first norm into windowed order as the qkv projection's operand,
+ * and its backward from windowed order (visc_cuda_layernorm_operand_to_windows). */
+void visc_gpu_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *save_mean,
+                                           float *save_rstd, const float *in, const float *gamma,
+                                           const float *beta, int H, int W, int wh, int ww, int sh,
+                                           int sw, int B, int C, float eps);
+void visc_gpu_layernorm_backward_from_windows(visc_cuda *ctx, float *din, float *dgamma,
+                                              float *dbeta, const float *dout, const float *in,
+                                              const float *gamma, const float *save_mean,
+                                              const float *save_rstd, int H, int W, int wh, int ww,
+                                              int sh, int sw, int B, int C);
 void visc_gpu_swin_gather_bias(visc_cuda *ctx, float *bias, const float *table, const int32_t *rel,
                                int H, int N, int sigmoid16);
 void visc_gpu_swin_scatter_bias(visc_cuda *ctx, float *dtable, const float *dbias,

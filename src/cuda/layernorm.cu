@@ -9,18 +9,32 @@
  * centred variance), which keep their precision on rows with a large mean. */
 #include <cuda_bf16.h>
 
-#include "common.cuh"
+#include "swin_window.cuh"
 
 #define ROWS_PER_BLOCK 8 /* warps of 32 threads */
+
+/* The norm's rows in token order, or (Swin) the output and its gradient in
+ * windowed order: row r of the output is the norm of the token row that the
+ * window partition puts there. The input, its gradient and the statistics
+ * stay in token order. */
+struct ln_rows {
+    visc_cuda_swin_grid g;
+    int windowed;
+};
+__device__ __forceinline__ int64_t token_row(const ln_rows &m, int64_t r) {
+    return m.windowed ? visc_swin_token_row(m.g, r) : r;
+}
+static const ln_rows tokens_in_order = {{0, 0, 0, 0, 0, 0}, 0};
 
 /* out holds fp32, or bf16 with bf16_out (each value rounded once) */
 __global__ void ln_forward_kernel(void *out, float *save_mean, float *save_rstd, const float *in,
                                   const float *gamma, const float *beta, int64_t rows, int C,
-                                  float eps, int bf16_out) {
+                                  float eps, int bf16_out, ln_rows map) {
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
     if (r >= rows) return; /* whole warps leave together: r is the warp's */
-    const float *x = in + r * C;
+    const int64_t t = token_row(map, r);
+    const float *x = in + t * C;
     const float x0 = x[0];
     float sum = 0.0f;
     for (int c = lane; c < C; c += 32) sum += x[c] - x0;
@@ -37,45 +51,57 @@ __global__ void ln_forward_kernel(void *out, float *save_mean, float *save_rstd,
         else ((float *)out)[r * C + c] = v;
     }
     if (lane == 0) {
-        save_mean[r] = mean;
-        save_rstd[r] = rstd;
+        save_mean[t] = mean;
+        save_rstd[t] = rstd;
     }
 }
 
 static int ln_forward(visc_cuda *ctx, void *out, float *save_mean, float *save_rstd,
                       const float *in, const float *gamma, const float *beta, int64_t rows, int C,
-                      float eps, int bf16_out) {
+                      float eps, int bf16_out, ln_rows map) {
     if (rows < 0 || C <= 0)
         return visc_set_error("layernorm: bad shape [%lld, %d]", (long long)rows, C);
     if (rows == 0) return 0;
     const int64_t blocks = (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
     ln_forward_kernel<<<(unsigned)blocks, 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(
-        out, save_mean, save_rstd, in, gamma, beta, rows, C, eps, bf16_out);
+        out, save_mean, save_rstd, in, gamma, beta, rows, C, eps, bf16_out, map);
     return visc_cuda_launched("layernorm forward");
 }
 
 int visc_cuda_layernorm_forward(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
                                 const float *in, const float *gamma, const float *beta,
                                 int64_t rows, int C, float eps) {
-    return ln_forward(ctx, out, save_mean, save_rstd, in, gamma, beta, rows, C, eps, 0);
+    return ln_forward(ctx, out, save_mean, save_rstd, in, gamma, beta, rows, C, eps, 0,
+                      tokens_in_order);
 }
 
 int visc_cuda_layernorm_operand_forward(visc_cuda *ctx, float *out, float *save_mean,
                                         float *save_rstd, const float *in, const float *gamma,
                                         const float *beta, int64_t rows, int C, float eps) {
     /* under bf16 out's storage is untyped: it holds bf16, the linear layer's operand */
-    return ln_forward(ctx, out, save_mean, save_rstd, in, gamma, beta, rows, C, eps, ctx->bf16);
+    return ln_forward(ctx, out, save_mean, save_rstd, in, gamma, beta, rows, C, eps, ctx->bf16,
+                      tokens_in_order);
+}
+
+int visc_cuda_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *save_mean,
+                                           float *save_rstd, const float *in, const float *gamma,
+                                           const float *beta, const visc_cuda_swin_grid *g, int B,
+                                           int C, float eps) {
+    if (visc_swin_grid_check(g, B, C)) return -1;
+    return ln_forward(ctx, out, save_mean, save_rstd, in, gamma, beta, (int64_t)B * g->H * g->W, C,
+                      eps, ctx->bf16, ln_rows{*g, 1});
 }
 
 __global__ void ln_backward_kernel(float *din, const float *dout, const float *in,
                                    const float *gamma, const float *save_mean,
-                                   const float *save_rstd, int64_t rows, int C) {
+                                   const float *save_rstd, int64_t rows, int C, ln_rows map) {
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
     if (r >= rows) return;
-    const float *x = in + r * C, *dy = dout + r * C;
-    float *dx = din + r * C;
-    const float mean = save_mean[r], rstd = save_rstd[r];
+    const int64_t t = token_row(map, r);
+    const float *x = in + t * C, *dy = dout + r * C;
+    float *dx = din + t * C;
+    const float mean = save_mean[t], rstd = save_rstd[t];
     float sg = 0.0f, sgx = 0.0f;
     for (int c = lane; c < C; c += 32) {
         const float g = gamma ? dy[c] * gamma[c] : dy[c];
@@ -92,7 +118,7 @@ __global__ void ln_backward_kernel(float *din, const float *dout, const float *i
 /* Block (x, k): the dgamma / dbeta partials of rows chunk k for blockDim.x columns. */
 __global__ void ln_param_partials_kernel(float *part, const float *dout, const float *in,
                                          const float *save_mean, const float *save_rstd,
-                                         int64_t rows, int C, int chunks) {
+                                         int64_t rows, int C, int chunks, ln_rows map) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     int64_t r0, r1;
@@ -100,7 +126,8 @@ __global__ void ln_param_partials_kernel(float *part, const float *dout, const f
     float sg = 0.0f, sb = 0.0f;
     for (int64_t r = r0; r < r1; r++) {
         const float dy = dout[r * C + c];
-        sg += dy * (in[r * C + c] - save_mean[r]) * save_rstd[r];
+        const int64_t t = token_row(map, r);
+        sg += dy * (in[t * C + c] - save_mean[t]) * save_rstd[t];
         sb += dy;
     }
     float *p = part + (size_t)blockIdx.y * 2 * C;
@@ -108,19 +135,15 @@ __global__ void ln_param_partials_kernel(float *part, const float *dout, const f
     p[C + c] = sb;
 }
 
-int visc_cuda_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
-                                 const float *dout, const float *in, const float *gamma,
-                                 const float *save_mean, const float *save_rstd, int64_t rows,
-                                 int C) {
+static int ln_backward(visc_cuda *ctx, float *din, float *dgamma, float *dbeta, const float *dout,
+                       const float *in, const float *gamma, const float *save_mean,
+                       const float *save_rstd, int64_t rows, int C, ln_rows map) {
     if (rows < 0 || C <= 0)
         return visc_set_error("layernorm: bad shape [%lld, %d]", (long long)rows, C);
     if (din && rows > 0) {
         const int64_t blocks = (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
-        ln_backward_kernel<<<(unsigned)blocks, 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(din, dout, in,
-                                                                                      gamma,
-                                                                                      save_mean,
-                                                                                      save_rstd,
-                                                                                      rows, C);
+        ln_backward_kernel<<<(unsigned)blocks, 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(
+            din, dout, in, gamma, save_mean, save_rstd, rows, C, map);
         if (visc_cuda_launched("layernorm backward")) return -1;
     }
     if (!gamma || !dgamma) return 0; /* no affine: nothing to learn */
@@ -137,8 +160,26 @@ int visc_cuda_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, floa
     const unsigned threads = visc_cuda_col_threads(C);
     ln_param_partials_kernel<<<dim3((C + threads - 1) / threads, chunks), threads, 0,
                                ctx->stream>>>(part, dout, in, save_mean, save_rstd, rows, C,
-                                              chunks);
+                                              chunks, map);
     if (visc_cuda_launched("layernorm parameter gradients")) return -1;
     if (visc_cuda_add_partials(ctx, dgamma, part, chunks, 2 * C, C)) return -1;
     return dbeta ? visc_cuda_add_partials(ctx, dbeta, part + C, chunks, 2 * C, C) : 0;
+}
+
+int visc_cuda_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                 const float *dout, const float *in, const float *gamma,
+                                 const float *save_mean, const float *save_rstd, int64_t rows,
+                                 int C) {
+    return ln_backward(ctx, din, dgamma, dbeta, dout, in, gamma, save_mean, save_rstd, rows, C,
+                       tokens_in_order);
+}
+
+int visc_cuda_layernorm_backward_from_windows(visc_cuda *ctx, float *din, float *dgamma,
+                                              float *dbeta, const float *dout, const float *in,
+                                              const float *gamma, const float *save_mean,
+                                              const float *save_rstd,
+                                              const visc_cuda_swin_grid *g, int B, int C) {
+    if (visc_swin_grid_check(g, B, C)) return -1;
+    return ln_backward(ctx, din, dgamma, dbeta, dout, in, gamma, save_mean, save_rstd,
+                       (int64_t)B * g->H * g->W, C, ln_rows{*g, 1});
 }

@@ -111,6 +111,17 @@ __global__ void droppath_add_kernel(float *out, const float *x, const float *bra
     }
 }
 
+/* out = x + branch, and keep[b] = 1: every sample kept (eval, or no
+ * drop-path), with the factors the backward reads set on the device */
+__global__ void add_all_kept_kernel(float *out, const float *x, const float *branch, float *keep,
+                                    int B, size_t n) {
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n;
+         e += (size_t)gridDim.x * blockDim.x) {
+        if (e < (size_t)B) keep[e] = 1.0f;
+        out[e] = x[e] + branch[e];
+    }
+}
+
 __global__ void scale_rows_kernel(float *out, const float *in, const float *keep, int B,
                                   size_t per_sample) {
     const size_t n = (size_t)B * per_sample;
@@ -126,6 +137,15 @@ int visc_cuda_droppath_add_forward(visc_cuda *ctx, float *out, const float *x, c
     droppath_add_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(out, x, branch, keep, B,
                                                                            per_sample);
     return visc_cuda_launched("drop-path add");
+}
+
+int visc_cuda_droppath_add_kept(visc_cuda *ctx, float *out, const float *x, const float *branch,
+                                float *keep, int B, size_t per_sample) {
+    const size_t n = (size_t)B * per_sample;
+    if (n == 0) return 0;
+    add_all_kept_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(out, x, branch, keep, B,
+                                                                           n);
+    return visc_cuda_launched("drop-path add (all kept)");
 }
 
 int visc_cuda_droppath_add_backward(visc_cuda *ctx, float *dbranch, const float *dx,

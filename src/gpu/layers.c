@@ -399,6 +399,10 @@ void visc_gpu_sum_rows(visc_cuda *ctx, float *out, const float *a, int64_t rows,
 void visc_gpu_droppath_add_forward(visc_cuda *ctx, float *out, const float *x, const float *branch,
                                    float *keep, float *keep_host, int B, size_t per_sample, float p,
                                    int train, uint64_t seed, uint64_t offset) {
+    if (!train || p <= 0.0f) { /* every factor 1: no draws to upload */
+        RUN(visc_cuda_droppath_add_kept(ctx, out, x, branch, keep, B, per_sample));
+        return;
+    }
     visc_droppath_keep(keep_host, B, p, train, seed, offset);
     visc_gpu_upload(ctx, keep, keep_host, (size_t)B * sizeof(float));
     RUN(visc_cuda_droppath_add_forward(ctx, out, x, branch, keep, B, per_sample));
@@ -439,6 +443,25 @@ void visc_gpu_swin_reverse(visc_cuda *ctx, float *out, const float *in, int H, i
                            int ww, int sh, int sw, int B, int C) {
     const visc_cuda_swin_grid g = {H, W, wh, ww, sh, sw};
     RUN(visc_cuda_swin_reverse(ctx, out, in, &g, B, C));
+}
+
+void visc_gpu_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *save_mean,
+                                           float *save_rstd, const float *in, const float *gamma,
+                                           const float *beta, int H, int W, int wh, int ww, int sh,
+                                           int sw, int B, int C, float eps) {
+    const visc_cuda_swin_grid g = {H, W, wh, ww, sh, sw};
+    RUN(visc_cuda_layernorm_operand_to_windows(ctx, out, save_mean, save_rstd, in, gamma, beta, &g,
+                                               B, C, eps));
+}
+
+void visc_gpu_layernorm_backward_from_windows(visc_cuda *ctx, float *din, float *dgamma,
+                                              float *dbeta, const float *dout, const float *in,
+                                              const float *gamma, const float *save_mean,
+                                              const float *save_rstd, int H, int W, int wh, int ww,
+                                              int sh, int sw, int B, int C) {
+    const visc_cuda_swin_grid g = {H, W, wh, ww, sh, sw};
+    RUN(visc_cuda_layernorm_backward_from_windows(ctx, din, dgamma, dbeta, dout, in, gamma,
+                                                  save_mean, save_rstd, &g, B, C));
 }
 
 void visc_gpu_swin_gather_bias(visc_cuda *ctx, float *bias, const float *table, const int32_t *rel,

@@ -452,13 +452,15 @@ static void block_backward(visc_model *m, cait *c, cait_block *b) {
     const int64_t R = (int64_t)B * c->tokens;
     const size_t per_sample = (size_t)c->tokens * C, RC = (size_t)R * C;
     const th_dims d = dims(m, c);
-    md_droppath_backward(m, c->branch, c->dx, b->keep2, B, per_sample);
-    layerscale_backward(m, c->datt, G(b->gamma_2), c->branch, b->m_out, P(b->gamma_2), R, C);
+    const int could_drop = c->trained && m->cfg.drop_path_rate > 0.0f;
+    const float *dbranch =
+        md_droppath_branch_grad(m, c->branch, c->dx, b->keep2, could_drop, B, per_sample);
+    layerscale_backward(m, c->datt, G(b->gamma_2), dbranch, b->m_out, P(b->gamma_2), R, C);
     visc_tf_mlp_backward(m, &b->mlp, c->dln, c->datt, b->ln2, b->h, c->hid, c->dhid, R);
     visc_tf_norm_backward(m, &b->norm2, c->dtmp, c->dln, b->x_mid, b->mean2, b->rstd2, R);
     md_add_in(m, c->dx, c->dtmp, RC);
-    md_droppath_backward(m, c->branch, c->dx, b->keep1, B, per_sample);
-    layerscale_backward(m, c->dln, G(b->gamma_1), c->branch, b->a_out, P(b->gamma_1), R, C);
+    dbranch = md_droppath_branch_grad(m, c->branch, c->dx, b->keep1, could_drop, B, per_sample);
+    layerscale_backward(m, c->dln, G(b->gamma_1), dbranch, b->a_out, P(b->gamma_1), R, C);
     visc_tf_linear_backward(m, &b->proj, c->datt, c->dln, b->att, R);
     th_backward(m, b, c->dqkv, c->datt, c->mix, c->dmix, c->dmix2, &d);
     visc_tf_linear_operand_backward(m, &b->qkv, c->dln, c->dqkv, b->ln1, R);

@@ -180,6 +180,18 @@ static inline void md_droppath_backward(visc_model *m, float *dbranch, const flo
     else visc_droppath_add_backward(dbranch, dx, keep, B, per_sample);
 }
 
+/* Drop-path's backward as a branch reads it: dx scaled by the forward's
+ * keep factors into `scaled`; or dx itself where no sample could drop (not
+ * a training step, or a rate of 0): every factor is 1, the values the same,
+ * and a pass over the residual stream saved. */
+static inline const float *md_droppath_branch_grad(visc_model *m, float *scaled, const float *dx,
+                                                   const float *keep, int could_drop, int B,
+                                                   size_t per_sample) {
+    if (!could_drop) return dx;
+    md_droppath_backward(m, scaled, dx, keep, B, per_sample);
+    return scaled;
+}
+
 static inline void md_relu_forward(visc_model *m, float *out, const float *in, size_t n) {
     if (m->cuda) visc_gpu_relu_forward(m->cuda, out, in, n);
     else visc_relu_forward(out, in, n);

@@ -373,6 +373,40 @@ static void reverse(visc_model *m, float *out, const float *in, const visc_swin_
     else visc_swin_reverse(out, in, g, B, C);
 }
 
+/* V1's first norm, windowed for the qkv projection: into xw, its operand.
+ * The GPU does both in one pass; the CPU norms into `scratch` first. */
+static void norm1_to_windows(visc_model *m, swin_block *b, float *scratch, int B) {
+    const visc_swin_grid *g = &b->g;
+    if (m->cuda) {
+        visc_gpu_layernorm_operand_to_windows(m->cuda, b->xw, b->mean1, b->rstd1, b->in, P(b->n1w),
+                                              P(b->n1b), g->H, g->W, g->wh, g->ww, g->sh, g->sw, B,
+                                              b->C, LN_EPS);
+        return;
+    }
+    visc_layernorm_forward(scratch, b->mean1, b->rstd1, b->in, P(b->n1w), P(b->n1b),
+                           (int64_t)B * g->H * g->W, b->C, LN_EPS);
+    visc_swin_partition(b->xw, scratch, g, B, b->C);
+}
+
+/* Its backward: dwin, the gradient w.r.t. xw (windowed order), to the
+ * gradient w.r.t. the block input, returned: in `spare` on the GPU (one
+ * pass); on the CPU in dwin, after the rows went through `spare` back to
+ * token order. */
+static float *norm1_backward_from_windows(visc_model *m, swin_block *b, float *dwin, float *spare,
+                                          int B) {
+    const visc_swin_grid *g = &b->g;
+    if (m->cuda) {
+        visc_gpu_layernorm_backward_from_windows(m->cuda, spare, G(b->n1w), G(b->n1b), dwin, b->in,
+                                                 P(b->n1w), b->mean1, b->rstd1, g->H, g->W, g->wh,
+                                                 g->ww, g->sh, g->sw, B, b->C);
+        return spare;
+    }
+    visc_swin_reverse(spare, dwin, g, B, b->C);
+    visc_layernorm_backward(dwin, G(b->n1w), G(b->n1b), spare, b->in, P(b->n1w), b->mean1, b->rstd1,
+                            (int64_t)B * g->H * g->W, b->C);
+    return dwin;
+}
+
 static void gather_bias(visc_model *m, float *bias, const float *table, const int32_t *rel, int H,
                         int N, int sigmoid16) {
     if (m->cuda) visc_gpu_swin_gather_bias(m->cuda, bias, table, rel, H, N, sigmoid16);
@@ -447,10 +481,8 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
     int B = m->cfg.batch, C = b->C, H = b->heads;
     int64_t R = (int64_t)B * b->g.H * b->g.W;
     if (!b->v2) {
-        md_layernorm_forward(m, s->sa, b->mean1, b->rstd1, b->in, P(b->n1w), P(b->n1b), R, C,
-                             LN_EPS);
-        partition(m, b->xw, s->sa, &b->g, B, C);
-        md_linear_forward(m, b->qkv, b->xw, P(b->qkvw), P(b->qkvb), (int)R, C, 3 * C);
+        norm1_to_windows(m, b, s->sa, B);
+        md_linear_operand_forward(m, b->qkv, b->xw, P(b->qkvw), P(b->qkvb), (int)R, C, 3 * C);
         gather_bias(m, b->bias, P(b->table), b->rel, H, b->g.N, 0);
         md_attention_forward(m, &b->attn, b->ao, b->lse, b->qkv, b->qkv + C, b->qkv + 2 * C);
         md_linear_forward(m, s->sa, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
@@ -559,9 +591,8 @@ static void swin_forward(visc_model *m, const float *x, int train) {
 /* dbranch of one residual add: keep_b * dx, or dx itself without drop-path. */
 static const float *branch_grad(visc_model *m, const swin *s, const swin_block *b, float *dst,
                                 const float *dx, const float *keep) {
-    if (!s->last_train || b->drop_path <= 0.0f) return dx;
-    md_droppath_backward(m, dst, dx, keep, m->cfg.batch, (size_t)b->g.H * b->g.W * b->C);
-    return dst;
+    return md_droppath_branch_grad(m, dst, dx, keep, s->last_train && b->drop_path > 0.0f,
+                                   m->cfg.batch, (size_t)b->g.H * b->g.W * b->C);
 }
 
 /* gx: gradient w.r.t. the block output on entry, w.r.t. its input on return. */
@@ -588,11 +619,9 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
         md_attention_backward(m, &b->attn, sh, sh + C, sh + 2 * C, s->dbias, NULL, sa, b->qkv,
                               b->qkv + C, b->qkv + 2 * C, b->ao, b->lse);
         scatter_bias(m, G(b->table), s->dbias, NULL, b->rel, b->T, H, b->g.N, 0);
-        md_linear_backward(m, sa, G(b->qkvw), G(b->qkvb), sh, b->xw, P(b->qkvw), (int)R, C, 3 * C);
-        reverse(m, sb, sa, &b->g, B, C);
-        md_layernorm_backward(m, sa, G(b->n1w), G(b->n1b), sb, b->in, P(b->n1w), b->mean1, b->rstd1,
-                              R, C);
-        md_add_in(m, gx, sa, RC);
+        md_linear_operand_backward(m, sa, G(b->qkvw), G(b->qkvb), sh, b->xw, P(b->qkvw), (int)R, C,
+                                   3 * C);
+        md_add_in(m, gx, norm1_backward_from_windows(m, b, sa, sb, B), RC);
         return;
     }
     const float *dn2 = branch_grad(m, s, b, sa, gx, b->keep2);

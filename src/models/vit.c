@@ -205,8 +205,11 @@ static void droppath_forward(visc_model *m, vit *v, float *out, const float *x, 
                         (size_t)v->tokens * v->embed, p, train, offset);
 }
 
-static void droppath_backward(visc_model *m, vit *v, const float *keep) {
-    md_droppath_backward(m, v->branch, v->dx, keep, m->cfg.batch, (size_t)v->tokens * v->embed);
+/* the branch's gradient (v->branch, or v->dx itself where nothing dropped) */
+static const float *droppath_backward(visc_model *m, vit *v, const vit_block *b,
+                                      const float *keep) {
+    return md_droppath_branch_grad(m, v->branch, v->dx, keep, v->trained && b->drop_path > 0.0f,
+                                   m->cfg.batch, (size_t)v->tokens * v->embed);
 }
 
 static void block_forward(visc_model *m, vit *v, vit_block *b, int i, int train) {
@@ -263,12 +266,11 @@ static void block_backward(visc_model *m, vit *v, vit_block *b) {
     const int C = v->embed;
     const float *qkv = b->qkv_out;
     float *dqkv = v->dqkv;
-    droppath_backward(m, v, b->keep2);
-    visc_tf_mlp_backward(m, &b->mlp, v->dln, v->branch, b->ln2, b->h, v->hid, v->dhid, R);
+    visc_tf_mlp_backward(m, &b->mlp, v->dln, droppath_backward(m, v, b, b->keep2), b->ln2, b->h,
+                         v->hid, v->dhid, R);
     visc_tf_norm_backward(m, &b->norm2, v->dtmp, v->dln, b->x_mid, b->mean2, b->rstd2, R);
     md_add_in(m, v->dx, v->dtmp, RC);
-    droppath_backward(m, v, b->keep1);
-    visc_tf_linear_backward(m, &b->proj, v->datt, v->branch, b->att, R);
+    visc_tf_linear_backward(m, &b->proj, v->datt, droppath_backward(m, v, b, b->keep1), b->att, R);
     md_attention_backward(m, &b->attn, dqkv, dqkv + C, dqkv + 2 * C, NULL, NULL, v->datt, qkv,
                           qkv + C, qkv + 2 * C, b->att, b->lse);
     visc_tf_linear_operand_backward(m, &b->qkv, v->dln, dqkv, b->ln1, R);

@@ -1019,6 +1019,12 @@ int visc_cuda_droppath_add_forward(visc_cuda *ctx, float *out, const float *x, c
     return 0;
 }
 
+int visc_cuda_droppath_add_kept(visc_cuda *ctx, float *out, const float *x, const float *branch,
+                                float *keep, int B, size_t per_sample) {
+    for (int b = 0; b < B; b++) keep[b] = 1.0f;
+    return visc_cuda_droppath_add_forward(ctx, out, x, branch, keep, B, per_sample);
+}
+
 int visc_cuda_droppath_add_backward(visc_cuda *ctx, float *dbranch, const float *dx,
                                     const float *keep, int B, size_t per_sample) {
     (void)ctx;
@@ -1074,6 +1080,38 @@ int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
     (void)ctx;
     const visc_swin_grid s = grid_of(g);
     visc_swin_reverse(out, in, &s, B, C);
+    return 0;
+}
+
+/* Swin V1's first norm with the partition after it, and its backward: the
+ * CPU's two calls each, through a temporary of the stand-in's own (the GPU
+ * does them in one pass; the rows' values are no different). */
+int visc_cuda_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *save_mean,
+                                           float *save_rstd, const float *in, const float *gamma,
+                                           const float *beta, const visc_cuda_swin_grid *g, int B,
+                                           int C, float eps) {
+    const visc_swin_grid s = grid_of(g);
+    const int64_t rows = (int64_t)B * g->H * g->W;
+    float *normed = visc_malloc(sizeof(float) * (size_t)(rows * C), "stand-in");
+    visc_layernorm_forward(normed, save_mean, save_rstd, in, gamma, beta, rows, C, eps);
+    visc_swin_partition(out, normed, &s, B, C);
+    free(normed);
+    (void)ctx;
+    return 0;
+}
+
+int visc_cuda_layernorm_backward_from_windows(visc_cuda *ctx, float *din, float *dgamma,
+                                              float *dbeta, const float *dout, const float *in,
+                                              const float *gamma, const float *save_mean,
+                                              const float *save_rstd, const visc_cuda_swin_grid *g,
+                                              int B, int C) {
+    const visc_swin_grid s = grid_of(g);
+    const int64_t rows = (int64_t)B * g->H * g->W;
+    float *tokens = visc_malloc(sizeof(float) * (size_t)(rows * C), "stand-in");
+    visc_swin_reverse(tokens, dout, &s, B, C);
+    visc_layernorm_backward(din, dgamma, dbeta, tokens, in, gamma, save_mean, save_rstd, rows, C);
+    free(tokens);
+    (void)ctx;
     return 0;
 }
 

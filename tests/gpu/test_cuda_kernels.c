@@ -963,6 +963,98 @@ static void check_swin(int B, int H, int W, int window, int shifted, int C) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* Swin V1's first norm written to windowed order, and its backward from
+ * there: the same bits as the GPU's norm and partition (reverse and norm
+ * backward) in turn, the statistics and din included, and the CPU's values
+ * within fp32 (the parameter gradients' sums in their other order); under
+ * bf16, each output value the CPU's rounded once. */
+static void check_swin_norm(int B, int H, int W, int window, int shifted, int C) {
+    char name[160], what[96];
+    visc_swin_grid g;
+    if (visc_swin_grid_make(&g, H, W, window, shifted)) die_cuda("swin grid");
+    const visc_cuda_swin_grid cg = {g.H, g.W, g.wh, g.ww, g.sh, g.sw};
+    const int64_t rows = (int64_t)B * H * W;
+    const size_t n = (size_t)rows * C;
+    snprintf(what, sizeof what, "B %d %dx%d window %d%s C %d", B, H, W, window,
+             shifted ? " shifted" : "", C);
+    float *x = random_floats(n, -2, 3), *dy = random_floats(n, -1, 1); /* dy: windowed */
+    float *gamma = random_floats((size_t)C, 0.5f, 1.5f), *beta = random_floats((size_t)C, -1, 1);
+    float *normed = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
+    float *mean = malloc(sizeof(float) * rows), *rstd = malloc(sizeof(float) * rows);
+    float *dyt = malloc(sizeof(float) * n), *dx = malloc(sizeof(float) * n);
+    float *dg = malloc(sizeof(float) * C), *db = malloc(sizeof(float) * C);
+    visc_layernorm_forward(normed, mean, rstd, x, gamma, beta, rows, C, 1e-5f);
+    visc_swin_partition(want, normed, &g, B, C);
+    visc_swin_reverse(dyt, dy, &g, B, C);
+    visc_layernorm_backward(dx, dg, db, dyt, x, gamma, mean, rstd, rows, C);
+
+    float *d_x = up(x, sizeof(float) * n), *d_dy = up(dy, sizeof(float) * n);
+    float *d_g = up(gamma, sizeof(float) * C), *d_b = up(beta, sizeof(float) * C);
+    float *d_out = dev(sizeof(float) * n), *d_ref = dev(sizeof(float) * n);
+    float *d_tmp = dev(sizeof(float) * n), *d_dx = dev(sizeof(float) * n);
+    float *d_mean = dev(sizeof(float) * rows), *d_rstd = dev(sizeof(float) * rows);
+    float *d_m2 = dev(sizeof(float) * rows), *d_r2 = dev(sizeof(float) * rows);
+    float *d_dg = dev(sizeof(float) * C), *d_db = dev(sizeof(float) * C);
+    /* the GPU's two passes, then the fused one */
+    launched(visc_cuda_layernorm_forward(ctx, d_tmp, d_m2, d_r2, d_x, d_g, d_b, rows, C, 1e-5f),
+             "layernorm forward");
+    launched(visc_cuda_swin_partition(ctx, d_ref, d_tmp, &cg, B, C), "swin partition");
+    launched(visc_cuda_layernorm_operand_to_windows(ctx, d_out, d_mean, d_rstd, d_x, d_g, d_b, &cg,
+                                                    B, C, 1e-5f),
+             "layernorm to windows");
+    float *h_out = down(d_out, n), *h_ref = down(d_ref, n), *h_mean = down(d_mean, rows);
+    float *h_rstd = down(d_rstd, rows), *h_m2 = down(d_m2, rows), *h_r2 = down(d_r2, rows);
+    snprintf(name, sizeof name, "layernorm to windows %s: out, as norm + partition", what);
+    expect_bits(name, h_out, h_ref, n, sizeof(float));
+    snprintf(name, sizeof name, "layernorm to windows %s: statistics, as norm's", what);
+    expect_bits(name, h_mean, h_m2, (size_t)rows, sizeof(float));
+    expect_bits(name, h_rstd, h_r2, (size_t)rows, sizeof(float));
+    snprintf(name, sizeof name, "layernorm to windows %s: out, the CPU's", what);
+    expect_fp32(name, h_out, want, n);
+    visc_cuda_set_bf16(ctx, 1);
+    launched(visc_cuda_layernorm_operand_to_windows(ctx, d_tmp, d_m2, d_r2, d_x, d_g, d_b, &cg, B,
+                                                    C, 1e-5f),
+             "layernorm to windows, bf16");
+    visc_cuda_set_bf16(ctx, 0);
+    float *op = down(d_tmp, n), *wide = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) wide[i] = visc_bf16_to_f32(((const uint16_t *)op)[i]);
+    snprintf(name, sizeof name, "layernorm to windows bf16 %s: out, the CPU's rounded", what);
+    expect_close(name, wide, want, n, 1e-5 * max_abs(want, n), 1.0 / 256);
+
+    launched(visc_cuda_swin_reverse(ctx, d_tmp, d_dy, &cg, B, C), "swin reverse");
+    launched(visc_cuda_layernorm_backward(ctx, d_ref, NULL, NULL, d_tmp, d_x, d_g, d_mean, d_rstd,
+                                          rows, C),
+             "layernorm backward");
+    launched(visc_cuda_layernorm_backward_from_windows(ctx, d_dx, d_dg, d_db, d_dy, d_x, d_g,
+                                                       d_mean, d_rstd, &cg, B, C),
+             "layernorm backward from windows");
+    float *h_dx = down(d_dx, n), *h_dref = down(d_ref, n);
+    float *h_dg = down(d_dg, (size_t)C), *h_db = down(d_db, (size_t)C);
+    snprintf(name, sizeof name, "layernorm backward from windows %s: din, as reverse + backward",
+             what);
+    expect_bits(name, h_dx, h_dref, n, sizeof(float));
+    snprintf(name, sizeof name, "layernorm backward from windows %s: din, the CPU's", what);
+    expect_fp32(name, h_dx, dx, n);
+    double *abs_g = calloc((size_t)C, sizeof(double)), *abs_b = calloc((size_t)C, sizeof(double));
+    for (int64_t r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++) {
+            const size_t i = (size_t)r * C + c;
+            abs_g[c] += fabs((double)dyt[i] * ((double)x[i] - mean[r]) * rstd[r]);
+            abs_b[c] += fabs((double)dyt[i]);
+        }
+    snprintf(name, sizeof name, "layernorm backward from windows %s: dgamma", what);
+    expect_sums(name, h_dg, dg, abs_g, (size_t)C);
+    snprintf(name, sizeof name, "layernorm backward from windows %s: dbeta", what);
+    expect_sums(name, h_db, db, abs_b, (size_t)C);
+    float *dfree[] = {d_x,  d_dy,   d_g,    d_b,  d_out, d_ref, d_tmp,
+                      d_dx, d_mean, d_rstd, d_m2, d_r2,  d_dg,  d_db};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x,  dy,   gamma, beta,   normed, want,   mean,   rstd, dyt,
+                     dx, dg,   db,    h_out,  h_ref,  h_mean, h_rstd, h_m2, h_r2,
+                     op, wide, h_dx,  h_dref, h_dg,   h_db,   abs_g,  abs_b};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 /* ---- convolutions ---- */
 typedef struct {
     int N, C, H, W, K, R, S, stride, pad, P, Q;
@@ -2282,6 +2374,23 @@ static void check_tokens(int B, int T, int C) {
         expect_bits(name, got, ref, n, sizeof(float));
         free(got);
     }
+    /* every sample kept: eval's sums (ref, keep_cpu all 1 from the last
+     * pass), the factors (some 0, some 2 before) set on the device for the
+     * backward */
+    if (visc_cuda_upload(ctx, d_x, x, sizeof(float) * n) ||
+        visc_cuda_upload(ctx, d_keep, keep, sizeof(float) * B))
+        die_cuda("upload");
+    launched(visc_cuda_droppath_add_kept(ctx, d_out, d_x, d_branch, d_keep, B, NC),
+             "drop-path add, all kept");
+    visc_droppath_add_forward(ref, x, branch, keep_cpu, B, NC, 0.3f, 0, 7, 0);
+    got = down(d_out, n);
+    snprintf(name, sizeof name, "drop-path add [%d, %zu], all kept: bit-identical", B, NC);
+    expect_bits(name, got, ref, n, sizeof(float));
+    free(got);
+    got = down(d_keep, (size_t)B);
+    snprintf(name, sizeof name, "drop-path add [%d, %zu], all kept: the factors 1", B, NC);
+    expect_bits(name, got, keep_cpu, (size_t)B, sizeof(float));
+    free(got);
     /* the class token's rows, out and back */
     launched(visc_cuda_copy_rows(ctx, d_out, C, d_branch, (int64_t)NC, B, C), "row copy");
     got = down(d_out, (size_t)B * C);
@@ -2857,9 +2966,11 @@ static void group_input(void) {
 static void group_swin(void) {
     check_swin(2, 8, 8, 4, 1, 48);
     check_swin(2, 8, 8, 4, 0, 48);
-    check_swin(1, 14, 7, 7, 1, 24);     /* an axis of one window is never shifted */
-    check_swin_pieces(2, 14, 7, 3, 32); /* Swin-T's first stage */
-    check_swin_pieces(3, 8, 4, 2, 16);  /* the micro models */
+    check_swin(1, 14, 7, 7, 1, 24);       /* an axis of one window is never shifted */
+    check_swin_pieces(2, 14, 7, 3, 32);   /* Swin-T's first stage */
+    check_swin_pieces(3, 8, 4, 2, 16);    /* the micro models */
+    check_swin_norm(2, 14, 14, 7, 1, 96); /* Swin-T's first stage, shifted (the image 56 / 4) */
+    check_swin_norm(3, 8, 8, 4, 0, 40);   /* C not a multiple of 32 */
     /* A grid the kernel would index outside the tensor with is refused
      * before any launch (the pointers are never touched). */
     const visc_cuda_swin_grid bad = {8, 8, 4, 4, -2, 0};

@@ -298,6 +298,8 @@ static const model_case model_cases[] = {
     {"vit_pico_patch4_28", 28, 1, 10, 8, 0, 0, 0, 0, 0, BF16},
     {"deit_tiny_patch4_32", 32, 3, 10, 4, 0, 0.3f, 0, 0, 0, FP32}, /* 65 tokens, D 64, drop-path */
     {"swin_micro_patch2_window4_32", 32, 3, 10, 4, 0, 0.2f, 0, 0, 0, FP32}, /* windows, shifts */
+    /* its first norm written to windows as the qkv projection's bf16 operand */
+    {"swin_micro_patch2_window4_32", 32, 3, 10, 4, 0, 0.2f, 0, 0, 0, BF16},
     /* cosine attention, the bias MLP */
     {"swinv2_micro_patch2_window4_32", 32, 3, 10, 4, 0, 0.2f, 0, 0, 0, FP32},
     /* in bf16 attention's products are rounded on the GPU only, and V2's
@@ -771,6 +773,7 @@ int main(void) {
     check_recompute(ctx, "resnet50", 64, 3, 4, 0.0f, VISC_PRECISION_BF16);
     check_recompute(ctx, "vit_pico_patch4_28", 28, 1, 8, 0.2f, fp32);
     check_recompute(ctx, "swinv2_micro_patch2_window4_32", 32, 3, 4, 0.2f, fp32);
+    check_recompute(ctx, "swin_micro_patch2_window4_32", 32, 3, 4, 0.2f, VISC_PRECISION_BF16);
     check_recompute(ctx, "cait_xxs24_224", 32, 3, 2, 0.1f, fp32);
     check_bf16_arena(ctx, "resnet50", 64, 4);
     check_bf16_arena(ctx, "resnet20", 32, 16);
