@@ -417,6 +417,12 @@ int visc_cuda_swin_partition(visc_cuda *ctx, float *out, const float *in,
                              const visc_cuda_swin_grid *g, int B, int C);
 int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
                            const visc_cuda_swin_grid *g, int B, int C);
+/* A residual sum whose branch is in windowed order: visc_cuda_swin_reverse
+ * of branch, then visc_cuda_droppath_add_forward (all_kept: _kept) of it,
+ * in one pass (out may be x). */
+int visc_cuda_droppath_add_from_windows(visc_cuda *ctx, float *out, const float *x,
+                                        const float *branch, float *keep, int all_kept,
+                                        const visc_cuda_swin_grid *g, int B, int C);
 /* (layernorm.cu) Swin V1's first norm and the partition after it in one
  * pass: visc_cuda_layernorm_operand_forward of the [B H W, C] token rows
  * `in`, each output row written at its windowed place (out as
@@ -567,6 +573,16 @@ int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float 
                                  float *dv, float *dbias, float *dhead_scale, const float *dout,
                                  const float *q, const float *k, const float *v, const float *out,
                                  const float *lse);
+/* The same with the output in the context's operand form (as
+ * visc_cuda_layernorm_operand_forward's): fp32, or under bf16 the bf16
+ * values the output projection multiplies (visc_cuda_linear_operand_*),
+ * each rounded once, in out's storage at its strides; backward reads it so. */
+int visc_cuda_attention_operand_forward(visc_cuda *ctx, const visc_attention *a, float *out,
+                                        float *lse, const float *q, const float *k, const float *v);
+int visc_cuda_attention_operand_backward(visc_cuda *ctx, const visc_attention *a, float *dq,
+                                         float *dk, float *dv, float *dbias, float *dhead_scale,
+                                         const float *dout, const float *q, const float *k,
+                                         const float *v, const float *out, const float *lse);
 /* The cap on those chunks and groups of N x N matrices, in bytes (0: the
  * defaults, 256 and 32 MiB); a chunk holds one sequence at least, a group
  * one period of the masks. Smaller saves memory and makes more, smaller

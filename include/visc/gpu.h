@@ -248,6 +248,13 @@ void visc_gpu_attention_backward(visc_cuda *ctx, const visc_attention *a, float 
                                  float *dv, float *dbias, float *dhead_scale, const float *dout,
                                  const float *q, const float *k, const float *v, const float *out,
                                  const float *lse);
+/* out as the output projection's operand (visc_cuda_attention_operand_*) */
+void visc_gpu_attention_operand_forward(visc_cuda *ctx, const visc_attention *a, float *out,
+                                        float *lse, const float *q, const float *k, const float *v);
+void visc_gpu_attention_operand_backward(visc_cuda *ctx, const visc_attention *a, float *dq,
+                                         float *dk, float *dv, float *dbias, float *dhead_scale,
+                                         const float *dout, const float *q, const float *k,
+                                         const float *v, const float *out, const float *lse);
 /* The patch embedding of `conv` (kernel = stride = patch, with bias) into
  * token rows b * tokens + first + l, as visc_tf_patch_embed_*. */
 void visc_gpu_patch_embed_forward(visc_cuda *ctx, const visc_conv2d *conv, float *tokens,
@@ -279,6 +286,12 @@ void visc_gpu_swin_partition(visc_cuda *ctx, float *out, const float *in, int H,
                              int ww, int sh, int sw, int B, int C);
 void visc_gpu_swin_reverse(visc_cuda *ctx, float *out, const float *in, int H, int W, int wh,
                            int ww, int sh, int sw, int B, int C);
+/* out = x + drop_path(branch) with branch in windowed order (rolled back
+ * on the way), the draws as visc_gpu_droppath_add_forward's. */
+void visc_gpu_droppath_add_from_windows(visc_cuda *ctx, float *out, const float *x,
+                                        const float *branch, float *keep, float *keep_host, int H,
+                                        int W, int wh, int ww, int sh, int sw, int B, int C,
+                                        float p, int train, uint64_t seed, uint64_t offset);
 /* Swin V1's first norm into windowed order as the qkv projection's operand,
  * and its backward from windowed order (visc_cuda_layernorm_operand_to_windows). */
 void visc_gpu_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *save_mean,

@@ -165,20 +165,23 @@ __global__ void __launch_bounds__(WARPS * 32)
 
 /* delta[pair, i] = dO_i . O_i, one warp per row. round_dout: dO as its
  * bf16 rounding, the dO the tensor cores' products take (so that the
- * scores' gradients of a row still sum to zero). */
+ * scores' gradients of a row still sum to zero); out_bf16: O is kept in
+ * bf16 (the projection's operand). */
 __global__ void attention_delta_kernel(visc_attention a, float *delta, const float *dout,
-                                       const float *out, int round_dout) {
+                                       const void *out, int round_dout, int out_bf16) {
     const int64_t rows = (int64_t)a.B * a.H * a.Nq;
     const int lane = threadIdx.x % 32;
     for (int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32; w < rows;
          w += (int64_t)gridDim.x * blockDim.x / 32) {
         const int i = (int)(w % a.Nq), pair = (int)(w / a.Nq), b = pair / a.H, h = pair % a.H;
         const float *dO = dout + b * a.o_sb + h * a.o_sh + i * a.o_sn;
-        const float *O = out + b * a.o_sb + h * a.o_sh + i * a.o_sn;
+        const int64_t at = b * a.o_sb + h * a.o_sh + i * a.o_sn;
         float s = 0.0f;
         for (int d = lane; d < a.D; d += 32) {
             const float g = round_dout ? __bfloat162float(__float2bfloat16_rn(dO[d])) : dO[d];
-            s = fmaf(g, O[d], s);
+            const float o = out_bf16 ? __bfloat162float(((const __nv_bfloat16 *)out)[at + d])
+                                     : ((const float *)out)[at + d];
+            s = fmaf(g, o, s);
         }
         s = visc_warp_sum(s);
         if (lane == 0) delta[w] = s;
@@ -365,20 +368,63 @@ static dim3 attention_grid(const visc_attention *a, int rows) {
     return dim3((unsigned)(a->B * a->H), (unsigned)((rows + WARPS * ROWS - 1) / (WARPS * ROWS)));
 }
 
-int visc_cuda_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
-                                const float *q, const float *k, const float *v) {
+/* out (strides o_*) <- rows, rounded to bf16; rows packed [B, Nq, H D]. */
+__global__ void round_output_kernel(visc_attention a, __nv_bfloat16 *out, const float *rows) {
+    const int64_t n = (int64_t)a.B * a.Nq * a.H * a.D;
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int d = (int)(e % a.D), h = (int)(e / a.D % a.H), i = (int)(e / a.D / a.H % a.Nq);
+        const int64_t b = e / a.D / a.H / a.Nq;
+        out[b * a.o_sb + h * a.o_sh + i * a.o_sn + d] = __float2bfloat16_rn(rows[e]);
+    }
+}
+
+/* The bf16 products' form into a bf16 out: the output rows in fp32 in the
+ * workspace first (packed [B, Nq, H D]), then rounded to out's strides. */
+static int products_to_bf16(visc_cuda *ctx, const visc_attention *a, void *out, float *lse,
+                            const float *q, const float *k, const float *v) {
+    const size_t rows_bytes = (sizeof(float) * a->B * a->Nq * a->H * a->D + 255) / 256 * 256;
+    char *work = (char *)attn_workspace(ctx, rows_bytes + visc_attention_tc_bytes(ctx, a));
+    if (!work) return -1;
+    visc_attention packed = *a;
+    packed.o_sn = (int64_t)a->H * a->D;
+    packed.o_sh = a->D;
+    packed.o_sb = a->Nq * packed.o_sn;
+    if (visc_attention_tc_forward(ctx, &packed, (float *)work, lse, q, k, v, work + rows_bytes))
+        return -1;
+    round_output_kernel<<<visc_cuda_blocks((size_t)a->B * a->Nq * a->H * a->D, 256), 256, 0,
+                          ctx->stream>>>(*a, (__nv_bfloat16 *)out, (const float *)work);
+    return visc_cuda_launched("attention (bf16): the output rounded");
+}
+
+/* out: fp32, or bf16 with out_bf16 (only under bf16: the operand form). */
+static int attention_forward(visc_cuda *ctx, const visc_attention *a, void *out, int out_bf16,
+                             float *lse, const float *q, const float *k, const float *v) {
     if (attention_check(a)) return -1;
     if (a->B == 0) return 0;
     if (ctx->bf16 && visc_attention_flash_ready(ctx, a))
-        return visc_attention_flash_forward(ctx, a, out, lse, q, k, v);
+        return visc_attention_flash_forward(ctx, a, out, out_bf16, lse, q, k, v);
+    if (ctx->bf16 && out_bf16) return products_to_bf16(ctx, a, out, lse, q, k, v);
     if (ctx->bf16) {
         void *work = attn_workspace(ctx, visc_attention_tc_bytes(ctx, a));
-        return work ? visc_attention_tc_forward(ctx, a, out, lse, q, k, v, work) : -1;
+        return work ? visc_attention_tc_forward(ctx, a, (float *)out, lse, q, k, v, work) : -1;
     }
     const size_t smem = sizeof(float) * (2 * TILE * (a->D + 1) + WARPS * a->D);
     attention_forward_kernel<<<attention_grid(a, a->Nq), WARPS * 32, smem, ctx->stream>>>(
-        *a, out, lse, q, k, v);
+        *a, (float *)out, lse, q, k, v);
     return visc_cuda_launched("attention forward");
+}
+
+int visc_cuda_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
+                                const float *q, const float *k, const float *v) {
+    return attention_forward(ctx, a, out, 0, lse, q, k, v);
+}
+
+int visc_cuda_attention_operand_forward(visc_cuda *ctx, const visc_attention *a, float *out,
+                                        float *lse, const float *q, const float *k,
+                                        const float *v) {
+    /* under bf16 out's storage is untyped: it holds bf16, the projection's operand */
+    return attention_forward(ctx, a, out, ctx->bf16, lse, q, k, v);
 }
 
 /* One side of the backward or both, by the fused bf16 kernels or the fp32
@@ -439,10 +485,10 @@ static int query_side_in_groups(visc_cuda *ctx, const visc_attention *a, int fus
     return 0;
 }
 
-int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
-                                 float *dv, float *dbias, float *dhead_scale, const float *dout,
-                                 const float *q, const float *k, const float *v, const float *out,
-                                 const float *lse) {
+static int attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
+                              float *dv, float *dbias, float *dhead_scale, const float *dout,
+                              const float *q, const float *k, const float *v, const void *out,
+                              int out_bf16, const float *lse) {
     if (attention_check(a)) return -1;
     const int64_t rows = (int64_t)a->B * a->H * a->Nq;
     if (a->B == 0) {
@@ -465,7 +511,7 @@ int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float 
     if (!ws) return -1;
     float *delta = ws, *hs_rows = dhead_scale ? delta + rows : NULL;
     attention_delta_kernel<<<visc_cuda_blocks((size_t)rows * 32, 256), 256, 0, ctx->stream>>>(
-        *a, delta, dout, out, ctx->bf16);
+        *a, delta, dout, out, ctx->bf16, out_bf16);
     if (visc_cuda_launched("attention backward (delta)")) return -1;
     if (products) {
         if (visc_attention_tc_backward(ctx, a, dq, dk, dv, dbias, hs_rows, dout, q, k, v, lse,
@@ -482,4 +528,19 @@ int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float 
         return -1;
     }
     return dhead_scale ? head_scale_sums(ctx, a, dhead_scale, hs_rows) : 0;
+}
+
+int visc_cuda_attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
+                                 float *dv, float *dbias, float *dhead_scale, const float *dout,
+                                 const float *q, const float *k, const float *v, const float *out,
+                                 const float *lse) {
+    return attention_backward(ctx, a, dq, dk, dv, dbias, dhead_scale, dout, q, k, v, out, 0, lse);
+}
+
+int visc_cuda_attention_operand_backward(visc_cuda *ctx, const visc_attention *a, float *dq,
+                                         float *dk, float *dv, float *dbias, float *dhead_scale,
+                                         const float *dout, const float *q, const float *k,
+                                         const float *v, const float *out, const float *lse) {
+    return attention_backward(ctx, a, dq, dk, dv, dbias, dhead_scale, dout, q, k, v, out,
+                              ctx->bf16, lse);
 }

@@ -37,8 +37,10 @@ int visc_attention_tc_backward(visc_cuda *ctx, const visc_attention *a, float *d
  * (no N x N matrices), for heads of at most 64 dimensions unless
  * visc_cuda_set_attention_fused turned them off. */
 int visc_attention_flash_ready(const visc_cuda *ctx, const visc_attention *a);
-int visc_attention_flash_forward(visc_cuda *ctx, const visc_attention *a, float *out,
-                                 float *lse, const float *q, const float *k, const float *v);
+/* out: fp32, or bf16 with out_bf16 (each value rounded once) */
+int visc_attention_flash_forward(visc_cuda *ctx, const visc_attention *a, void *out,
+                                 int out_bf16, float *lse, const float *q, const float *k,
+                                 const float *v);
 /* The query side (dQ; dS into ds_out [B H Nq, Nk], for dbias's sums; each
  * row's share of dhead_scale into hs_rows [B H Nq]) for what of them is not
  * NULL, the key side (dK and dV) when dk is not. */

@@ -129,16 +129,20 @@ __device__ __forceinline__ void stage_fragments(float (*stage)[LD], const frag_c
     __syncwarp();
 }
 
+__device__ __forceinline__ void put(float *dst, float x) { *dst = x; }
+__device__ __forceinline__ void put(bf16 *dst, float x) { *dst = __float2bfloat16_rn(x); }
+
 /* acc's 16 rows, each lane's row times `scale`, to dst (rows row0 .. of a
- * pair, pitch sn), through the warp's stage. */
-template <int DP, int LD>
-__device__ __forceinline__ void store_rows(float *dst, int64_t sn, int row0, int rows, int D,
+ * pair, pitch sn; fp32, or bf16 each value rounded once), through the
+ * warp's stage. */
+template <int DP, int LD, typename T>
+__device__ __forceinline__ void store_rows(T *dst, int64_t sn, int row0, int rows, int D,
                                            const frag_c *acc, float (*stage)[LD], float scale,
                                            int lane) {
     stage_fragments<DP, LD>(stage, acc);
     const int r = lane % ROWS;
     if (row0 + r < rows)
-        for (int d = lane / ROWS; d < D; d += 2) dst[(row0 + r) * sn + d] = stage[r][d] * scale;
+        for (int d = lane / ROWS; d < D; d += 2) put(&dst[(row0 + r) * sn + d], stage[r][d] * scale);
 }
 
 /* Where a thread of a (pairs, row tiles) grid is: its warp and lane, the
@@ -189,10 +193,11 @@ __device__ __forceinline__ void scale_rows(frag_c *acc, float (*stage)[LDF], flo
         wmma::load_matrix_sync(acc[n], &stage[0][n * 16], LDF, wmma::mem_row_major);
 }
 
-/* grid (pairs, ceil(Nq / 64)), WARPS * 32 threads. */
+/* grid (pairs, ceil(Nq / 64)), WARPS * 32 threads; out holds fp32, or
+ * bf16 with out_bf16 (the projection's operand). */
 template <int DP>
 __global__ void __launch_bounds__(WARPS * 32)
-    flash_forward_kernel(visc_attention a, float *out, float *lse, const float *q,
+    flash_forward_kernel(visc_attention a, void *out, int out_bf16, float *lse, const float *q,
                          const float *k, const float *v) {
     __shared__ flash_smem sm[1];
     flash_smem &s = sm[0];
@@ -255,8 +260,11 @@ __global__ void __launch_bounds__(WARPS * 32)
     /* O / l to out, m + log l to lse */
     __syncwarp(); /* m and l are written */
     const float l = s.l[warp][r], m = s.m[warp][r];
-    store_rows<DP, LDF>(out + b * a.o_sb + h * a.o_sh, a.o_sn, i0, a.Nq, a.D, acc, stage,
-                        l > 0.0f ? 1.0f / l : 0.0f, lane);
+    const int64_t at_pair = b * a.o_sb + h * a.o_sh;
+    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+    if (out_bf16)
+        store_rows<DP, LDF>((bf16 *)out + at_pair, a.o_sn, i0, a.Nq, a.D, acc, stage, inv_l, lane);
+    else store_rows<DP, LDF>((float *)out + at_pair, a.o_sn, i0, a.Nq, a.D, acc, stage, inv_l, lane);
     if (half == 0 && i < a.Nq) lse[at.pair * a.Nq + i] = l > 0.0f ? m + logf(l) : INFINITY;
 }
 
@@ -410,17 +418,19 @@ int visc_attention_flash_ready(const visc_cuda *ctx, const visc_attention *a) {
     return !ctx->attn_unfused && a->D <= 64;
 }
 
-typedef void (*forward_launch)(visc_cuda *ctx, dim3 grid, const visc_attention *a, float *out,
-                               float *lse, const float *q, const float *k, const float *v);
+typedef void (*forward_launch)(visc_cuda *ctx, dim3 grid, const visc_attention *a, void *out,
+                               int out_bf16, float *lse, const float *q, const float *k,
+                               const float *v);
 typedef void (*backward_launch)(visc_cuda *ctx, dim3 q_grid, dim3 k_grid, const visc_attention *a,
                                 float *dq, float *dk, float *dv, float *ds_out, float *hs_rows,
                                 const float *dout, const float *q, const float *k,
                                 const float *v, const float *lse, const float *delta);
 
 template <int DP>
-static void launch_forward(visc_cuda *ctx, dim3 grid, const visc_attention *a, float *out,
-                           float *lse, const float *q, const float *k, const float *v) {
-    flash_forward_kernel<DP><<<grid, WARPS * 32, 0, ctx->stream>>>(*a, out, lse, q, k, v);
+static void launch_forward(visc_cuda *ctx, dim3 grid, const visc_attention *a, void *out,
+                           int out_bf16, float *lse, const float *q, const float *k,
+                           const float *v) {
+    flash_forward_kernel<DP><<<grid, WARPS * 32, 0, ctx->stream>>>(*a, out, out_bf16, lse, q, k, v);
 }
 
 template <int DP>
@@ -445,11 +455,12 @@ template <typename F> static F for_head(const visc_attention *a, F f16, F f32, F
 static unsigned tiles_of(int rows) { return (unsigned)((rows + WARPS * ROWS - 1) / (WARPS * ROWS)); }
 
 /* visc_cuda_attention_* checked the shape: 1 <= Nq, Nk; B H < 2^31. */
-int visc_attention_flash_forward(visc_cuda *ctx, const visc_attention *a, float *out,
-                                 float *lse, const float *q, const float *k, const float *v) {
+int visc_attention_flash_forward(visc_cuda *ctx, const visc_attention *a, void *out,
+                                 int out_bf16, float *lse, const float *q, const float *k,
+                                 const float *v) {
     const forward_launch launch = for_head<forward_launch>(
         a, launch_forward<16>, launch_forward<32>, launch_forward<48>, launch_forward<64>);
-    launch(ctx, dim3((unsigned)(a->B * a->H), tiles_of(a->Nq)), a, out, lse, q, k, v);
+    launch(ctx, dim3((unsigned)(a->B * a->H), tiles_of(a->Nq)), a, out, out_bf16, lse, q, k, v);
     return visc_cuda_launched("attention (bf16): fused forward");
 }
 

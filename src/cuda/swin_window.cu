@@ -47,3 +47,34 @@ int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
                            const visc_cuda_swin_grid *g, int B, int C) {
     return swin_permute(ctx, out, in, g, B, C, 1);
 }
+
+/* out[token] = x[token] + keep_b in[windowed] with the CPU's roundings
+ * (nn/droppath.c: a 1 adds, a 0 keeps x, else the product is rounded
+ * before the sum); all_kept: every factor 1, and keep [B] set so. */
+__global__ void droppath_add_from_windows_kernel(float *out, const float *x, const float *in,
+                                                 float *keep, int all_kept,
+                                                 visc_cuda_swin_grid g, int64_t rows, int C,
+                                                 int B) {
+    const int64_t total = rows * C, HW = (int64_t)g.H * g.W;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / C, tok = visc_swin_token_row(g, r) * C + i % C;
+        if (all_kept && i < B) keep[i] = 1.0f;
+        const float k = all_kept ? 1.0f : keep[r / HW];
+        out[tok] = k == 1.0f   ? x[tok] + in[i]
+                   : k != 0.0f ? __fadd_rn(x[tok], __fmul_rn(k, in[i]))
+                               : x[tok];
+    }
+}
+
+int visc_cuda_droppath_add_from_windows(visc_cuda *ctx, float *out, const float *x,
+                                        const float *branch, float *keep, int all_kept,
+                                        const visc_cuda_swin_grid *g, int B, int C) {
+    if (visc_swin_grid_check(g, B, C)) return -1;
+    const int64_t rows = (int64_t)B * g->H * g->W;
+    if (rows == 0) return 0;
+    droppath_add_from_windows_kernel<<<visc_cuda_blocks((size_t)rows * C, 256), 256, 0,
+                                       ctx->stream>>>(out, x, branch, keep, all_kept, *g, rows, C,
+                                                      B);
+    return visc_cuda_launched("drop-path add from windows");
+}

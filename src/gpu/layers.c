@@ -360,6 +360,20 @@ void visc_gpu_attention_backward(visc_cuda *ctx, const visc_attention *a, float 
                                      lse));
 }
 
+void visc_gpu_attention_operand_forward(visc_cuda *ctx, const visc_attention *a, float *out,
+                                        float *lse, const float *q, const float *k,
+                                        const float *v) {
+    RUN(visc_cuda_attention_operand_forward(ctx, a, out, lse, q, k, v));
+}
+
+void visc_gpu_attention_operand_backward(visc_cuda *ctx, const visc_attention *a, float *dq,
+                                         float *dk, float *dv, float *dbias, float *dhead_scale,
+                                         const float *dout, const float *q, const float *k,
+                                         const float *v, const float *out, const float *lse) {
+    RUN(visc_cuda_attention_operand_backward(ctx, a, dq, dk, dv, dbias, dhead_scale, dout, q, k, v,
+                                             out, lse));
+}
+
 static visc_cuda_patch_shape patch_shape(const visc_conv2d *c, int tokens, int first) {
     if (c->R != c->S || c->stride != c->R || c->pad != 0 || c->H != c->W || !c->has_bias)
         visc_die("cuda: a patch embedding is a square, unpadded, biased convolution with stride = "
@@ -396,16 +410,23 @@ void visc_gpu_sum_rows(visc_cuda *ctx, float *out, const float *a, int64_t rows,
     RUN(visc_cuda_sum_rows(ctx, out, a, rows, C));
 }
 
+/* Drop-path's factors: 1 when no sample can drop (returns 0: the kernel
+ * sets them on the device, no copy from the host waits for the stream);
+ * else drawn on the host as the CPU's and uploaded (returns 1). */
+static int draw_keep(visc_cuda *ctx, float *keep, float *keep_host, int B, float p, int train,
+                     uint64_t seed, uint64_t offset) {
+    if (!train || p <= 0.0f) return 0;
+    visc_droppath_keep(keep_host, B, p, train, seed, offset);
+    visc_gpu_upload(ctx, keep, keep_host, (size_t)B * sizeof(float));
+    return 1;
+}
+
 void visc_gpu_droppath_add_forward(visc_cuda *ctx, float *out, const float *x, const float *branch,
                                    float *keep, float *keep_host, int B, size_t per_sample, float p,
                                    int train, uint64_t seed, uint64_t offset) {
-    if (!train || p <= 0.0f) { /* every factor 1: no draws to upload */
-        RUN(visc_cuda_droppath_add_kept(ctx, out, x, branch, keep, B, per_sample));
-        return;
-    }
-    visc_droppath_keep(keep_host, B, p, train, seed, offset);
-    visc_gpu_upload(ctx, keep, keep_host, (size_t)B * sizeof(float));
-    RUN(visc_cuda_droppath_add_forward(ctx, out, x, branch, keep, B, per_sample));
+    if (draw_keep(ctx, keep, keep_host, B, p, train, seed, offset))
+        RUN(visc_cuda_droppath_add_forward(ctx, out, x, branch, keep, B, per_sample));
+    else RUN(visc_cuda_droppath_add_kept(ctx, out, x, branch, keep, B, per_sample));
 }
 
 void visc_gpu_droppath_add_backward(visc_cuda *ctx, float *dbranch, const float *dx,
@@ -443,6 +464,15 @@ void visc_gpu_swin_reverse(visc_cuda *ctx, float *out, const float *in, int H, i
                            int ww, int sh, int sw, int B, int C) {
     const visc_cuda_swin_grid g = {H, W, wh, ww, sh, sw};
     RUN(visc_cuda_swin_reverse(ctx, out, in, &g, B, C));
+}
+
+void visc_gpu_droppath_add_from_windows(visc_cuda *ctx, float *out, const float *x,
+                                        const float *branch, float *keep, float *keep_host, int H,
+                                        int W, int wh, int ww, int sh, int sw, int B, int C,
+                                        float p, int train, uint64_t seed, uint64_t offset) {
+    const visc_cuda_swin_grid g = {H, W, wh, ww, sh, sw};
+    const int drawn = draw_keep(ctx, keep, keep_host, B, p, train, seed, offset);
+    RUN(visc_cuda_droppath_add_from_windows(ctx, out, x, branch, keep, !drawn, &g, B, C));
 }
 
 void visc_gpu_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *save_mean,

@@ -468,13 +468,33 @@ static void tokens_to_nchw(float *out, const float *in, int B, int C, int HW) {
                 out[((size_t)b * C + c) * HW + t] = in[((size_t)b * HW + t) * C + c];
 }
 
+/* the noise offset of block b's drop-path `which` (0: attention, 1: MLP) */
+static uint64_t droppath_offset(const swin_block *b, int which) {
+    return (uint64_t)(2 * b->site + which) << 32;
+}
+
 /* out = x + the branch after drop-path (no copy of x first) */
 static void residual_add(visc_model *m, swin *s, float *out, const float *x, const float *branch,
                          float *keep, const swin_block *b, int which, int train) {
     size_t per = (size_t)b->g.H * b->g.W * b->C;
-    uint64_t site = (uint64_t)(2 * b->site + which) << 32;
     md_droppath_forward(m, out, x, branch, keep, s->keep_host, m->cfg.batch, per, b->drop_path,
-                        train, site);
+                        train, droppath_offset(b, which));
+}
+
+/* The same with the branch in windowed order: rolled back to token order on
+ * the way (the GPU in one pass; the CPU through `scratch`). */
+static void residual_add_from_windows(visc_model *m, swin *s, float *out, const float *x,
+                                      const float *branch, float *scratch, float *keep,
+                                      const swin_block *b, int which, int train) {
+    if (!m->cuda) {
+        visc_swin_reverse(scratch, branch, &b->g, m->cfg.batch, b->C);
+        residual_add(m, s, out, x, scratch, keep, b, which, train);
+        return;
+    }
+    const visc_swin_grid *g = &b->g;
+    visc_gpu_droppath_add_from_windows(m->cuda, out, x, branch, keep, s->keep_host, g->H, g->W,
+                                       g->wh, g->ww, g->sh, g->sw, m->cfg.batch, b->C, b->drop_path,
+                                       train, m->noise_seed, droppath_offset(b, which));
 }
 
 static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
@@ -484,10 +504,11 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
         norm1_to_windows(m, b, s->sa, B);
         md_linear_operand_forward(m, b->qkv, b->xw, P(b->qkvw), P(b->qkvb), (int)R, C, 3 * C);
         gather_bias(m, b->bias, P(b->table), b->rel, H, b->g.N, 0);
-        md_attention_forward(m, &b->attn, b->ao, b->lse, b->qkv, b->qkv + C, b->qkv + 2 * C);
-        md_linear_forward(m, s->sa, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
-        reverse(m, s->sb, s->sa, &b->g, B, C);
-        residual_add(m, s, b->x1, b->in, s->sb, b->keep1, b, 0, train);
+        /* ao: the projection's operand (bf16 on a GPU under bf16) */
+        md_attention_operand_forward(m, &b->attn, b->ao, b->lse, b->qkv, b->qkv + C,
+                                     b->qkv + 2 * C);
+        md_linear_operand_forward(m, s->sa, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
+        residual_add_from_windows(m, s, b->x1, b->in, s->sa, s->sb, b->keep1, b, 0, train);
         md_layernorm_operand_forward(m, s->sa, b->mean2, b->rstd2, b->x1, P(b->n2w), P(b->n2b), R,
                                      C, LN_EPS);
         md_linear_operand_forward(m, b->h, s->sa, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
@@ -512,8 +533,8 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
     md_relu_forward(m, b->cpb_h, b->cpb_h, (size_t)b->T * CPB_HIDDEN);
     md_linear_forward(m, b->cpb_t, b->cpb_h, P(b->cpb2w), NULL, b->T, CPB_HIDDEN, H);
     gather_bias(m, b->bias, b->cpb_t, b->rel, H, b->g.N, 1);
-    md_attention_forward(m, &b->attn, b->ao, b->lse, b->qk, b->qk + C, b->qkv + 2 * C);
-    md_linear_forward(m, s->sa, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
+    md_attention_operand_forward(m, &b->attn, b->ao, b->lse, b->qk, b->qk + C, b->qkv + 2 * C);
+    md_linear_operand_forward(m, s->sa, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
     reverse(m, b->a, s->sa, &b->g, B, C);
     md_layernorm_forward(m, s->sb, b->mean1, b->rstd1, b->a, P(b->n1w), P(b->n1b), R, C, LN_EPS);
     residual_add(m, s, b->x1, b->in, s->sb, b->keep1, b, 0, train);
@@ -615,9 +636,10 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
         md_add_in(m, gx, sb, RC);
         const float *dbr = branch_grad(m, s, b, sa, gx, b->keep1);
         partition(m, sb, dbr, &b->g, B, C);
-        md_linear_backward(m, sa, G(b->projw), G(b->projb), sb, b->ao, P(b->projw), (int)R, C, C);
-        md_attention_backward(m, &b->attn, sh, sh + C, sh + 2 * C, s->dbias, NULL, sa, b->qkv,
-                              b->qkv + C, b->qkv + 2 * C, b->ao, b->lse);
+        md_linear_operand_backward(m, sa, G(b->projw), G(b->projb), sb, b->ao, P(b->projw), (int)R,
+                                   C, C);
+        md_attention_operand_backward(m, &b->attn, sh, sh + C, sh + 2 * C, s->dbias, NULL, sa,
+                                      b->qkv, b->qkv + C, b->qkv + 2 * C, b->ao, b->lse);
         scatter_bias(m, G(b->table), s->dbias, NULL, b->rel, b->T, H, b->g.N, 0);
         md_linear_operand_backward(m, sa, G(b->qkvw), G(b->qkvb), sh, b->xw, P(b->qkvw), (int)R, C,
                                    3 * C);
@@ -635,10 +657,11 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
     md_layernorm_backward(m, sb, G(b->n1w), G(b->n1b), dn1, b->a, P(b->n1w), b->mean1, b->rstd1, R,
                           C);
     partition(m, sa, sb, &b->g, B, C);
-    md_linear_backward(m, sb, G(b->projw), G(b->projb), sa, b->ao, P(b->projw), (int)R, C, C);
+    md_linear_operand_backward(m, sb, G(b->projw), G(b->projb), sa, b->ao, P(b->projw), (int)R, C,
+                               C);
     /* dq, dk of the normalized q, k (layout of qk) into sqk; dv straight into dqkv */
-    md_attention_backward(m, &b->attn, s->sqk, s->sqk + C, sh + 2 * C, s->dbias, s->dhs, sb, b->qk,
-                          b->qk + C, b->qkv + 2 * C, b->ao, b->lse);
+    md_attention_operand_backward(m, &b->attn, s->sqk, s->sqk + C, sh + 2 * C, s->dbias, s->dhs, sb,
+                                  b->qk, b->qk + C, b->qkv + 2 * C, b->ao, b->lse);
     normalize_heads_backward(m, sh, 3 * C, s->sqk, 2 * C, b->qk, 2 * C, b->qnorm, R, H, b->hd);
     normalize_heads_backward(m, sh + C, 3 * C, s->sqk + C, 2 * C, b->qk + C, 2 * C, b->knorm, R, H,
                              b->hd);

@@ -218,8 +218,10 @@ static void block_forward(visc_model *m, vit *v, vit_block *b, int i, int train)
     float *qkv = b->qkv_out;
     visc_tf_norm_operand_forward(m, &b->norm1, b->ln1, b->mean1, b->rstd1, b->x, R);
     visc_tf_linear_operand_forward(m, &b->qkv, qkv, b->ln1, R);
-    md_attention_forward(m, &b->attn, b->att, b->lse, qkv, qkv + v->embed, qkv + 2 * v->embed);
-    visc_tf_linear_forward(m, &b->proj, v->branch, b->att, R);
+    /* the attention output is the projection's operand (bf16 on a GPU under bf16) */
+    md_attention_operand_forward(m, &b->attn, b->att, b->lse, qkv, qkv + v->embed,
+                                 qkv + 2 * v->embed);
+    visc_tf_linear_operand_forward(m, &b->proj, v->branch, b->att, R);
     droppath_forward(m, v, b->x_mid, b->x, b->keep1, b->drop_path, train,
                      visc_tf_noise_offset(SITE_BLOCKS + 2 * i));
     visc_tf_norm_operand_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->x_mid, R);
@@ -270,9 +272,10 @@ static void block_backward(visc_model *m, vit *v, vit_block *b) {
                          v->hid, v->dhid, R);
     visc_tf_norm_backward(m, &b->norm2, v->dtmp, v->dln, b->x_mid, b->mean2, b->rstd2, R);
     md_add_in(m, v->dx, v->dtmp, RC);
-    visc_tf_linear_backward(m, &b->proj, v->datt, droppath_backward(m, v, b, b->keep1), b->att, R);
-    md_attention_backward(m, &b->attn, dqkv, dqkv + C, dqkv + 2 * C, NULL, NULL, v->datt, qkv,
-                          qkv + C, qkv + 2 * C, b->att, b->lse);
+    visc_tf_linear_operand_backward(m, &b->proj, v->datt, droppath_backward(m, v, b, b->keep1),
+                                    b->att, R);
+    md_attention_operand_backward(m, &b->attn, dqkv, dqkv + C, dqkv + 2 * C, NULL, NULL, v->datt,
+                                  qkv, qkv + C, qkv + 2 * C, b->att, b->lse);
     visc_tf_linear_operand_backward(m, &b->qkv, v->dln, dqkv, b->ln1, R);
     visc_tf_norm_backward(m, &b->norm1, v->dtmp, v->dln, b->x, b->mean1, b->rstd1, R);
     md_add_in(m, v->dx, v->dtmp, RC);

@@ -871,6 +871,20 @@ int visc_cuda_layernorm_operand_forward(visc_cuda *ctx, float *out, float *save_
                                        eps);
 }
 
+int visc_cuda_attention_operand_forward(visc_cuda *ctx, const visc_attention *a, float *out,
+                                        float *lse, const float *q, const float *k,
+                                        const float *v) {
+    return visc_cuda_attention_forward(ctx, a, out, lse, q, k, v);
+}
+
+int visc_cuda_attention_operand_backward(visc_cuda *ctx, const visc_attention *a, float *dq,
+                                         float *dk, float *dv, float *dbias, float *dhead_scale,
+                                         const float *dout, const float *q, const float *k,
+                                         const float *v, const float *out, const float *lse) {
+    return visc_cuda_attention_backward(ctx, a, dq, dk, dv, dbias, dhead_scale, dout, q, k, v, out,
+                                        lse);
+}
+
 int visc_cuda_linear_operand_forward(visc_cuda *ctx, float *out, const float *in,
                                      const float *weight, const float *bias, int N, int in_features,
                                      int out_features) {
@@ -1113,6 +1127,20 @@ int visc_cuda_layernorm_backward_from_windows(visc_cuda *ctx, float *din, float 
     free(tokens);
     (void)ctx;
     return 0;
+}
+
+int visc_cuda_droppath_add_from_windows(visc_cuda *ctx, float *out, const float *x,
+                                        const float *branch, float *keep, int all_kept,
+                                        const visc_cuda_swin_grid *g, int B, int C) {
+    const visc_swin_grid s = grid_of(g);
+    const size_t per_sample = (size_t)g->H * g->W * C;
+    float *tokens = visc_malloc(sizeof(float) * per_sample * B, "stand-in");
+    visc_swin_reverse(tokens, branch, &s, B, C);
+    const int rc = all_kept
+                       ? visc_cuda_droppath_add_kept(ctx, out, x, tokens, keep, B, per_sample)
+                       : visc_cuda_droppath_add_forward(ctx, out, x, tokens, keep, B, per_sample);
+    free(tokens);
+    return rc;
 }
 
 int visc_cuda_swin_gather_bias(visc_cuda *ctx, float *bias, const float *table, const int32_t *rel,

@@ -1055,6 +1055,68 @@ static void check_swin_norm(int B, int H, int W, int window, int shifted, int C)
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* A residual sum whose branch is in windowed order: the same bits as the
+ * GPU's reverse and drop-path sum in turn, for drawn factors (0, 1, 2),
+ * in place too, and with every sample kept (the factors then set to 1). */
+static void check_swin_residual(int B, int H, int W, int window, int shifted, int C) {
+    char name[224], what[96];
+    visc_swin_grid g;
+    if (visc_swin_grid_make(&g, H, W, window, shifted)) die_cuda("swin grid");
+    const visc_cuda_swin_grid cg = {g.H, g.W, g.wh, g.ww, g.sh, g.sw};
+    const size_t per = (size_t)H * W * C, n = per * B;
+    snprintf(what, sizeof what, "B %d %dx%d window %d%s C %d", B, H, W, window,
+             shifted ? " shifted" : "", C);
+    float *x = random_floats(n, -1, 1), *branch = random_floats(n, -1, 1);
+    float *keep = malloc(sizeof(float) * B);
+    visc_droppath_keep(keep, B, 0.5f, 1, 11, 0); /* 0s and 2s */
+    keep[0] = 1.0f;
+    int dropped = 0;
+    for (int b = 0; b < B; b++) dropped += keep[b] == 0.0f;
+    float *d_x = up(x, sizeof(float) * n), *d_branch = up(branch, sizeof(float) * n);
+    float *d_keep = up(keep, sizeof(float) * B), *d_tmp = dev(sizeof(float) * n);
+    float *d_ref = dev(sizeof(float) * n), *d_out = dev(sizeof(float) * n);
+    launched(visc_cuda_swin_reverse(ctx, d_tmp, d_branch, &cg, B, C), "swin reverse");
+    for (int kept = 0; kept <= 1; kept++) {
+        if (kept)
+            launched(visc_cuda_droppath_add_kept(ctx, d_ref, d_x, d_tmp, d_keep, B, per),
+                     "drop-path add, all kept");
+        else
+            launched(visc_cuda_droppath_add_forward(ctx, d_ref, d_x, d_tmp, d_keep, B, per),
+                     "drop-path add");
+        float *ref = down(d_ref, n);
+        if (kept && visc_cuda_upload(ctx, d_keep, keep, sizeof(float) * B)) die_cuda("upload");
+        launched(visc_cuda_droppath_add_from_windows(ctx, d_out, d_x, d_branch, d_keep, kept, &cg,
+                                                     B, C),
+                 "drop-path add from windows");
+        float *got = down(d_out, n), *factors = down(d_keep, (size_t)B);
+        snprintf(name, sizeof name, "drop-path add from windows %s, %d dropped: as reverse + add",
+                 what, kept ? 0 : dropped);
+        expect_bits(name, got, ref, n, sizeof(float));
+        int ones = 0;
+        for (int b = 0; b < B; b++) ones += factors[b] == 1.0f;
+        snprintf(name, sizeof name, "drop-path add from windows %s%s: factors 1", what,
+                 kept ? ", all kept" : " (drawn: only keep[0])");
+        report(name, ones != (kept ? B : 1), 1, 0, ones, kept ? B : 1, 0.0);
+        free(got);
+        /* in place: out is x */
+        float *d_io = up(x, sizeof(float) * n);
+        launched(visc_cuda_droppath_add_from_windows(ctx, d_io, d_io, d_branch, d_keep, kept, &cg,
+                                                     B, C),
+                 "drop-path add from windows, in place");
+        got = down(d_io, n);
+        snprintf(name, sizeof name, "drop-path add from windows %s%s, in place: as reverse + add",
+                 what, kept ? ", all kept" : "");
+        expect_bits(name, got, ref, n, sizeof(float));
+        visc_cuda_free(ctx, d_io);
+        free(got);
+        free(ref);
+        free(factors);
+    }
+    float *dfree[] = {d_x, d_branch, d_keep, d_tmp, d_ref, d_out};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    free(x), free(branch), free(keep);
+}
+
 /* ---- convolutions ---- */
 typedef struct {
     int N, C, H, W, K, R, S, stride, pad, P, Q;
@@ -2118,6 +2180,46 @@ static float *bf16_rounded(const float *x, size_t n) {
     return r;
 }
 
+/* The output as the projection's bf16 operand (visc_cuda_attention_operand_*),
+ * after the fp32-output calls of the same way left out (d_out) and lse:
+ * each value out's rounded, lse the same bits; backward from it, delta of
+ * the rounded output, dq dk dv within the tolerance of the reference.
+ * `name` holds the case's last check name, its description after ": ". */
+static void check_attention_operand(const visc_attention *a, const char *name, const float *d_out,
+                                    const float *d_lse, const float *d_qkv, const float *d_dout,
+                                    size_t nqkv, const double *ref_dqkv, const double *mag_dqkv) {
+    char check[240];
+    const char *what = strstr(name, ": ") + 2;
+    const size_t nout = (size_t)a->B * a->o_sb, nlse = (size_t)a->B * a->H * a->Nq;
+    const int C = a->H * a->D;
+    float *d_op = dev(sizeof(float) * nout), *d_lse2 = dev(sizeof(float) * nlse);
+    float *d_dqkv = dev(sizeof(float) * nqkv);
+    if (visc_cuda_zero(ctx, d_dqkv, sizeof(float) * nqkv)) die_cuda("zero");
+    launched(visc_cuda_attention_operand_forward(ctx, a, d_op, d_lse2, d_qkv, d_qkv + C,
+                                                 d_qkv + 2 * C),
+             "attention operand forward");
+    launched(visc_cuda_attention_operand_backward(ctx, a, d_dqkv, d_dqkv + C, d_dqkv + 2 * C, NULL,
+                                                  NULL, d_dout, d_qkv, d_qkv + C, d_qkv + 2 * C,
+                                                  d_op, d_lse2),
+             "attention operand backward");
+    float *out = down(d_out, nout), *op = down(d_op, nout);
+    float *lse = down(d_lse, nlse), *lse2 = down(d_lse2, nlse);
+    uint16_t *want16 = malloc(sizeof(uint16_t) * nout);
+    for (size_t i = 0; i < nout; i++) want16[i] = visc_f32_to_bf16(out[i]);
+    snprintf(check, sizeof check, "attention operand output (bf16): %s, the output rounded", what);
+    expect_bits(check, op, want16, nout, sizeof(uint16_t));
+    snprintf(check, sizeof check, "attention operand lse: %s, bit-identical", what);
+    expect_bits(check, lse2, lse, nlse, sizeof(float));
+    float *got = down(d_dqkv, nqkv);
+    snprintf(check, sizeof check, "attention operand dq dk dv: %s", what);
+    expect_within(check, got, ref_dqkv, mag_dqkv, nqkv, 1.0 / 128);
+    visc_cuda_free(ctx, d_op);
+    visc_cuda_free(ctx, d_lse2);
+    visc_cuda_free(ctx, d_dqkv);
+    void *hfree[] = {out, op, lse, lse2, want16, got};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 static void check_attention(attn_case c) {
     char name[200];
     const int B = c.B, H = c.H, Nq = c.Nq, Nk = c.Nk, D = c.D, N = Nq > Nk ? Nq : Nk;
@@ -2292,6 +2394,9 @@ static void check_attention(attn_case c) {
             free(got);
             free(want);
         }
+        if (c.bf16)
+            check_attention_operand(&a, name, d_out, d_lse, d_qkv, d_dout, nqkv, ref_dqkv,
+                                    mag_dqkv);
     }
     visc_cuda_set_attention_chunk(ctx, 0);
     visc_cuda_set_attention_fused(ctx, 1);
@@ -2971,6 +3076,8 @@ static void group_swin(void) {
     check_swin_pieces(3, 8, 4, 2, 16);    /* the micro models */
     check_swin_norm(2, 14, 14, 7, 1, 96); /* Swin-T's first stage, shifted (the image 56 / 4) */
     check_swin_norm(3, 8, 8, 4, 0, 40);   /* C not a multiple of 32 */
+    check_swin_residual(4, 14, 14, 7, 1, 96);
+    check_swin_residual(3, 8, 8, 4, 0, 40);
     /* A grid the kernel would index outside the tensor with is refused
      * before any launch (the pointers are never touched). */
     const visc_cuda_swin_grid bad = {8, 8, 4, 4, -2, 0};
