@@ -90,7 +90,7 @@ void *visc_cuda_grow(visc_cuda *ctx, void **buf, size_t *have, size_t bytes);
  * counts[i] elements, each starting 16-byte aligned (cuBLASLt's and cuDNN's
  * fastest kernels want that): copies[i] gets the i-th. It is the scratch,
  * so a later call (a column sum too) may reuse it: get it after those. */
-#define VISC_CUDA_BF16_COPIES 3
+#define VISC_CUDA_BF16_COPIES 4
 int visc_cuda_bf16_scratch(visc_cuda *ctx, uint16_t **copies, const size_t *counts, int n);
 
 /* *loss = the mean of row_loss[0..N) (device floats), summed in double in
@@ -138,6 +138,13 @@ int visc_cuda_column_sums(visc_cuda *ctx, float *out, const float *a, int64_t ro
 /* The same, added to out when accumulate is set (a sum in parts). */
 int visc_cuda_column_sums_into(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C,
                                int accumulate);
+/* The column sums into out as visc_cuda_column_sums (the same order, the
+ * same bits), and a rounded to bf16 into `rounded` in the same pass, so a
+ * is read once (a linear layer's dY: its bias gradient and the products'
+ * operand). part: visc_cuda_col_chunks(rows) * C floats of the caller's,
+ * since `rounded` is in the scratch the plain form takes them from. */
+int visc_cuda_column_sums_rounded(visc_cuda *ctx, float *out, uint16_t *rounded, float *part,
+                                  const float *a, int64_t rows, int C);
 
 /* The float a warp holds in every lane, summed over the warp. */
 __device__ __forceinline__ float visc_warp_sum(float v) {

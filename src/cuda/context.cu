@@ -6,6 +6,7 @@
  * cuBLASLt is opened by the first matrix product (cublaslt_dl.cu), so a
  * program linked with this library starts on a machine without a GPU
  * driver, and visc_cuda_device_count then reports why there is no device. */
+#include <cuda_bf16.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -280,16 +281,29 @@ int visc_cuda_add_partials(visc_cuda *ctx, float *out, const float *part, int ch
     return add_partials(ctx, out, part, chunks, stride, C, 0);
 }
 
-/* Block (x, k): columns x * blockDim.x + thread of rows chunk k. */
-__global__ void column_partials_kernel(float *part, const float *a, int64_t rows, int C,
-                                       int chunks) {
+/* Block (x, k): columns x * blockDim.x + thread of rows chunk k; each
+ * value also rounded to bf16 into `rounded` when it is not NULL. */
+__global__ void column_partials_kernel(float *part, __nv_bfloat16 *rounded, const float *a,
+                                       int64_t rows, int C, int chunks) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     int64_t r0, r1;
     visc_chunk_rows(rows, blockIdx.y, chunks, &r0, &r1);
     float s = 0.0f;
-    for (int64_t r = r0; r < r1; r++) s += a[r * C + c];
+    for (int64_t r = r0; r < r1; r++) {
+        const float v = a[r * C + c];
+        s += v;
+        if (rounded) rounded[r * C + c] = __float2bfloat16_rn(v);
+    }
     part[(size_t)blockIdx.y * C + c] = s;
+}
+
+static int column_partials(visc_cuda *ctx, float *part, __nv_bfloat16 *rounded, const float *a,
+                           int64_t rows, int C, int chunks) {
+    const unsigned threads = visc_cuda_col_threads(C);
+    column_partials_kernel<<<dim3((C + threads - 1) / threads, chunks), threads, 0, ctx->stream>>>(
+        part, rounded, a, rows, C, chunks);
+    return visc_cuda_launched("column sums");
 }
 
 int visc_cuda_column_sums_into(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C,
@@ -301,11 +315,18 @@ int visc_cuda_column_sums_into(visc_cuda *ctx, float *out, const float *a, int64
         return accumulate ? 0
                           : visc_cuda_check(cudaMemsetAsync(out, 0, sizeof(float) * C, ctx->stream),
                                             "column sums");
-    const unsigned threads = visc_cuda_col_threads(C);
-    column_partials_kernel<<<dim3((C + threads - 1) / threads, chunks), threads, 0, ctx->stream>>>(
-        part, a, rows, C, chunks);
-    if (visc_cuda_launched("column sums")) return -1;
+    if (column_partials(ctx, part, NULL, a, rows, C, chunks)) return -1;
     return add_partials(ctx, out, part, chunks, C, C, accumulate);
+}
+
+int visc_cuda_column_sums_rounded(visc_cuda *ctx, float *out, uint16_t *rounded, float *part,
+                                  const float *a, int64_t rows, int C) {
+    if (rows == 0)
+        return visc_cuda_check(cudaMemsetAsync(out, 0, sizeof(float) * C, ctx->stream),
+                               "column sums");
+    const int chunks = visc_cuda_col_chunks(rows);
+    if (column_partials(ctx, part, (__nv_bfloat16 *)rounded, a, rows, C, chunks)) return -1;
+    return add_partials(ctx, out, part, chunks, C, C, 0);
 }
 
 int visc_cuda_column_sums(visc_cuda *ctx, float *out, const float *a, int64_t rows, int C) {

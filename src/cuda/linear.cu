@@ -46,11 +46,17 @@ int visc_cuda_linear_forward_rounded(visc_cuda *ctx, float *out, const uint16_t 
 }
 
 /* The bf16 backward products, X already rounded (x16): dY rounded into
- * dy16, W into w16 (when din is asked). */
-static int backward_bf16(visc_cuda *ctx, float *din, float *dweight, const float *dout,
-                         uint16_t *dy16, const uint16_t *x16, const float *weight, uint16_t *w16,
-                         int N, int in_features, int out_features) {
-    if (visc_cuda_f32_to_bf16(ctx, dy16, dout, (size_t)N * out_features)) return -1;
+ * dy16 in the pass that sums its columns into dbias when that is asked
+ * (part: its partials, visc_cuda_col_chunks(N) * out_features floats),
+ * W into w16 (when din is asked). */
+static int backward_bf16(visc_cuda *ctx, float *din, float *dweight, float *dbias, float *part,
+                         const float *dout, uint16_t *dy16, const uint16_t *x16,
+                         const float *weight, uint16_t *w16, int N, int in_features,
+                         int out_features) {
+    const size_t ndy = (size_t)N * out_features;
+    if (dbias ? visc_cuda_column_sums_rounded(ctx, dbias, dy16, part, dout, N, out_features)
+              : visc_cuda_f32_to_bf16(ctx, dy16, dout, ndy))
+        return -1;
     /* dX[N, in] = dY[N, out] W[out, in] */
     if (din && (visc_cuda_f32_to_bf16(ctx, w16, weight, (size_t)out_features * in_features) ||
                 visc_cuda_matmul_bf16(ctx, din, dy16, w16, NULL, N, in_features, out_features, 0,
@@ -61,13 +67,16 @@ static int backward_bf16(visc_cuda *ctx, float *din, float *dweight, const float
                                  0.0f);
 }
 
+/* Room for dbias's partials in the bf16 scratch, in bf16 elements (0 without dbias). */
+static size_t partials_room(const float *dbias, int N, int out_features) {
+    return dbias ? 2 * (size_t)visc_cuda_col_chunks(N) * out_features : 0;
+}
+
 int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
                               const float *dout, const float *in, const float *weight, int N,
                               int in_features, int out_features) {
-    /* The bias gradient first: its partial sums use the scratch too, and
-     * the stream runs in order, so the bf16 copies may then reuse it. */
-    if (dbias && visc_cuda_column_sums(ctx, dbias, dout, N, out_features)) return -1;
     if (!ctx->bf16) {
+        if (dbias && visc_cuda_column_sums(ctx, dbias, dout, N, out_features)) return -1;
         /* dX[N, in] = dY[N, out] W[out, in] */
         if (din && visc_cuda_matmul_f32(ctx, din, dout, weight, NULL, N, in_features, out_features,
                                         0, 0, 0.0f))
@@ -78,24 +87,24 @@ int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float 
     }
     const size_t ndy = (size_t)N * out_features, nx = (size_t)N * in_features;
     const size_t nw = din ? (size_t)out_features * in_features : 0;
-    const size_t counts[3] = {ndy, nx, nw};
-    uint16_t *c[3]; /* dY, X, W */
-    if (visc_cuda_bf16_scratch(ctx, c, counts, 3) || visc_cuda_f32_to_bf16(ctx, c[1], in, nx))
+    const size_t counts[4] = {ndy, nx, nw, partials_room(dbias, N, out_features)};
+    uint16_t *c[4]; /* dY, X, W, dbias's partials */
+    if (visc_cuda_bf16_scratch(ctx, c, counts, 4) || visc_cuda_f32_to_bf16(ctx, c[1], in, nx))
         return -1;
-    return backward_bf16(ctx, din, dweight, dout, c[0], c[1], weight, c[2], N, in_features,
-                         out_features);
+    return backward_bf16(ctx, din, dweight, dbias, (float *)c[3], dout, c[0], c[1], weight, c[2], N,
+                         in_features, out_features);
 }
 
 int visc_cuda_linear_backward_rounded(visc_cuda *ctx, float *din, float *dweight, float *dbias,
                                       const float *dout, const uint16_t *in, const float *weight,
                                       int N, int in_features, int out_features) {
-    if (dbias && visc_cuda_column_sums(ctx, dbias, dout, N, out_features)) return -1;
-    const size_t counts[2] = {(size_t)N * out_features,
-                              din ? (size_t)out_features * in_features : 0};
-    uint16_t *c[2]; /* dY, W */
-    if (visc_cuda_bf16_scratch(ctx, c, counts, 2)) return -1;
-    return backward_bf16(ctx, din, dweight, dout, c[0], in, weight, c[1], N, in_features,
-                         out_features);
+    const size_t counts[3] = {(size_t)N * out_features,
+                              din ? (size_t)out_features * in_features : 0,
+                              partials_room(dbias, N, out_features)};
+    uint16_t *c[3]; /* dY, W, dbias's partials */
+    if (visc_cuda_bf16_scratch(ctx, c, counts, 3)) return -1;
+    return backward_bf16(ctx, din, dweight, dbias, (float *)c[2], dout, c[0], in, weight, c[1], N,
+                         in_features, out_features);
 }
 
 int visc_cuda_linear_operand_forward(visc_cuda *ctx, float *out, const float *in,

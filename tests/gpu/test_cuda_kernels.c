@@ -1907,6 +1907,18 @@ static void check_linear(int N, int in, int out, int shift, int bf16) {
         visc_cuda_free(ctx, d_xop);
         free(xop);
     }
+    /* db: the column sums of dY whichever pass takes them (bf16: the one
+     * that rounds dY), the same bits as the plain sums */
+    {
+        float *d_sums = dev(sizeof(float) * out);
+        launched(visc_cuda_sum_rows(ctx, d_sums, d_dy, N, out), "column sums");
+        float *sums = down(d_sums, (size_t)out);
+        snprintf(name, sizeof name, "linear %s db: N %d, %d -> %d, shift %d: the column sums' bits",
+                 bf16 ? "bf16" : "fp32", N, in, out, shift);
+        expect_bits(name, db, sums, (size_t)out, sizeof(float));
+        visc_cuda_free(ctx, d_sums);
+        free(sums);
+    }
     visc_cuda_set_bf16(ctx, 0);
     const double tol = bf16 ? 1e-4 : 3e-5;
     tally ty = {.tol = tol}, tdx = {.tol = tol}, tdw = {.tol = tol}, tdb = {.tol = 3e-5};

@@ -298,8 +298,14 @@ static const model_case model_cases[] = {
     {"vit_pico_patch4_28", 28, 1, 10, 8, 0, 0, 0, 0, 0, BF16},
     {"deit_tiny_patch4_32", 32, 3, 10, 4, 0, 0.3f, 0, 0, 0, FP32}, /* 65 tokens, D 64, drop-path */
     {"swin_micro_patch2_window4_32", 32, 3, 10, 4, 0, 0.2f, 0, 0, 0, FP32}, /* windows, shifts */
-    /* its first norm written to windows as the qkv projection's bf16 operand */
-    {"swin_micro_patch2_window4_32", 32, 3, 10, 4, 0, 0.2f, 0, 0, 0, BF16},
+    /* its first norm written to windows as the qkv projection's bf16
+     * operand; attention's output kept in bf16 for the projection, and
+     * backward's dO . O taken from it (as FlashAttention's backward takes
+     * its stored output): relative_position_bias_table's gradient is a sum
+     * of every window's score gradients that cancels, and its momentum is
+     * 4.03% apart after five steps on the emulator (1.49% with the fp32
+     * output; gradients 0.56%): the later steps as whole tables, as V2's */
+    {"swin_micro_patch2_window4_32", 32, 3, 10, 4, 0, 0.2f, 0, 0, 2e-3, BF16},
     /* cosine attention, the bias MLP */
     {"swinv2_micro_patch2_window4_32", 32, 3, 10, 4, 0, 0.2f, 0, 0, 0, FP32},
     /* in bf16 attention's products are rounded on the GPU only, and V2's
