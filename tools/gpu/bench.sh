@@ -15,8 +15,9 @@
 # operands, and the ResNets keep their activations in bf16 channels-last
 # (convolutions, batch norm, pooling and sums in bf16, as autocast with
 # channels_last); the transformers' attention runs fused on tensor cores
-# with bf16 operands and the MLP's GELU writes bf16, but their layer norm,
-# residual stream and attention's inputs and outputs are still fp32, and
+# with bf16 operands, and what only a linear layer reads is written in bf16
+# (the MLP's GELU, the norms before qkv and the MLP, attention's output),
+# but their residual stream and attention's q, k, v are still fp32, and
 # the table says so rather than compare unlike precisions silently. Memory: visc's is what
 # the device held after the run minus before the model (cudaMemGetInfo:
 # arena, weights, workspaces), PyTorch's torch.cuda.max_memory_allocated.
