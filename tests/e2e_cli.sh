@@ -11,7 +11,9 @@ has "$("$V" help)" "usage: visc <command>"
 has "$("$V" version)" "^visc "
 has "$("$V" models)" "^resnet50$"
 has "$("$V" train --help)" "--batch-size, -b V"
-! "$V" 2>/dev/null   # no command: usage on stderr, non-zero exit
+if "$V" 2>/dev/null; then # no command: usage on stderr, non-zero exit
+    echo "visc with no command exited 0" >&2; exit 1
+fi
 
 # A config file sets options, a flag overrides it; the resolved values are in the log.
 cat >"$tmp/run.ini" <<'INI'

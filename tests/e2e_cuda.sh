@@ -21,7 +21,9 @@ out=$("$V" devices)
 echo "$out"
 grep -q '^cpu: [0-9]* threads$' <<<"$out"
 grep -q '^cuda' <<<"$out"
-! "$V" devices extra 2>/dev/null   # a usage error, not a listing
+if "$V" devices extra 2>/dev/null; then # a usage error, not a listing
+    echo "visc devices extra exited 0" >&2; exit 1
+fi
 
 # fails FLAGS... : the run exits non-zero with exactly one line on stderr; prints it
 fails() {

@@ -94,7 +94,9 @@ done
 mix=("${common[@]}" --mixup 0.8 --cutmix 1.0 --smoothing 0.1 --print-freq 5 --max-steps 10)
 "$V" train "${mix[@]}" --output "$tmp/mix-cpu" >/dev/null
 "$G" train "${mix[@]}" --device cuda --output "$tmp/mix-gpu" >"$tmp/mix-gpu.log"
-! grep -q 'batches as bytes' "$tmp/mix-gpu.log"
+if grep -q 'batches as bytes' "$tmp/mix-gpu.log"; then
+    echo "mixed batches crossed the bus as bytes" >&2; exit 1
+fi
 cmp "$tmp/mix-cpu/model_last.safetensors" "$tmp/mix-gpu/model_last.safetensors"
 diff <(train "$tmp/mix-cpu/log.jsonl") <(train "$tmp/mix-gpu/log.jsonl")
 echo "10 steps with mixup and cutmix on the stand-in GPU: the CPU's model and logged losses, bit for bit"
@@ -151,7 +153,9 @@ echo "the same with --grad-checkpointing on the stand-in GPU: the CPU's, bit for
 "$G" train "${vit[@]}" --precision bf16 --output "$tmp/vit-bf16-gpu" --device cuda >/dev/null 2>&1
 cmp "$tmp/vit-bf16-cpu/model_last.safetensors" "$tmp/vit-bf16-gpu/model_last.safetensors"
 grep -q '"precision":"bf16","device":"cuda"' "$tmp/vit-bf16-gpu/log.jsonl"
-! cmp -s "$tmp/vit-cpu/model_last.safetensors" "$tmp/vit-bf16-gpu/model_last.safetensors"
+if cmp -s "$tmp/vit-cpu/model_last.safetensors" "$tmp/vit-bf16-gpu/model_last.safetensors"; then
+    echo "the bf16 run gave the fp32 run's model" >&2; exit 1
+fi
 echo "12 steps of vit_femto_patch4_28 in bf16 on the stand-in GPU: the CPU's bf16 run, bit for bit"
 # Swin V2 (windows, shifts, patch merging, cosine attention, the bias MLP)
 swin=(--model swinv2_micro_patch2_window4_32 --input-size 32 --opt adamw --lr 0.002 --wd 0.05
@@ -171,7 +175,9 @@ for p in fp32 bf16; do
     "$G" train "${swin1[@]}" --precision $p --output "$tmp/swin1-$p-gpu" --device cuda >/dev/null 2>&1
     cmp "$tmp/swin1-$p-cpu/model_last.safetensors" "$tmp/swin1-$p-gpu/model_last.safetensors"
 done
-! cmp -s "$tmp/swin1-fp32-gpu/model_last.safetensors" "$tmp/swin1-bf16-gpu/model_last.safetensors"
+if cmp -s "$tmp/swin1-fp32-gpu/model_last.safetensors" "$tmp/swin1-bf16-gpu/model_last.safetensors"; then
+    echo "Swin V1's bf16 run gave the fp32 run's model" >&2; exit 1
+fi
 echo "4 steps of swin_micro_patch2_window4_32 on the stand-in GPU, fp32 and bf16: the CPU's, bit for bit"
 # CaiT (talking heads, class attention, LayerScale)
 cait=(--model cait_xxs24_224 --input-size 32 --opt adamw --lr 0.001 --epochs 1 --batch-size 4
@@ -206,7 +212,9 @@ for eb in 50 30 1; do
 done
 # a stand-in run can also fail: another seed gives another model
 "$G" train "${common[@]}" --max-steps 10 --seed 1 --device cuda --output "$tmp/seed1" >/dev/null
-! cmp -s "$tmp/seed1/model_last.safetensors" "$tmp/x-gpu/model_last.safetensors"
+if cmp -s "$tmp/seed1/model_last.safetensors" "$tmp/x-gpu/model_last.safetensors"; then
+    echo "another seed gave the same model" >&2; exit 1
+fi
 
 # --- pretraining ---
 # a whole epoch (4 steps) with an EMA of the weights: the epoch's end
@@ -255,7 +263,9 @@ for method in mocov2 simclr; do
         --output "$tmp/f-cpu-$method" >/dev/null
     "$G" pretrain "${ssl[@]}" --method $method --reprob 0.25 --max-steps 12 --device cuda \
         --output "$tmp/f-gpu-$method" >"$tmp/f-gpu-$method.log"
-    ! grep -q 'as bytes' <(grep '^pretraining' "$tmp/f-gpu-$method.log")
+    if grep -q 'as bytes' <(grep '^pretraining' "$tmp/f-gpu-$method.log"); then
+        echo "$method: float batches crossed the bus as bytes" >&2; exit 1
+    fi
     cmp <(tensors "$tmp/f-cpu-$method/checkpoint_last.safetensors") \
         <(tensors "$tmp/f-gpu-$method/checkpoint_last.safetensors")
     diff <(train "$tmp/f-cpu-$method/log.jsonl") <(train "$tmp/f-gpu-$method/log.jsonl")

@@ -1017,7 +1017,8 @@ static void check_swin_norm(int B, int H, int W, int window, int shifted, int C)
              "layernorm to windows, bf16");
     visc_cuda_set_bf16(ctx, 0);
     float *op = down(d_tmp, n), *wide = malloc(sizeof(float) * n);
-    for (size_t i = 0; i < n; i++) wide[i] = visc_bf16_to_f32(((const uint16_t *)op)[i]);
+    const uint16_t *op16 = (const void *)op; /* the bf16 form */
+    for (size_t i = 0; i < n; i++) wide[i] = visc_bf16_to_f32(op16[i]);
     snprintf(name, sizeof name, "layernorm to windows bf16 %s: out, the CPU's rounded", what);
     expect_close(name, wide, want, n, 1e-5 * max_abs(want, n), 1.0 / 256);
 
