@@ -240,15 +240,10 @@ void visc_gpu_gelu_linear_act(visc_cuda *ctx, float *act, const float *h, int N,
 void visc_gpu_gelu_linear_backward(visc_cuda *ctx, float *dh, float *dweight, float *dbias,
                                    const float *dout, const float *act, const float *h,
                                    const float *weight, int N, int hidden, int out_features);
-/* Under --precision bf16 on tensor cores, the products' operands rounded
- * to bf16 (Q, K, V, the probabilities and their gradients) */
-void visc_gpu_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
-                                const float *q, const float *k, const float *v);
-void visc_gpu_attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
-                                 float *dv, float *dbias, float *dhead_scale, const float *dout,
-                                 const float *q, const float *k, const float *v, const float *out,
-                                 const float *lse);
-/* out as the output projection's operand (visc_cuda_attention_operand_*) */
+/* Attention with its output as the output projection's operand
+ * (visc_cuda_attention_operand_*); under --precision bf16 on tensor cores,
+ * the products' operands rounded to bf16 (Q, K, V, the probabilities and
+ * their gradients) */
 void visc_gpu_attention_operand_forward(visc_cuda *ctx, const visc_attention *a, float *out,
                                         float *lse, const float *q, const float *k, const float *v);
 void visc_gpu_attention_operand_backward(visc_cuda *ctx, const visc_attention *a, float *dq,

@@ -347,19 +347,6 @@ void visc_gpu_gelu_linear_backward(visc_cuda *ctx, float *dh, float *dweight, fl
                                        out_features));
 }
 
-void visc_gpu_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
-                                const float *q, const float *k, const float *v) {
-    RUN(visc_cuda_attention_forward(ctx, a, out, lse, q, k, v));
-}
-
-void visc_gpu_attention_backward(visc_cuda *ctx, const visc_attention *a, float *dq, float *dk,
-                                 float *dv, float *dbias, float *dhead_scale, const float *dout,
-                                 const float *q, const float *k, const float *v, const float *out,
-                                 const float *lse) {
-    RUN(visc_cuda_attention_backward(ctx, a, dq, dk, dv, dbias, dhead_scale, dout, q, k, v, out,
-                                     lse));
-}
-
 void visc_gpu_attention_operand_forward(visc_cuda *ctx, const visc_attention *a, float *out,
                                         float *lse, const float *q, const float *k,
                                         const float *v) {

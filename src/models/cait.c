@@ -378,8 +378,9 @@ static void class_block_forward(visc_model *m, cait *c, class_block *b, const fl
     visc_tf_linear_forward(m, &b->q, b->q_out, b->q_in, B);
     visc_tf_linear_forward(m, &b->k, b->k_out, b->ln1, U);
     visc_tf_linear_forward(m, &b->v, b->v_out, b->ln1, U);
-    md_attention_forward(m, &b->attn, b->att, b->lse, b->q_out, b->k_out, b->v_out);
-    visc_tf_linear_forward(m, &b->proj, b->a_out, b->att, B);
+    /* the attention output is the projection's operand (bf16 on a GPU under bf16) */
+    md_attention_operand_forward(m, &b->attn, b->att, b->lse, b->q_out, b->k_out, b->v_out);
+    visc_tf_linear_operand_forward(m, &b->proj, b->a_out, b->att, B);
     layerscale_forward(m, b->cls_mid, b->a_out, P(b->gamma_1), B, C);
     md_add_in(m, b->cls_mid, b->cls, BC);
     visc_tf_norm_operand_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->cls_mid, B);
@@ -430,10 +431,10 @@ static void class_block_backward(visc_model *m, cait *c, class_block *b) {
     visc_tf_norm_backward(m, &b->norm2, dt, c->dq, b->cls_mid, b->mean2, b->rstd2, B);
     md_add_in(m, dcls, dt, BC); /* gradient w.r.t. cls_mid */
     layerscale_backward(m, dt, G(b->gamma_1), dcls, b->a_out, P(b->gamma_1), B, C);
-    visc_tf_linear_backward(m, &b->proj, c->dq, dt, b->att, B);
+    visc_tf_linear_operand_backward(m, &b->proj, c->dq, dt, b->att, B);
     md_copy(m, dt, c->dq, BC); /* d(att) */
-    md_attention_backward(m, &b->attn, c->dq, c->dk, c->dv, NULL, NULL, dt, b->q_out, b->k_out,
-                          b->v_out, b->att, b->lse);
+    md_attention_operand_backward(m, &b->attn, c->dq, c->dk, c->dv, NULL, NULL, dt, b->q_out,
+                                  b->k_out, b->v_out, b->att, b->lse);
     visc_tf_linear_backward(m, &b->k, c->dln, c->dk, b->ln1, U);
     visc_tf_linear_backward(m, &b->v, c->dtmp, c->dv, b->ln1, U);
     md_add_in(m, c->dln, c->dtmp, UC);

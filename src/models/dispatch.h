@@ -144,25 +144,8 @@ static inline void md_gelu_linear_backward(visc_model *m, float *dh, float *dw, 
     visc_gpu_gelu_linear_backward(m->cuda, dh, dw, db, dout, act, h, w, N, hidden, out_f);
 }
 
-static inline void md_attention_forward(visc_model *m, const visc_attention *a, float *out,
-                                        float *lse, const float *q, const float *k,
-                                        const float *v) {
-    if (m->cuda) visc_gpu_attention_forward(m->cuda, a, out, lse, q, k, v);
-    else visc_attention_forward(a, out, lse, q, k, v);
-}
-
-static inline void md_attention_backward(visc_model *m, const visc_attention *a, float *dq,
-                                         float *dk, float *dv, float *dbias, float *dhead_scale,
-                                         const float *dout, const float *q, const float *k,
-                                         const float *v, const float *out, const float *lse) {
-    if (m->cuda)
-        visc_gpu_attention_backward(m->cuda, a, dq, dk, dv, dbias, dhead_scale, dout, q, k, v, out,
-                                    lse);
-    else visc_attention_backward(a, dq, dk, dv, dbias, dhead_scale, dout, q, k, v, out, lse);
-}
-
-/* Attention whose output only the output projection reads (the
- * md_linear_operand_* pair): on a GPU under bf16 kept in bf16. */
+/* Attention, whose output every model's output projection alone reads
+ * (the md_linear_operand_* pair): on a GPU under bf16 kept in bf16. */
 static inline void md_attention_operand_forward(visc_model *m, const visc_attention *a, float *out,
                                                 float *lse, const float *q, const float *k,
                                                 const float *v) {

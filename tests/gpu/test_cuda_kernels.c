@@ -935,11 +935,27 @@ static void check_matmul(const char *what, int M, int N, int K, int trans_a, int
 }
 
 /* ---- Swin windows ---- */
-static void check_swin(int B, int H, int W, int window, int shifted, int C) {
-    char name[128];
+/* A Swin test case's grid, on the host and as the GPU takes it, and its
+ * description for the check names. */
+typedef struct {
     visc_swin_grid g;
-    if (visc_swin_grid_make(&g, H, W, window, shifted)) die_cuda("swin grid");
-    const visc_cuda_swin_grid cg = {g.H, g.W, g.wh, g.ww, g.sh, g.sw};
+    visc_cuda_swin_grid cg;
+    char what[96];
+} swin_case;
+static swin_case swin_case_make(int B, int H, int W, int window, int shifted, int C) {
+    swin_case s;
+    if (visc_swin_grid_make(&s.g, H, W, window, shifted)) die_cuda("swin grid");
+    s.cg = (visc_cuda_swin_grid){s.g.H, s.g.W, s.g.wh, s.g.ww, s.g.sh, s.g.sw};
+    snprintf(s.what, sizeof s.what, "B %d %dx%d window %d%s C %d", B, H, W, window,
+             shifted ? " shifted" : "", C);
+    return s;
+}
+
+static void check_swin(int B, int H, int W, int window, int shifted, int C) {
+    char name[160];
+    const swin_case sc = swin_case_make(B, H, W, window, shifted, C);
+    const visc_swin_grid g = sc.g;
+    const visc_cuda_swin_grid cg = sc.cg;
     const size_t n = (size_t)B * H * W * C;
     float *x = random_floats(n, -1, 1), *part = malloc(sizeof(float) * n);
     float *rev = malloc(sizeof(float) * n);
@@ -950,11 +966,9 @@ static void check_swin(int B, int H, int W, int window, int shifted, int C) {
     launched(visc_cuda_swin_partition(ctx, d_part, d_x, &cg, B, C), "swin partition");
     launched(visc_cuda_swin_reverse(ctx, d_rev, d_part, &cg, B, C), "swin reverse");
     float *h_part = down(d_part, n), *h_rev = down(d_rev, n);
-    snprintf(name, sizeof name, "swin partition B %d %dx%d window %d%s C %d: bit-identical", B, H,
-             W, window, shifted ? " shifted" : "", C);
+    snprintf(name, sizeof name, "swin partition %s: bit-identical", sc.what);
     expect_bits(name, h_part, part, n, sizeof(float));
-    snprintf(name, sizeof name, "swin reverse B %d %dx%d window %d%s C %d: the input again", B, H,
-             W, window, shifted ? " shifted" : "", C);
+    snprintf(name, sizeof name, "swin reverse %s: the input again", sc.what);
     expect_bits(name, h_rev, x, n, sizeof(float));
     visc_cuda_free(ctx, d_x);
     visc_cuda_free(ctx, d_part);
@@ -969,14 +983,13 @@ static void check_swin(int B, int H, int W, int window, int shifted, int C) {
  * within fp32 (the parameter gradients' sums in their other order); under
  * bf16, each output value the CPU's rounded once. */
 static void check_swin_norm(int B, int H, int W, int window, int shifted, int C) {
-    char name[160], what[96];
-    visc_swin_grid g;
-    if (visc_swin_grid_make(&g, H, W, window, shifted)) die_cuda("swin grid");
-    const visc_cuda_swin_grid cg = {g.H, g.W, g.wh, g.ww, g.sh, g.sw};
+    char name[160];
+    const swin_case sc = swin_case_make(B, H, W, window, shifted, C);
+    const visc_swin_grid g = sc.g;
+    const visc_cuda_swin_grid cg = sc.cg;
+    const char *what = sc.what;
     const int64_t rows = (int64_t)B * H * W;
     const size_t n = (size_t)rows * C;
-    snprintf(what, sizeof what, "B %d %dx%d window %d%s C %d", B, H, W, window,
-             shifted ? " shifted" : "", C);
     float *x = random_floats(n, -2, 3), *dy = random_floats(n, -1, 1); /* dy: windowed */
     float *gamma = random_floats((size_t)C, 0.5f, 1.5f), *beta = random_floats((size_t)C, -1, 1);
     float *normed = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
@@ -1060,13 +1073,11 @@ static void check_swin_norm(int B, int H, int W, int window, int shifted, int C)
  * GPU's reverse and drop-path sum in turn, for drawn factors (0, 1, 2),
  * in place too, and with every sample kept (the factors then set to 1). */
 static void check_swin_residual(int B, int H, int W, int window, int shifted, int C) {
-    char name[224], what[96];
-    visc_swin_grid g;
-    if (visc_swin_grid_make(&g, H, W, window, shifted)) die_cuda("swin grid");
-    const visc_cuda_swin_grid cg = {g.H, g.W, g.wh, g.ww, g.sh, g.sw};
+    char name[224];
+    const swin_case sc = swin_case_make(B, H, W, window, shifted, C);
+    const visc_cuda_swin_grid cg = sc.cg;
+    const char *what = sc.what;
     const size_t per = (size_t)H * W * C, n = per * B;
-    snprintf(what, sizeof what, "B %d %dx%d window %d%s C %d", B, H, W, window,
-             shifted ? " shifted" : "", C);
     float *x = random_floats(n, -1, 1), *branch = random_floats(n, -1, 1);
     float *keep = malloc(sizeof(float) * B);
     visc_droppath_keep(keep, B, 0.5f, 1, 11, 0); /* 0s and 2s */
