@@ -24,7 +24,14 @@ steps=16
 # took the state again. One batch a step (batch 16): a CI sanitizer run, 4
 # rounds, none averaged, 5 downloads. Two (target 64): a CI coverage run
 # beside the sanitizer pass, 7 rounds, none averaged, 8 downloads, while
-# the three others averaged every round.
+# the three others averaged every round. Even at four a CI coverage run
+# once had p5 average in none of its 5 rounds (6 downloads): a peer late
+# for a round led a group of its own for the whole matchmaking time (2 s,
+# longer than a step there), and the peers that had counted fewer at the
+# step dealt the round into other groups than the rest. Since the leaders
+# answer late peers at once and every peer deals with the same group size
+# (matchmaking.h), a newcomer misses the round it arrived in and averages
+# in every later one (coverage build, two busy cores beside it, 3 runs).
 args=(--model resnet14 --epochs 1 --batch-size 8 --opt sgd --lr 0.05 --no-progress --print-freq 1
       --threads 1 --max-steps $steps --swarm --run-id churn --swarm-secret-file "$tmp/secret"
       --listen 127.0.0.1:0 --initial-peers "$boot" --target-batch-size 128 --matchmaking-time 2

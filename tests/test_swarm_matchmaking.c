@@ -197,6 +197,80 @@ TEST(node_unclaimed_channels_expire) {
     peer_close(&b);
 }
 
+/* Standing answers: a channel of an answered (purpose, tag) gets the
+ * frame and is closed, whether it was queued before the answer or opens
+ * after it; other tags still queue; the oldest answer gives way past
+ * VISC_NODE_ANSWERS; a payload too large is refused. */
+static int answered_with(visc_chan *c, const char *want) {
+    uint8_t type = 0, buf[VISC_NODE_ANSWER_MAX_BYTES];
+    size_t n = 0;
+    int ok = c && visc_chan_recv(c, &type, buf, sizeof buf, &n, visc_now() + 5) == 0 &&
+             type == 42 && n == strlen(want) && memcmp(buf, want, n) == 0 && chan_ended(c, 5);
+    if (c) visc_chan_close(c);
+    return ok;
+}
+
+TEST(node_standing_answers) {
+    peer a, b;
+    CHECK(peer_open(&a, 0, -1, 0) == 0 && peer_open(&b, 1, -1, 0) == 0);
+    if (!a.node || !b.node) return;
+    const char *addr = visc_swarm_node_address(a.node);
+    uint8_t t[VISC_NODE_ANSWERS + 2][16];
+    for (int i = 0; i < VISC_NODE_ANSWERS + 2; i++) tag_of(10 + i, t[i]);
+    visc_chan *before =
+        visc_swarm_node_connect(b.node, addr, VISC_PURPOSE_JOIN, t[0], NULL, visc_now() + 5);
+    CHECK(wait_pending(a.node, 1, 5) == 1);
+    CHECK(visc_swarm_node_answer(a.node, VISC_PURPOSE_JOIN, t[0], 42, (const uint8_t *)"over", 4) ==
+          0);
+    CHECK(visc_swarm_node_pending(a.node) == 0);
+    CHECK_MSG(answered_with(before, "over"), "the queued channel was not answered");
+    CHECK_MSG(answered_with(visc_swarm_node_connect(b.node, addr, VISC_PURPOSE_JOIN, t[0], NULL,
+                                                    visc_now() + 5),
+                            "over"),
+              "a channel opened after the answer was not answered");
+    /* another purpose with the same tag, and another tag, still queue */
+    visc_chan *other =
+        visc_swarm_node_connect(b.node, addr, VISC_PURPOSE_STATE, t[0], NULL, visc_now() + 5);
+    visc_chan *other_tag =
+        visc_swarm_node_connect(b.node, addr, VISC_PURPOSE_JOIN, t[1], NULL, visc_now() + 5);
+    CHECK(wait_pending(a.node, 2, 5) == 2);
+    visc_chan_close(other);
+    visc_chan_close(other_tag);
+    visc_chan *got = visc_swarm_node_take(a.node, VISC_PURPOSE_STATE, t[0], NULL, visc_now() + 5);
+    CHECK(got != NULL);
+    if (got) visc_chan_close(got);
+    got = visc_swarm_node_take(a.node, VISC_PURPOSE_JOIN, t[1], NULL, visc_now() + 5);
+    CHECK(got != NULL);
+    if (got) visc_chan_close(got);
+    /* VISC_NODE_ANSWERS newer answers: the first is gone, the newest kept */
+    for (int i = 1; i <= VISC_NODE_ANSWERS; i++)
+        CHECK(visc_swarm_node_answer(a.node, VISC_PURPOSE_JOIN, t[i + 1], 42,
+                                     (const uint8_t *)"new", 3) == 0);
+    visc_chan *forgotten =
+        visc_swarm_node_connect(b.node, addr, VISC_PURPOSE_JOIN, t[0], NULL, visc_now() + 5);
+    CHECK_MSG(wait_pending(a.node, 1, 5) == 1, "the oldest answer was kept past the ring");
+    visc_chan_close(forgotten);
+    got = visc_swarm_node_take(a.node, VISC_PURPOSE_JOIN, t[0], NULL, visc_now() + 5);
+    if (got) visc_chan_close(got);
+    CHECK(answered_with(visc_swarm_node_connect(b.node, addr, VISC_PURPOSE_JOIN,
+                                                t[VISC_NODE_ANSWERS + 1], NULL, visc_now() + 5),
+                        "new"));
+    /* withdrawn: its channels queue again */
+    visc_swarm_node_unanswer(a.node, VISC_PURPOSE_JOIN, t[VISC_NODE_ANSWERS + 1]);
+    visc_chan *again = visc_swarm_node_connect(b.node, addr, VISC_PURPOSE_JOIN,
+                                               t[VISC_NODE_ANSWERS + 1], NULL, visc_now() + 5);
+    CHECK_MSG(wait_pending(a.node, 1, 5) == 1, "a withdrawn answer still answered");
+    visc_chan_close(again);
+    got = visc_swarm_node_take(a.node, VISC_PURPOSE_JOIN, t[VISC_NODE_ANSWERS + 1], NULL,
+                               visc_now() + 5);
+    if (got) visc_chan_close(got);
+    uint8_t big[VISC_NODE_ANSWER_MAX_BYTES + 1] = {0};
+    CHECK(visc_swarm_node_answer(a.node, VISC_PURPOSE_JOIN, t[1], 42, big, sizeof big) == -1);
+    CHECK(strstr(visc_last_error(), "standing answer") != NULL);
+    peer_close(&a);
+    peer_close(&b);
+}
+
 TEST(node_pending_cap_refuses_more) {
     peer *a = open_limited(0, 2), b;
     CHECK(a != NULL);
@@ -492,9 +566,10 @@ static void *run_job(void *arg) {
 
 static uint64_t next_round = 1000;
 
-/* Runs visc_matchmake on peers idx[0..n-1] at once. */
-static void run_round(job *jobs, const int *idx, int n, int target, double T,
-                      const uint8_t *schemas /* n * 32 or NULL */) {
+/* Runs visc_matchmake on peers idx[0..n-1] at once; expected: each
+ * one's expected_group_size (NULL: 0, the target). */
+static void run_round_expecting(job *jobs, const int *idx, int n, int target, double T,
+                                const uint8_t *schemas /* n * 32 or NULL */, const int *expected) {
     pthread_t th[N_FULL + N_CLIENT + 1];
     uint64_t round = next_round++;
     for (int i = 0; i < n; i++) {
@@ -506,9 +581,15 @@ static void run_round(job *jobs, const int *idx, int n, int target, double T,
                                                 .matchmaking_time_s = T};
         memset(jobs[i].cfg.schema_hash, 0x5c, 32);
         if (schemas) memcpy(jobs[i].cfg.schema_hash, schemas + 32 * i, 32);
+        if (expected) jobs[i].cfg.expected_group_size = expected[i];
     }
     for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, run_job, &jobs[i]);
     for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+}
+
+static void run_round(job *jobs, const int *idx, int n, int target, double T,
+                      const uint8_t *schemas /* n * 32 or NULL */) {
+    run_round_expecting(jobs, idx, n, target, T, schemas, NULL);
 }
 
 static int in_group(const visc_group *g, const uint8_t *key) {
@@ -612,6 +693,52 @@ TEST(mm_five_peers_in_groups_of_two_or_three) {
     run_round(jobs, idx, 5, 3, 3.0, NULL);
     for (int i = 0; i < 5; i++) CHECK_MSG(jobs[i].rc == 0, "peer %d: %s", i, jobs[i].err);
     CHECK(check_consistent(jobs, 5) == 2);
+}
+
+/* The deal is the shared target's (16), whatever each peer expects: three
+ * peers, one of which counted only two at its step (a progress view read
+ * before the third published it), form one group of three. With the
+ * expected count as the target, that peer dealt the three declarations
+ * into two groups and the others into one: the round split. Each peer in
+ * turn is the one that undercounts. */
+TEST(mm_expected_count_never_splits_the_deal) {
+    CHECK(swarm_up());
+    if (swarm_ready != 1) return;
+    int idx[3] = {0, 1, 2};
+    for (int stale = 0; stale < 3; stale++) {
+        job jobs[3];
+        int expected[3] = {3, 3, 3};
+        expected[stale] = 2;
+        run_round_expecting(jobs, idx, 3, 16, 3.0, NULL, expected);
+        for (int i = 0; i < 3; i++) {
+            CHECK_MSG(jobs[i].rc == 0, "stale %d, peer %d: %s", stale, i, jobs[i].err);
+            CHECK(jobs[i].g.size == 3);
+            CHECK_MSG(jobs[i].took < 2.0, "peer %d took %.2f s (the window: 3 s)", i, jobs[i].took);
+        }
+        CHECK(check_consistent(jobs, 3) == 1);
+    }
+}
+
+/* A peer that comes to a round after its group formed learns it from the
+ * leader at once (REJECT FORMED, node.h's standing answer) and gives up
+ * (VISC_MM_MISSED), instead of following until the leader's declaration
+ * expires and then leading alone until its own deadline: a whole
+ * matchmaking time (here 4 s) during which the swarm stepped on. */
+TEST(mm_late_peer_learns_the_round_formed) {
+    CHECK(swarm_up());
+    if (swarm_ready != 1) return;
+    int idx[2] = {0, 1};
+    job jobs[2];
+    run_round(jobs, idx, 2, 2, 4.0, NULL);
+    for (int i = 0; i < 2; i++) CHECK_MSG(jobs[i].rc == 0, "peer %d: %s", i, jobs[i].err);
+    job late;
+    memset(&late, 0, sizeof late);
+    late.p = &swarm[2];
+    late.cfg = jobs[0].cfg; /* the same round and schema; both declarations live */
+    run_job(&late);
+    CHECK_MSG(late.rc == VISC_MM_MISSED, "rc %d: %s", late.rc, late.err);
+    CHECK_MSG(strstr(late.err, "formed without this peer") != NULL, "%s", late.err);
+    CHECK_MSG(late.took < 2.0, "took %.2f s (the window: 4 s)", late.took);
 }
 
 TEST(mm_other_schema_is_not_grouped) {
@@ -929,17 +1056,31 @@ TEST(mm_bad_config_and_no_dht) {
                                  .min_group_size = 2,
                                  .matchmaking_time_s = 1};
     visc_group g;
-    CHECK(visc_matchmake(a.node, &c, &g) != 0); /* no DHT */
+    /* each refused for what is wrong with it (the node has no DHT: a
+     * config that passed would be refused for that instead) */
+#define REFUSED_FOR(what)                                                                          \
+    do {                                                                                           \
+        CHECK(visc_matchmake(a.node, &c, &g) == -1);                                               \
+        CHECK_MSG(strstr(visc_last_error(), what) != NULL, "%s", visc_last_error());               \
+    } while (0)
+    REFUSED_FOR("needs the node's DHT");
     c.target_group_size = 1;
-    CHECK(visc_matchmake(a.node, &c, &g) != 0);
+    REFUSED_FOR("target group size");
     c.target_group_size = VISC_GROUP_MAX + 1;
-    CHECK(visc_matchmake(a.node, &c, &g) != 0);
+    REFUSED_FOR("target group size");
     c.target_group_size = 3;
     c.min_group_size = 4;
-    CHECK(visc_matchmake(a.node, &c, &g) != 0);
+    REFUSED_FOR("min group size");
     c.min_group_size = 2;
+    c.expected_group_size = 1;
+    REFUSED_FOR("expected group size");
+    c.expected_group_size = 4;
+    REFUSED_FOR("expected group size");
+    c.expected_group_size = 3;
+    REFUSED_FOR("needs the node's DHT");
     c.matchmaking_time_s = 0.0 / 0.0;
-    CHECK(visc_matchmake(a.node, &c, &g) != 0);
+    REFUSED_FOR("matchmaking time");
+#undef REFUSED_FOR
     peer_close(&a);
 }
 
@@ -1139,7 +1280,8 @@ static void *fake_leader_run(void *arg) {
 
 /* A follower tries the leaders in order: one refuses, one answers with
  * nonsense, the third gives a group. A JOIN that reached the follower
- * meanwhile is turned away (it was never leading). */
+ * meanwhile is turned away: the round's group has formed (FORMED, the
+ * standing answer that also reaches a JOIN queued before the group). */
 TEST(mm_follower_moves_on_from_refusing_and_babbling_leaders) {
     peer me;
     CHECK(peer_open(&me, 0, 0, 0) == 0);
@@ -1186,7 +1328,7 @@ TEST(mm_follower_moves_on_from_refusing_and_babbling_leaders) {
     CHECK_MSG(j.rc == 0, "%s", j.err);
     for (int i = 0; i < 3; i++) CHECK_MSG(f[i].acted, "fake leader %d did not act", i);
     CHECK(j.g.size == 2 && in_group(&j.g, key_of(&f[2].p)) && in_group(&j.g, key_of(&me)));
-    CHECK(f[2].other_reject == VISC_MM_REJECT_FULL);
+    CHECK(f[2].other_reject == VISC_MM_REJECT_FORMED);
     for (int i = 2; i >= 0; i--) peer_close(&f[i].p);
     peer_close(&me);
 }

@@ -26,6 +26,12 @@
 #define BAN_S 600.0                  /* a member that sent invalid data is not grouped with */
 #define MAX_BANS 64
 
+/* A round's group sizes for matchmaking: target (the deal, the same at
+ * every peer) and expected (whom to wait for; 0: target). */
+typedef struct {
+    int target, expected;
+} group_sizes;
+
 struct visc_collab {
     visc_collab_config cfg;
     visc_step_hooks hooks;
@@ -75,7 +81,7 @@ struct visc_collab {
         int running, job, done, quit;
         int abort; /* free-running: the swarm stepped past the round; no more tries */
         uint64_t round;
-        int target; /* group size to wait for */
+        group_sizes sizes; /* the round's group (group_sizes_of) */
         uint8_t schema[32];
         double weight;
         int out; /* round_outcome */
@@ -407,7 +413,9 @@ static void unpack(visc_collab *c, const float *v) {
     a->opt->step = steps > 0 ? (int64_t)llround(steps) : 0;
 }
 
-typedef enum { ROUND_DONE, ROUND_ALONE, ROUND_BEHIND, ROUND_FAILED } round_outcome;
+/* MISSED: the round's group formed without this peer (matchmaking's
+ * VISC_MM_MISSED); the swarm is stepping without it. */
+typedef enum { ROUND_DONE, ROUND_ALONE, ROUND_BEHIND, ROUND_FAILED, ROUND_MISSED } round_outcome;
 
 /* The keys matchmaking excludes now (expired bans are dropped). */
 static int active_bans(visc_collab *c, uint8_t out[MAX_BANS][VISC_KEY_BYTES]) {
@@ -462,30 +470,38 @@ static void ban_members(visc_collab *c, const visc_group *g, const visc_allreduc
 static int view_settled(const visc_collab *c) { return visc_now() >= c->alone_after; }
 
 /* The group to wait for: every live peer at this step (progress records,
- * self included), up to the configured size, so that free-running peers
- * average as one group instead of whoever came first (a peer left out
- * would step with another gradient). Lockstep waits for the whole group.
- * So does a peer that started moments ago (view_settled): a group closed
- * at the size of a view that lacks a peer still starting leaves that peer
- * out, and with steps shorter than the matchmaking time it stays out,
- * downloading the state after every step (e2e_swarm_auxiliary.sh). */
-static int group_target(visc_collab *c) {
+ * self included), so that free-running peers average as one group instead
+ * of whoever came first (a peer left out would step with another
+ * gradient). That count is the round's expected size; the group size that
+ * deals the declarations stays the configured one, the same at every peer
+ * (matchmaking.h: sizes from each peer's own count, which differ while
+ * peers come and go, dealt one round into different groups at different
+ * peers and split the swarm). Lockstep waits for the whole group. So does
+ * a peer that started moments ago (view_settled): a group closed at the
+ * size of a view that lacks a peer still starting leaves that peer out,
+ * and with steps shorter than the matchmaking time it stays out,
+ * downloading the state after every step (e2e_swarm_auxiliary.sh).
+ * others: the members besides the training peers at the step and the
+ * other auxiliaries (1 for an auxiliary itself). */
+static group_sizes group_sizes_of(visc_collab *c, uint64_t epoch, int others) {
     /* the members this peer excludes will not be in it */
     uint8_t bans[MAX_BANS][VISC_KEY_BYTES];
     int n_bans = active_bans(c, bans);
     /* free-running: the training peers at this step, and the auxiliaries
      * when they make a group with them (a group needs 2 that train) */
-    int target = c->cfg.target_group_size, trainers = c->view.peers_at_epoch;
+    group_sizes g = {.target = c->cfg.target_group_size, .expected = 0};
+    int trainers = c->view.peers_at_epoch;
     for (int i = 0; i < c->n_recs; i++)
         for (int b = 0; b < n_bans; b++)
-            trainers -= c->recs[i].epoch == c->epoch &&
-                        memcmp(c->recs[i].peer, bans[b], VISC_KEY_BYTES) == 0;
-    int expect = trainers + c->view.auxiliaries;
-    if (c->cfg.lockstep) target -= n_bans;
-    else if (view_settled(c) && c->view.epoch == c->epoch && trainers >= c->cfg.min_group_size &&
-             expect < target)
-        target = expect;
-    return target < 2 ? 2 : target;
+            trainers -=
+                c->recs[i].epoch == epoch && memcmp(c->recs[i].peer, bans[b], VISC_KEY_BYTES) == 0;
+    int expect = trainers + c->view.auxiliaries + others;
+    if (c->cfg.lockstep) g.target -= n_bans;
+    else if (view_settled(c) && c->view.epoch == epoch && trainers >= c->cfg.min_group_size &&
+             expect < g.target)
+        g.expected = expect < 2 ? 2 : expect;
+    if (g.target < 2) g.target = 2;
+    return g;
 }
 
 /* The layout's schema bound to the hash of a state (gradient mode). */
@@ -533,13 +549,14 @@ static void round_config(const visc_collab *c, const uint8_t schema[32],
 /* One attempt: matchmaking for the round, then the all-reduce of the
  * packed vector v with this peer's weight. why: what failed. Touches no
  * view or record (the delayed-update worker runs it too). */
-static round_outcome attempt_on(visc_collab *c, uint64_t round, int target,
+static round_outcome attempt_on(visc_collab *c, uint64_t round, group_sizes sizes,
                                 const uint8_t schema[32], float *v, double weight, char *why,
                                 size_t cap) {
-    /* lockstep peers that exclude members need fewer (group_target) */
-    int min = c->cfg.min_group_size < target ? c->cfg.min_group_size : target;
+    /* lockstep peers that exclude members need fewer (group_sizes_of) */
+    int min = c->cfg.min_group_size < sizes.target ? c->cfg.min_group_size : sizes.target;
     visc_matchmaking_config mc = {.round = round,
-                                  .target_group_size = target,
+                                  .target_group_size = sizes.target,
+                                  .expected_group_size = sizes.expected,
                                   .min_group_size = min < 2 ? 2 : min,
                                   .matchmaking_time_s = c->cfg.matchmaking_time_s};
     memcpy(mc.schema_hash, schema, 32);
@@ -549,11 +566,12 @@ static round_outcome attempt_on(visc_collab *c, uint64_t round, int target,
     visc_group g;
     double t0 = visc_now();
     c->stats.rounds++;
-    if (visc_matchmake(c->cfg.node, &mc, &g) != 0) {
+    int mm = visc_matchmake(c->cfg.node, &mc, &g);
+    if (mm != 0) {
         snprintf(why, cap, "%s", visc_last_error());
         c->stats.rounds_failed++;
         c->stats.averaging_seconds += visc_now() - t0;
-        return ROUND_FAILED;
+        return mm == VISC_MM_MISSED ? ROUND_MISSED : ROUND_FAILED;
     }
     visc_allreduce_config ac;
     round_config(c, schema, &ac);
@@ -596,7 +614,29 @@ static round_outcome attempt(visc_collab *c, char *why, size_t cap) {
     uint8_t schema[32];
     round_schema(c, schema);
     pack(c, c->vec);
-    return attempt_on(c, c->epoch, group_target(c), schema, c->vec, (double)c->samples, why, cap);
+    return attempt_on(c, c->epoch, group_sizes_of(c, c->epoch, 0), schema, c->vec,
+                      (double)c->samples, why, cap);
+}
+
+static void nap(double s) {
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
+/* After a round whose group formed without this peer: 1 once the records
+ * show the swarm past this peer's step (it then catches up at once,
+ * instead of waiting out rounds of a step that is over), 0 when they do
+ * not within a matchmaking time (or the step's deadline): that group may
+ * have failed and matchmake the round again, with this peer. */
+static int await_step_past(visc_collab *c, double deadline) {
+    double until = visc_now() + c->cfg.matchmaking_time_s;
+    if (until > deadline) until = deadline;
+    for (;;) {
+        refresh(c, 1);
+        if (behind(c)) return 1;
+        if (visc_now() + 0.1 >= until) return 0;
+        nap(0.1);
+    }
 }
 
 /* Rounds until one succeeds, the peer turns out alone or behind, or the
@@ -625,6 +665,14 @@ static round_outcome run_round(visc_collab *c, char *why, size_t cap) {
         }
         out = attempt(c, why, cap);
         if (out == ROUND_DONE) break;
+        if (out == ROUND_MISSED && await_step_past(c, deadline)) {
+            fprintf(stderr,
+                    "visc: swarm: round %d for step %" PRIu64 " missed: %s; the swarm stepped "
+                    "on: catching up\n",
+                    tries, c->epoch, why);
+            out = ROUND_BEHIND;
+            break;
+        }
         double left = deadline - visc_now();
         fprintf(stderr, "visc: swarm: round %d for step %" PRIu64 " failed: %s%s\n", tries,
                 c->epoch, why, left > 0 ? "; retrying" : "");
@@ -706,23 +754,15 @@ static int swarm_gone(const visc_collab *c) {
     return 1;
 }
 
-static void nap(double s) {
-    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&ts, NULL);
-}
-
 /* One round of an auxiliary: matchmaking for `epoch` with the majority's
  * schema, then its share of the reducing with weight 0. 1 done, 0 not. */
 static int auxiliary_round(visc_collab *c, uint64_t epoch, const uint8_t state[32]) {
-    /* free-running: the group the training peers wait for (group_target):
-     * they, the other auxiliaries and this one */
-    int target = c->cfg.target_group_size, trainers = c->view.peers_at_epoch;
-    int expect = trainers + c->view.auxiliaries + 1;
-    if (!c->cfg.lockstep && view_settled(c) && c->view.epoch == epoch &&
-        trainers >= c->cfg.min_group_size && expect < target)
-        target = expect;
+    /* the group the training peers wait for: they, the other auxiliaries
+     * and this one */
+    group_sizes sizes = group_sizes_of(c, epoch, 1);
     visc_matchmaking_config mc = {.round = epoch,
-                                  .target_group_size = target,
+                                  .target_group_size = sizes.target,
+                                  .expected_group_size = sizes.expected,
                                   .min_group_size = c->cfg.min_group_size,
                                   .matchmaking_time_s = c->cfg.matchmaking_time_s,
                                   .auxiliary = 1};
@@ -829,7 +869,7 @@ static void *delay_main(void *arg) {
         while (!c->dw.job && !c->dw.quit) pthread_cond_wait(&c->dw.cv, &c->dw.mu);
         if (!c->dw.job) break; /* quit, nothing pending */
         uint64_t round = c->dw.round;
-        int target = c->dw.target;
+        group_sizes sizes = c->dw.sizes;
         uint8_t schema[32];
         memcpy(schema, c->dw.schema, 32);
         double weight = c->dw.weight;
@@ -838,8 +878,17 @@ static void *delay_main(void *arg) {
         double deadline = visc_now() + c->cfg.step_deadline_s;
         round_outcome out;
         for (int tries = 1;; tries++) {
-            out = attempt_on(c, round, target, schema, c->bg_vec, weight, why, sizeof why);
+            out = attempt_on(c, round, sizes, schema, c->bg_vec, weight, why, sizeof why);
             if (out == ROUND_DONE) break;
+            if (out == ROUND_MISSED) {
+                /* the group formed without this peer: the training thread
+                 * catches up when the records show the swarm past the round
+                 * (a round of a step that is over would wait for nobody) */
+                fprintf(stderr, "visc: swarm: round %d for step %" PRIu64 " missed: %s\n", tries,
+                        round, why);
+                out = ROUND_BEHIND;
+                break;
+            }
             pthread_mutex_lock(&c->dw.mu);
             int abort = c->dw.abort;
             pthread_mutex_unlock(&c->dw.mu);
@@ -873,7 +922,7 @@ static void delay_launch(visc_collab *c) {
     memcpy(c->bg_vec, c->vec, c->n_vec * sizeof(float));
     pthread_mutex_lock(&c->dw.mu);
     c->dw.round = c->epoch;
-    c->dw.target = group_target(c);
+    c->dw.sizes = group_sizes_of(c, c->epoch, 0);
     memcpy(c->dw.schema, schema, 32);
     c->dw.weight = (double)c->samples;
     c->dw.job = 1;

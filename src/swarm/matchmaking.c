@@ -212,6 +212,7 @@ typedef struct {
     int n_view;
     uint8_t tried[MM_MAX_DECLARATIONS][VISC_KEY_BYTES];
     int n_tried;
+    int formed;           /* leaders that said the round's group has formed */
     visc_record *records; /* scratch for DHT reads */
 } round_state;
 
@@ -296,6 +297,22 @@ static int planned_leader(const round_state *s) {
     int me = view_index(s, s->self_key);
     if (k == 0 || me < 0 || me >= k * target) return -1;
     return me % k;
+}
+
+/* The peers this round waits for: the caller's expected count and the
+ * ones the view deals to our planned leader (us, when we lead), at most a
+ * whole group. */
+static int expected_members(const round_state *s) {
+    int target = s->cfg->target_group_size, expect = s->cfg->expected_group_size;
+    if (expect <= 0) expect = target;
+    int n = s->n_view, full = 0;
+    for (int i = 0; i < n; i++) full += !s->view[i].info.client;
+    int k = (n + target - 1) / target;
+    if (k > full) k = full;
+    int leader = planned_leader(s), dealt = 0;
+    for (int i = 0; leader >= 0 && i < n && i < k * target; i++) dealt += i % k == leader;
+    int want = dealt > expect ? dealt : expect;
+    return want < target ? want : target;
 }
 
 /* After a failure: the first untried full peer before us in the order
@@ -420,7 +437,16 @@ static int lead(round_state *s, visc_group *out) {
     memcpy(j[0].m.addr, s->self.addr, sizeof j[0].m.addr);
     double gather_end = s->deadline - s->margin;
     double next_check = visc_now() + s->recheck_s;
+    int fresh = 1; /* the view was read after the last JOIN (run_round read it before) */
     while (n < s->cfg->target_group_size && visc_now() < gather_end) {
+        if (n >= expected_members(s)) {
+            if (fresh) break;
+            /* one more look before starting short of a whole group: a
+             * peer that declared since the last read is waited for too */
+            read_view(s);
+            fresh = 1;
+            continue;
+        }
         double until = next_check < gather_end ? next_check : gather_end;
         visc_chan *c = visc_swarm_node_take(s->node, VISC_PURPOSE_JOIN, s->tag, NULL, until);
         if (!c && visc_now() >= next_check && visc_now() < gather_end) {
@@ -428,6 +454,7 @@ static int lead(round_state *s, visc_group *out) {
              * with a fresher view, go to our planned leader if it is another */
             declare(s, s->recheck_s);
             read_view(s);
+            fresh = 1;
             int p = planned_leader(s);
             if (p >= 0 && memcmp(s->view[p].key, s->self_key, VISC_KEY_BYTES) != 0 &&
                 !was_tried(s, s->view[p].key)) {
@@ -443,8 +470,10 @@ static int lead(round_state *s, visc_group *out) {
             continue;
         }
         j[n++].chan = c;
+        fresh = 0;
     }
-    refuse_pending_joins(s, VISC_MM_REJECT_FULL);
+    /* JOINs still queued are answered when the round ends (visc_matchmake):
+     * FORMED when this group starts, NOT_LEADING when it disbands */
     for (int i = 1; i < n;) {
         if (joiner_gone(j[i].chan)) {
             visc_chan_close(j[i].chan);
@@ -499,7 +528,8 @@ static int lead(round_state *s, visc_group *out) {
 
 /* ---- following ---- */
 
-/* 0 with out filled; -1 when this leader will not give us a group. */
+/* 0 with out filled; -1 when this leader will not give us a group
+ * (s->formed counts a REJECT FORMED). */
 static int follow(round_state *s, const peer *leader, visc_group *out) {
     double until = local_time_of(leader->info.expires_ms);
     if (until > s->deadline) until = s->deadline;
@@ -528,9 +558,10 @@ static int follow(round_state *s, const peer *leader, visc_group *out) {
                     rc = visc_set_error("the leader's group lists member %d, a peer this one "
                                         "excludes",
                                         i);
-        } else if (type == VISC_MSG_REJECT && visc_mm_reject_parse(msg, got, &why) == 0)
+        } else if (type == VISC_MSG_REJECT && visc_mm_reject_parse(msg, got, &why) == 0) {
+            s->formed += why == VISC_MM_REJECT_FORMED;
             visc_set_error("the leader refused (reason %d)", (int)why);
-        else visc_set_error("unexpected frame %u from the leader", type);
+        } else visc_set_error("unexpected frame %u from the leader", type);
     }
     free(msg);
     visc_chan_close(c);
@@ -545,6 +576,9 @@ static int check_config(const visc_matchmaking_config *cfg) {
                               VISC_GROUP_MAX);
     if (cfg->min_group_size < 2 || cfg->min_group_size > cfg->target_group_size)
         return visc_set_error("min group size %d (2..target)", cfg->min_group_size);
+    if (cfg->expected_group_size != 0 &&
+        (cfg->expected_group_size < 2 || cfg->expected_group_size > cfg->target_group_size))
+        return visc_set_error("expected group size %d (0, or 2..target)", cfg->expected_group_size);
     if (!(cfg->matchmaking_time_s > 0 && cfg->matchmaking_time_s <= 3600))
         return visc_set_error("matchmaking time %g s (0..3600)", cfg->matchmaking_time_s);
     if (cfg->n_excluded < 0 || (cfg->n_excluded > 0 && !cfg->excluded))
@@ -562,9 +596,9 @@ static void sleep_until(double t) {
 static double clamp(double x, double lo, double hi) { return x < lo ? lo : x > hi ? hi : x; }
 
 /* Waits until `until` for the round's declarations to spread, then reads
- * the view; but a view that already holds a whole group (target_group_size
- * peers, this one's declaration confirmed) and has not changed since the
- * previous read ends the wait at once: a round whose peers are all there
+ * the view; but a view that already holds every peer expected
+ * (expected_members, this one's declaration confirmed) and has not changed
+ * since the previous read ends the wait at once: a round whose peers are all there
  * starts within two polls instead of after a fifth of the matchmaking time
  * (3 s at hivemind's 15 s), as hivemind's leader starts a full group at
  * once. The poll is a tenth of the settling time (at least 0.1 s), so a
@@ -578,7 +612,7 @@ static void settle_view(round_state *s, double settle, double until) {
     while (visc_now() + poll < until) {
         sleep_until(visc_now() + poll);
         read_view(s);
-        if (s->declared && s->n_view >= s->cfg->target_group_size && s->n_view == last) return;
+        if (s->declared && s->n_view >= expected_members(s) && s->n_view == last) return;
         last = s->n_view;
     }
     sleep_until(until);
@@ -597,6 +631,11 @@ static int run_round(round_state *s, visc_group *out) {
     settle_view(s, settle, t0 + settle);
     while (visc_now() < s->deadline) {
         int at = choose_leader(s);
+        if (at >= 0 && memcmp(s->view[at].key, s->self_key, VISC_KEY_BYTES) == 0 && s->formed) {
+            visc_set_error("no group: the group of round %llu formed without this peer",
+                           (unsigned long long)cfg->round);
+            return VISC_MM_MISSED;
+        }
         if (at >= 0 && memcmp(s->view[at].key, s->self_key, VISC_KEY_BYTES) == 0) {
             int rc = lead(s, out);
             if (rc <= 0) return rc;
@@ -642,11 +681,20 @@ int visc_matchmake(visc_swarm_node *n, const visc_matchmaking_config *cfg, visc_
     memcpy(s->self.schema_hash, cfg->schema_hash, 32);
     snprintf(s->self.addr, sizeof s->self.addr, "%s", nc->client ? "" : visc_swarm_node_address(n));
     visc_mm_join_tag(cfg->round, s->tag);
+    /* this round again (its group failed): JOINs are welcome once more */
+    visc_swarm_node_unanswer(n, VISC_PURPOSE_JOIN, s->tag);
 
     int rc = run_round(s, out);
     char why[512];
     snprintf(why, sizeof why, "%s", visc_last_error());
-    refuse_pending_joins(s, rc == 0 ? VISC_MM_REJECT_FULL : VISC_MM_REJECT_NOT_LEADING);
+    if (rc == 0) {
+        /* late JOINs of this round learn at once that it is over */
+        uint8_t formed[2] = {MM_VERSION, VISC_MM_REJECT_FORMED};
+        visc_swarm_node_answer(n, VISC_PURPOSE_JOIN, s->tag, VISC_MSG_REJECT, formed,
+                               sizeof formed);
+    } else {
+        refuse_pending_joins(s, VISC_MM_REJECT_NOT_LEADING);
+    }
     free(s->records);
     free(s);
     if (rc != 0) visc_set_error("%s", why);

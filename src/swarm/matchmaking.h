@@ -4,8 +4,8 @@
  * "mm.<round>" with their address, bandwidth, role, schema hash and an
  * expiry = the time they will wait. The peer whose declaration expires
  * first (ties: smaller public key) leads; the others connect to it with
- * a JOIN frame. The leader starts the group when it has
- * target_group_size members, or at its deadline if it has at least
+ * a JOIN frame. The leader starts the group as soon as it holds every
+ * peer it expects (below), or at its deadline if it has at least
  * min_group_size (2); otherwise it tells everyone and disbands. A leader
  * sends every member the same GROUP frame: a random group id and the
  * members in one shuffled order, so membership and order agree
@@ -13,14 +13,28 @@
  * never a silent fallback. Peers with another schema hash are refused.
  *
  * A peer reads the declarations after letting them spread for a fifth of
- * the matchmaking time (0.1 to 3 s), or sooner: as soon as its view holds a
- * whole group (target_group_size peers) and has not changed between two
- * reads a tenth of that time (at least 0.1 s) apart.
+ * the matchmaking time (0.1 to 3 s), or sooner: as soon as its view holds
+ * every peer it expects and has not changed between two reads a tenth of
+ * that time (at least 0.1 s) apart.
+ *
+ * Expected peers: expected_group_size (the live peers at this round's
+ * step, as the caller's progress view counts them; 0: target_group_size),
+ * and every peer the latest view deals to this leader. The view is what
+ * counts when the two differ: a progress view read before a newcomer
+ * published its step undercounts, and a leader that started at that count
+ * left out the newcomer whose declaration it could see (e2e_swarm_churn.sh:
+ * a newcomer that took the state missed every group after it, and took
+ * the state again after every step).
  *
  * With more peers than target_group_size, every peer orders the
  * declarations it sees (full peers by expiry then key, clients after them)
  * and deals them round-robin into ceil(n / target) groups whose leaders are
  * the first full peers: when views agree, one JOIN each forms every group.
+ * The deal holds only if every peer of the round deals with the same
+ * target_group_size: a size that follows each peer's own count of the
+ * swarm (which differ while peers come and go) dealt four declarations
+ * into two groups at one peer and one group at another, and split the
+ * swarm. That count is expected_group_size's, which changes no deal.
  * A peer refused, or whose leader vanishes or stays silent past its
  * declared expiry, tries the next full peer before it in that order, and
  * leads itself when none is left (a client cannot lead: it has no
@@ -32,6 +46,15 @@
  * a margin before the earliest deadline among itself and its joiners, so
  * its GROUP arrives in time. A JOIN must follow its OPEN within 1 s (an
  * admitted but stalling peer delays a leader by at most that).
+ *
+ * A late peer: once a peer has its group, its node answers every further
+ * JOIN of the round with REJECT FORMED (node.h's standing answers). A
+ * peer whose leaders all answer so, or fail, gives up at once
+ * (VISC_MM_MISSED) instead of leading a group of its own until its
+ * deadline: the swarm steps without it, and a group of the late ones
+ * would only step apart from it. Before, a peer one batch late waited out
+ * the whole matchmaking time, longer than a step, and fell a step behind
+ * every time (e2e_swarm_churn.sh).
  *
  * Exclusion: a peer may name keys it will not group with (the collaborative
  * optimizer's ban list: members that sent it invalid data). Their
@@ -76,9 +99,10 @@ typedef struct {
 } visc_group;
 
 typedef struct {
-    uint64_t round;        /* which round (e.g. the global epoch) */
-    int target_group_size; /* >= 2 */
-    int min_group_size;    /* >= 2, <= target */
+    uint64_t round;          /* which round (e.g. the global epoch) */
+    int target_group_size;   /* >= 2; the same at every peer of the round (the deal) */
+    int expected_group_size; /* 0 (target), or 2..target: whom to wait for (above) */
+    int min_group_size;      /* >= 2, <= target */
     double matchmaking_time_s;
     uint8_t schema_hash[32]; /* what is averaged: only equal hashes group */
     int auxiliary;           /* this peer joins as an auxiliary (not with a client node) */
@@ -87,8 +111,10 @@ typedef struct {
 } visc_matchmaking_config;
 
 /* 0 and out filled, or -1 with an error ("no group: ..." when the round
- * ended without one). Returns within cfg->matchmaking_time_s (plus the
- * time of one bounded send or close). */
+ * ended without one), or VISC_MM_MISSED with an error when the round's
+ * group formed without this peer. Returns within cfg->matchmaking_time_s
+ * (plus the time of one bounded send or close). */
+#define VISC_MM_MISSED (-2)
 int visc_matchmake(visc_swarm_node *n, const visc_matchmaking_config *cfg, visc_group *out);
 
 /* ---- wire messages (exported for the fuzzer and tests) ---- */
@@ -114,7 +140,8 @@ typedef enum {
     VISC_MM_REJECT_DISBANDED = 6,
     VISC_MM_REJECT_DUPLICATE = 7,
     VISC_MM_REJECT_EXCLUDED = 8,
-    VISC_MM_REJECT_LAST = VISC_MM_REJECT_EXCLUDED, /* parse refuses reasons above */
+    VISC_MM_REJECT_FORMED = 9,                   /* the round's group formed (without the sender) */
+    VISC_MM_REJECT_LAST = VISC_MM_REJECT_FORMED, /* parse refuses reasons above */
 } visc_mm_reject_reason;
 
 /* The tag of JOIN connections for a round (node.h's OPEN tag). */

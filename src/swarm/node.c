@@ -29,6 +29,14 @@ typedef struct {
     double queued_at;
 } pending_chan;
 
+/* A standing answer (visc_swarm_node_answer). */
+typedef struct {
+    visc_purpose purpose;
+    uint8_t tag[16];
+    uint8_t type, payload[VISC_NODE_ANSWER_MAX_BYTES];
+    size_t len;
+} standing_answer;
+
 /* An accepted socket waiting for a handshake worker. `fd` stays open until
  * the worker is done so that close() can shutdown(2) it (and so end the
  * handshake at once); the worker hands the handshake a dup of it. */
@@ -57,6 +65,8 @@ struct visc_swarm_node {
     int n_pending;
     accepting_sock accepting[VISC_NODE_MAX_ACCEPTING];
     int n_accepting;
+    standing_answer answers[VISC_NODE_ANSWERS]; /* a ring: the newest at (n_answers - 1) % size */
+    int n_answers;
 };
 
 void visc_open_encode(visc_purpose purpose, const uint8_t tag[16], uint8_t out[VISC_OPEN_BYTES]) {
@@ -87,9 +97,34 @@ static void wait_until(visc_swarm_node *n, double deadline) {
     pthread_cond_timedwait(&n->changed, &n->mu, &ts);
 }
 
-/* Queues an authenticated channel, or closes it when the queue is full. */
+/* The standing answer for (purpose, tag), or NULL; under mu. */
+static const standing_answer *answer_for(const visc_swarm_node *n, visc_purpose purpose,
+                                         const uint8_t tag[16]) {
+    int kept = n->n_answers < VISC_NODE_ANSWERS ? n->n_answers : VISC_NODE_ANSWERS;
+    for (int i = 0; i < kept; i++) {
+        const standing_answer *a = &n->answers[i];
+        if (a->purpose == purpose && memcmp(a->tag, tag, 16) == 0) return a;
+    }
+    return NULL;
+}
+
+/* Sends a standing answer (a copy, taken under mu) and closes the channel. */
+static void answer_and_close(visc_chan *c, const standing_answer *a) {
+    visc_chan_send(c, a->type, a->payload, a->len, visc_now() + 1.0);
+    visc_chan_close(c);
+}
+
+/* Queues an authenticated channel, answers it (a standing answer), or
+ * closes it when the queue is full. */
 static void enqueue(visc_swarm_node *n, visc_purpose purpose, const uint8_t tag[16], visc_chan *c) {
     pthread_mutex_lock(&n->mu);
+    const standing_answer *found = answer_for(n, purpose, tag);
+    if (found) {
+        standing_answer a = *found;
+        pthread_mutex_unlock(&n->mu);
+        answer_and_close(c, &a);
+        return;
+    }
     if (n->closing || n->n_pending >= n->max_pending) {
         pthread_mutex_unlock(&n->mu);
         visc_chan_close(c); /* refused: the peer sees the connection end */
@@ -344,6 +379,42 @@ visc_chan *visc_swarm_node_take(visc_swarm_node *n, visc_purpose purpose, const 
     pthread_mutex_unlock(&n->mu);
     if (!found) visc_set_error(closing ? "swarm node closed" : "timed out");
     return found;
+}
+
+int visc_swarm_node_answer(visc_swarm_node *n, visc_purpose purpose, const uint8_t tag[16],
+                           uint8_t type, const uint8_t *payload, size_t len) {
+    if (len > VISC_NODE_ANSWER_MAX_BYTES)
+        return visc_set_error("a standing answer of %zu bytes (at most %d)", len,
+                              VISC_NODE_ANSWER_MAX_BYTES);
+    standing_answer a = {.purpose = purpose, .type = type, .len = len};
+    memcpy(a.tag, tag, 16);
+    if (len) memcpy(a.payload, payload, len);
+    visc_chan *queued[VISC_NODE_MAX_PENDING];
+    int n_queued = 0;
+    pthread_mutex_lock(&n->mu);
+    n->answers[n->n_answers++ % VISC_NODE_ANSWERS] = a;
+    if (n->n_answers >= 2 * VISC_NODE_ANSWERS) n->n_answers -= VISC_NODE_ANSWERS; /* no overflow */
+    for (int i = 0; i < n->n_pending;) {
+        pending_chan *p = &n->pending[i];
+        if (p->purpose == purpose && memcmp(p->tag, tag, 16) == 0) {
+            queued[n_queued++] = p->chan;
+            memmove(p, p + 1, (size_t)(n->n_pending - i - 1) * sizeof *p);
+            n->n_pending--;
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&n->mu);
+    for (int i = 0; i < n_queued; i++) answer_and_close(queued[i], &a);
+    return 0;
+}
+
+void visc_swarm_node_unanswer(visc_swarm_node *n, visc_purpose purpose, const uint8_t tag[16]) {
+    pthread_mutex_lock(&n->mu);
+    const standing_answer *a;
+    while ((a = answer_for(n, purpose, tag)) != NULL)
+        n->answers[a - n->answers].purpose = 0; /* no purpose: matches nothing */
+    pthread_mutex_unlock(&n->mu);
 }
 
 int visc_swarm_node_pending(visc_swarm_node *n) {

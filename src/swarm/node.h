@@ -12,6 +12,13 @@
  * peer cannot make another hold sockets or memory without bound. A client
  * peer (behind NAT) opens no listener: it only connects out.
  *
+ * Standing answers: a (purpose, tag) the node was told to answer
+ * (visc_swarm_node_answer) is not queued: the channel gets that one frame
+ * and is closed. Matchmaking answers the JOINs of a round whose group has
+ * formed, so that a peer that comes too late learns it at once instead of
+ * waiting out the leader's declared expiry for a taker that never comes.
+ * The last VISC_NODE_ANSWERS answers are kept.
+ *
  * Handshakes run on a small pool of VISC_NODE_HANDSHAKE_WORKERS threads,
  * each with a deadline of VISC_NODE_HANDSHAKE_S (handshake and OPEN
  * together): a slow or hostile connection holds one worker for at most that
@@ -32,6 +39,8 @@
 #define VISC_NODE_HANDSHAKE_WORKERS 4
 #define VISC_NODE_MAX_ACCEPTING 64
 #define VISC_OPEN_BYTES 17
+#define VISC_NODE_ANSWERS 16
+#define VISC_NODE_ANSWER_MAX_BYTES 16
 
 typedef enum {
     VISC_PURPOSE_JOIN = 1,      /* matchmaking: a follower asks a leader for a place */
@@ -71,6 +80,15 @@ visc_chan *visc_swarm_node_connect(visc_swarm_node *n, const char *addr, visc_pu
  * unless NULL). NULL with "timed out" past the deadline. */
 visc_chan *visc_swarm_node_take(visc_swarm_node *n, visc_purpose purpose, const uint8_t tag[16],
                                 const uint8_t *peer_key, double deadline);
+/* From now on, a channel opened with this purpose and tag is sent the
+ * frame (type, payload of at most VISC_NODE_ANSWER_MAX_BYTES) and closed;
+ * channels of it queued already are answered too. The oldest answer gives
+ * way past VISC_NODE_ANSWERS. -1 on a payload too large. */
+int visc_swarm_node_answer(visc_swarm_node *n, visc_purpose purpose, const uint8_t tag[16],
+                           uint8_t type, const uint8_t *payload, size_t len);
+/* Withdraws the standing answer of (purpose, tag), if any: its channels
+ * queue again (a round matchmade once more, after its group failed). */
+void visc_swarm_node_unanswer(visc_swarm_node *n, visc_purpose purpose, const uint8_t tag[16]);
 /* Incoming channels queued and not yet claimed (for tests and status). */
 int visc_swarm_node_pending(visc_swarm_node *n);
 /* Stops the accept thread and the handshake workers, closes every queued
