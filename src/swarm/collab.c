@@ -57,6 +57,7 @@ struct visc_collab {
                              other's records yet (so no stepping alone, and no
                              group closed at the size of the view) */
     uint64_t downloads_tried;
+    int took_state; /* this epoch's state came by download (free_running_ready) */
     /* The served states: the blobs of this peer's last SNAPSHOTS epochs, a
      * ring (cur: the newest), built on the training thread, copied by the
      * server's threads under mu. A requester asks for the epoch it read in
@@ -257,6 +258,7 @@ static int download_state_from(visc_collab *c, const visc_progress_record *recs,
     c->epoch = epoch;
     c->stats.epoch = epoch;
     c->samples = 0; /* the gradient so far was of parameters that are gone */
+    c->took_state = 1;
     c->stats.state_downloads++;
     c->stats.bytes_received += size;
     visc_progress_set_epoch(c->tracker, epoch);
@@ -732,6 +734,7 @@ static void settle(visc_collab *c) {
  * updates: the batches computed while the step's round ran). */
 static int advance(visc_collab *c, uint64_t carried) {
     c->epoch++;
+    c->took_state = 0;
     c->stats.epoch = c->epoch;
     c->samples = carried;
     c->a->state->step = (int64_t)c->epoch;
@@ -996,6 +999,21 @@ static int step_local(visc_collab *c, const float *grad, const char *why, int64_
     return 1;
 }
 
+/* A peer that took the swarm's state during this step declares for its
+ * round after one batch when the swarm is due within the matchmaking
+ * time, not once the swarm's count reaches the target: it arrives in the
+ * middle of a step, the others count it only after their next read of
+ * the records, and when they reach the target they start their group
+ * before its declaration is there. Declared first, it is in every view
+ * (matchmaking deals it in and its leader waits for it). Steps shorter
+ * than the matchmaking time made a newcomer miss every round and take the
+ * state after each (e2e_swarm_churn.sh, a CI run: 7 downloads, none of 6
+ * rounds averaged). */
+static int joining_late(const visc_collab *c) {
+    return c->took_state && c->samples > 0 && c->view.epoch == c->epoch &&
+           c->view.eta_s < c->cfg.matchmaking_time_s;
+}
+
 /* After a free-running peer's batch: 1 when the swarm is ready for this
  * peer's step. First the records: a peer that fell behind catches up, and
  * one whose state lost to the majority's at its step takes theirs (then
@@ -1011,7 +1029,7 @@ static int free_running_ready(visc_collab *c) {
         take_winner(c, winner);
         return 0;
     }
-    return c->view.ready;
+    return c->view.ready || joining_late(c);
 }
 
 /* A round of the worker failed (free-running): the gradient it carried
