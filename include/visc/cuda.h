@@ -16,7 +16,8 @@
  *                 memory bank, SimCLR's NT-Xent (src/ssl/contrastive.c)
  * gelu.cu         visc_gelu_* (src/nn/gelu.c) and the fused bias + GELU epilogue
  * gelu_linear.cu  GELU then a linear layer, its bf16 operand made by the GELU
- *                 (src/nn/gelu_linear.c)
+ *                 (src/nn/gelu_linear.c); the MLP's backward, GELU' fused into
+ *                 the first layer's bf16 dY
  * optim.cu        SGD, AdamW, LARS and LAMB steps, gradient clipping, the weights'
  *                 EMA (src/optim/sgd.c, adamw.c, lars.c, lamb.c, clip.c, ema.c)
  * convert.cu      fp32 <-> bf16 (src/nn/linear_bf16.h), also NCHW <-> channels-last
@@ -288,6 +289,20 @@ int visc_cuda_gelu_linear_act(visc_cuda *ctx, float *act, const float *h, int N,
 int visc_cuda_gelu_linear_backward(visc_cuda *ctx, float *dh, float *dweight, float *dbias,
                                    const float *dout, const float *act, const float *h,
                                    const float *weight, int N, int hidden, int out_features);
+/* The whole MLP's backward, fc2(GELU(fc1(in))) with h = fc1's output and
+ * act as _forward left it, from the output's gradient dout: the same bits
+ * as visc_cuda_gelu_linear_backward into dact and then
+ * visc_cuda_linear_operand_backward of fc1 (in: fc1's input in the
+ * operand form). Under bf16 the GELU's gradient goes straight into fc1's
+ * bf16 dY, in the pass that sums fc1's db: 2 of the 5 passes the two
+ * calls made over the [N, hidden] gradient are gone (the fp32 dY the GELU
+ * backward wrote and the rounding pass read again). dact:
+ * [N, hidden] floats of scratch (fc2's dX). Overwrites every gradient. */
+int visc_cuda_mlp_backward(visc_cuda *ctx, float *din, float *dweight1, float *dbias1,
+                           float *dweight2, float *dbias2, float *dact, const float *dout,
+                           const float *in, const float *h, const float *act, const float *weight1,
+                           const float *weight2, int N, int in_features, int hidden,
+                           int out_features);
 
 /* ---- optim.cu: fused AdamW / SGD steps over the flat parameter buffer ----
  * Built from a CPU optimizer (visc_optimizer_init): its kind, settings and

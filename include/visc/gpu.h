@@ -240,6 +240,13 @@ void visc_gpu_gelu_linear_act(visc_cuda *ctx, float *act, const float *h, int N,
 void visc_gpu_gelu_linear_backward(visc_cuda *ctx, float *dh, float *dweight, float *dbias,
                                    const float *dout, const float *act, const float *h,
                                    const float *weight, int N, int hidden, int out_features);
+/* the MLP's backward (visc_cuda_mlp_backward): fc1's input in the operand
+ * form, dact scratch */
+void visc_gpu_mlp_backward(visc_cuda *ctx, float *din, float *dweight1, float *dbias1,
+                           float *dweight2, float *dbias2, float *dact, const float *dout,
+                           const float *in, const float *h, const float *act, const float *weight1,
+                           const float *weight2, int N, int in_features, int hidden,
+                           int out_features);
 /* Attention with its output as the output projection's operand
  * (visc_cuda_attention_operand_*); under --precision bf16 on tensor cores,
  * the products' operands rounded to bf16 (Q, K, V, the probabilities and

@@ -1,33 +1,22 @@
-/* gelu.cu: GELU in its exact erf form (torch.nn.GELU()), the GPU twin of
- * src/nn/gelu.c, and the fused bias + GELU epilogue of an MLP's first
- * linear layer.
- *   y  = x Phi(x),            Phi(x) = erfc(-x / sqrt 2) / 2
- *   y' = Phi(x) + x phi(x),   phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
- * Phi through erfcf keeps its precision for large negative x, where
- * 1 + erf(x) would cancel. cuBLASLt's own GELU epilogue is the tanh
+/* gelu.cu: GELU in its exact erf form (torch.nn.GELU(), gelu.cuh), the
+ * GPU twin of src/nn/gelu.c, and the fused bias + GELU epilogue of an
+ * MLP's first linear layer. cuBLASLt's own GELU epilogue is the tanh
  * approximation, not this function, hence a kernel of our own. */
 #include <cuda_bf16.h>
 
 #include "common.cuh"
-
-#define INV_SQRT2 0.70710678118654752f
-#define INV_SQRT_2PI 0.39894228040143268f
-
-__device__ __forceinline__ float gelu(float x) { return x * 0.5f * erfcf(-x * INV_SQRT2); }
-__device__ __forceinline__ float gelu_grad(float x) {
-    return 0.5f * erfcf(-x * INV_SQRT2) + x * INV_SQRT_2PI * expf(-0.5f * x * x);
-}
+#include "gelu.cuh"
 
 __global__ void gelu_forward_kernel(float *out, const float *in, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        out[i] = gelu(in[i]);
+        out[i] = visc_gelu(in[i]);
 }
 
 __global__ void gelu_backward_kernel(float *din, const float *dout, const float *in, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        din[i] = dout[i] * gelu_grad(in[i]);
+        din[i] = dout[i] * visc_gelu_grad(in[i]);
 }
 
 int visc_cuda_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n) {
@@ -47,7 +36,7 @@ __global__ void bias_gelu_forward_kernel(float *out, __nv_bfloat16 *out_bf16, co
                                          const float *bias, size_t n, int C) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
-        const float y = gelu(bias ? in[i] + bias[i % C] : in[i]);
+        const float y = visc_gelu(bias ? in[i] + bias[i % C] : in[i]);
         if (out) out[i] = y;
         if (out_bf16) out_bf16[i] = __float2bfloat16_rn(y);
     }
@@ -57,7 +46,7 @@ __global__ void bias_gelu_backward_kernel(float *din, const float *dout, const f
                                           const float *bias, size_t n, int C) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
-        din[i] = dout[i] * gelu_grad(in[i] + bias[i % C]);
+        din[i] = dout[i] * visc_gelu_grad(in[i] + bias[i % C]);
 }
 
 int visc_cuda_bias_gelu_forward(visc_cuda *ctx, float *out, uint16_t *out_bf16, const float *in,

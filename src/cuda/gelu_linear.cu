@@ -1,5 +1,7 @@
 /* gelu_linear.cu: GELU then a linear layer, the second half of a
- * transformer MLP, the GPU twin of src/nn/gelu_linear.c.
+ * transformer MLP, the GPU twin of src/nn/gelu_linear.c; and the whole
+ * MLP's backward, where the GELU's gradient goes straight into the first
+ * layer's bf16 dY.
  *
  * In bf16 the linear layer only ever takes GELU(h) rounded to bf16, in
  * forward and in the weight gradient, so the GELU writes that form straight
@@ -28,13 +30,35 @@ int visc_cuda_gelu_linear_forward(visc_cuda *ctx, float *out, float *act, const 
                                             hidden, out_features);
 }
 
+/* The linear layer's backward, its input act as forward left it; dact:
+ * the gradient of GELU's output. */
+static int linear_backward(visc_cuda *ctx, float *dact, float *dweight, float *dbias,
+                           const float *dout, const float *act, const float *weight, int N,
+                           int hidden, int out_features) {
+    return ctx->bf16 ? visc_cuda_linear_backward_rounded(ctx, dact, dweight, dbias, dout,
+                                                         (const uint16_t *)act, weight, N, hidden,
+                                                         out_features)
+                     : visc_cuda_linear_backward(ctx, dact, dweight, dbias, dout, act, weight, N,
+                                                 hidden, out_features);
+}
+
 int visc_cuda_gelu_linear_backward(visc_cuda *ctx, float *dh, float *dweight, float *dbias,
                                    const float *dout, const float *act, const float *h,
                                    const float *weight, int N, int hidden, int out_features) {
-    const int rc = ctx->bf16 ? visc_cuda_linear_backward_rounded(ctx, dh, dweight, dbias, dout,
-                                                                 (const uint16_t *)act, weight, N,
-                                                                 hidden, out_features)
-                             : visc_cuda_linear_backward(ctx, dh, dweight, dbias, dout, act,
-                                                         weight, N, hidden, out_features);
-    return rc ? -1 : visc_cuda_gelu_backward(ctx, dh, dh, h, (size_t)N * hidden);
+    return linear_backward(ctx, dh, dweight, dbias, dout, act, weight, N, hidden, out_features)
+               ? -1
+               : visc_cuda_gelu_backward(ctx, dh, dh, h, (size_t)N * hidden);
+}
+
+int visc_cuda_mlp_backward(visc_cuda *ctx, float *din, float *dweight1, float *dbias1,
+                           float *dweight2, float *dbias2, float *dact, const float *dout,
+                           const float *in, const float *h, const float *act,
+                           const float *weight1, const float *weight2, int N, int in_features,
+                           int hidden, int out_features) {
+    return linear_backward(ctx, dact, dweight2, dbias2, dout, act, weight2, N, hidden,
+                           out_features) ||
+                   visc_cuda_linear_gelu_operand_backward(ctx, din, dweight1, dbias1, dact, h, in,
+                                                          weight1, N, in_features, hidden)
+               ? -1
+               : 0;
 }

@@ -45,17 +45,19 @@ int visc_cuda_linear_forward_rounded(visc_cuda *ctx, float *out, const uint16_t 
     return forward_bf16(ctx, out, in, w16, weight, bias, N, in_features, out_features);
 }
 
-/* The bf16 backward products, X already rounded (x16): dY rounded into
- * dy16 in the pass that sums its columns into dbias when that is asked
- * (part: its partials, visc_cuda_col_chunks(N) * out_features floats),
- * W into w16 (when din is asked). */
+/* The bf16 backward products, X already rounded (x16): dY (dout, or dout
+ * x GELU'(gelu_in) when gelu_in is not NULL) rounded into dy16 in the pass
+ * that sums its columns into dbias when that is asked (part: its partials,
+ * visc_cuda_col_chunks(N) * out_features floats), W into w16 (when din is
+ * asked). */
 static int backward_bf16(visc_cuda *ctx, float *din, float *dweight, float *dbias, float *part,
-                         const float *dout, uint16_t *dy16, const uint16_t *x16,
-                         const float *weight, uint16_t *w16, int N, int in_features,
-                         int out_features) {
+                         const float *dout, const float *gelu_in, uint16_t *dy16,
+                         const uint16_t *x16, const float *weight, uint16_t *w16, int N,
+                         int in_features, int out_features) {
     const size_t ndy = (size_t)N * out_features;
-    if (dbias ? visc_cuda_column_sums_rounded(ctx, dbias, dy16, part, dout, N, out_features)
-              : visc_cuda_f32_to_bf16(ctx, dy16, dout, ndy))
+    if (dbias || gelu_in ? visc_cuda_column_sums_rounded(ctx, dbias, dy16, part, dout, gelu_in, N,
+                                                         out_features)
+                         : visc_cuda_f32_to_bf16(ctx, dy16, dout, ndy))
         return -1;
     /* dX[N, in] = dY[N, out] W[out, in] */
     if (din && (visc_cuda_f32_to_bf16(ctx, w16, weight, (size_t)out_features * in_features) ||
@@ -67,9 +69,10 @@ static int backward_bf16(visc_cuda *ctx, float *din, float *dweight, float *dbia
                                  0.0f);
 }
 
-/* Room for dbias's partials in the bf16 scratch, in bf16 elements (0 without dbias). */
-static size_t partials_room(const float *dbias, int N, int out_features) {
-    return dbias ? 2 * (size_t)visc_cuda_col_chunks(N) * out_features : 0;
+/* Room for the column partials in the bf16 scratch, in bf16 elements (0
+ * when no pass makes them: neither dbias nor GELU'). */
+static size_t partials_room(int needed, int N, int out_features) {
+    return needed ? 2 * (size_t)visc_cuda_col_chunks(N) * out_features : 0;
 }
 
 int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
@@ -87,24 +90,33 @@ int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float 
     }
     const size_t ndy = (size_t)N * out_features, nx = (size_t)N * in_features;
     const size_t nw = din ? (size_t)out_features * in_features : 0;
-    const size_t counts[4] = {ndy, nx, nw, partials_room(dbias, N, out_features)};
+    const size_t counts[4] = {ndy, nx, nw, partials_room(dbias != NULL, N, out_features)};
     uint16_t *c[4]; /* dY, X, W, dbias's partials */
     if (visc_cuda_bf16_scratch(ctx, c, counts, 4) || visc_cuda_f32_to_bf16(ctx, c[1], in, nx))
         return -1;
-    return backward_bf16(ctx, din, dweight, dbias, (float *)c[3], dout, c[0], c[1], weight, c[2], N,
-                         in_features, out_features);
+    return backward_bf16(ctx, din, dweight, dbias, (float *)c[3], dout, NULL, c[0], c[1], weight,
+                         c[2], N, in_features, out_features);
+}
+
+/* visc_cuda_linear_backward_rounded with dY = dout x GELU'(gelu_in) when
+ * gelu_in is not NULL. */
+static int backward_rounded(visc_cuda *ctx, float *din, float *dweight, float *dbias,
+                            const float *dout, const float *gelu_in, const uint16_t *in,
+                            const float *weight, int N, int in_features, int out_features) {
+    const size_t counts[3] = {(size_t)N * out_features,
+                              din ? (size_t)out_features * in_features : 0,
+                              partials_room(dbias || gelu_in, N, out_features)};
+    uint16_t *c[3]; /* dY, W, the column partials */
+    if (visc_cuda_bf16_scratch(ctx, c, counts, 3)) return -1;
+    return backward_bf16(ctx, din, dweight, dbias, (float *)c[2], dout, gelu_in, c[0], in, weight,
+                         c[1], N, in_features, out_features);
 }
 
 int visc_cuda_linear_backward_rounded(visc_cuda *ctx, float *din, float *dweight, float *dbias,
                                       const float *dout, const uint16_t *in, const float *weight,
                                       int N, int in_features, int out_features) {
-    const size_t counts[3] = {(size_t)N * out_features,
-                              din ? (size_t)out_features * in_features : 0,
-                              partials_room(dbias, N, out_features)};
-    uint16_t *c[3]; /* dY, W, dbias's partials */
-    if (visc_cuda_bf16_scratch(ctx, c, counts, 3)) return -1;
-    return backward_bf16(ctx, din, dweight, dbias, (float *)c[2], dout, c[0], in, weight, c[1], N,
-                         in_features, out_features);
+    return backward_rounded(ctx, din, dweight, dbias, dout, NULL, in, weight, N, in_features,
+                            out_features);
 }
 
 int visc_cuda_linear_operand_forward(visc_cuda *ctx, float *out, const float *in,
@@ -124,4 +136,18 @@ int visc_cuda_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight
                                          in_features, out_features);
     return visc_cuda_linear_backward_rounded(ctx, din, dweight, dbias, dout, (const uint16_t *)in,
                                              weight, N, in_features, out_features);
+}
+
+int visc_cuda_linear_gelu_operand_backward(visc_cuda *ctx, float *din, float *dweight,
+                                           float *dbias, float *dact, const float *h,
+                                           const float *in, const float *weight, int N,
+                                           int in_features, int out_features) {
+    if (!ctx->bf16)
+        return visc_cuda_gelu_backward(ctx, dact, dact, h, (size_t)N * out_features) ||
+                       visc_cuda_linear_backward(ctx, din, dweight, dbias, dact, in, weight, N,
+                                                 in_features, out_features)
+                   ? -1
+                   : 0;
+    return backward_rounded(ctx, din, dweight, dbias, dact, h, (const uint16_t *)in, weight, N,
+                            in_features, out_features);
 }

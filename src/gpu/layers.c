@@ -347,6 +347,15 @@ void visc_gpu_gelu_linear_backward(visc_cuda *ctx, float *dh, float *dweight, fl
                                        out_features));
 }
 
+void visc_gpu_mlp_backward(visc_cuda *ctx, float *din, float *dweight1, float *dbias1,
+                           float *dweight2, float *dbias2, float *dact, const float *dout,
+                           const float *in, const float *h, const float *act, const float *weight1,
+                           const float *weight2, int N, int in_features, int hidden,
+                           int out_features) {
+    RUN(visc_cuda_mlp_backward(ctx, din, dweight1, dbias1, dweight2, dbias2, dact, dout, in, h, act,
+                               weight1, weight2, N, in_features, hidden, out_features));
+}
+
 void visc_gpu_attention_operand_forward(visc_cuda *ctx, const visc_attention *a, float *out,
                                         float *lse, const float *q, const float *k,
                                         const float *v) {

@@ -144,6 +144,23 @@ static inline void md_gelu_linear_backward(visc_model *m, float *dh, float *dw, 
     visc_gpu_gelu_linear_backward(m->cuda, dh, dw, db, dout, act, h, w, N, hidden, out_f);
 }
 
+/* A transformer MLP's backward, fc2(GELU(fc1(in))): md_gelu_linear_backward
+ * into dh, then fc1's (in in the operand form, md_linear_operand_*). On a
+ * GPU as one call, where under bf16 the GELU's gradient goes straight into
+ * fc1's bf16 dY (visc_cuda_mlp_backward). dh: [N, hidden] of scratch. */
+static inline void md_mlp_backward(visc_model *m, float *din, float *dw1, float *db1, float *dw2,
+                                   float *db2, float *dh, const float *dout, const float *in,
+                                   const float *h, const float *act, const float *w1,
+                                   const float *w2, int N, int in_f, int hidden, int out_f) {
+    if (m->cuda) {
+        visc_gpu_mlp_backward(m->cuda, din, dw1, db1, dw2, db2, dh, dout, in, h, act, w1, w2, N,
+                              in_f, hidden, out_f);
+        return;
+    }
+    md_gelu_linear_backward(m, dh, dw2, db2, dout, act, h, w2, N, hidden, out_f);
+    md_linear_operand_backward(m, din, dw1, db1, dh, in, w1, N, in_f, hidden);
+}
+
 /* Attention, whose output every model's output projection alone reads
  * (the md_linear_operand_* pair): on a GPU under bf16 kept in bf16. */
 static inline void md_attention_operand_forward(visc_model *m, const visc_attention *a, float *out,

@@ -624,13 +624,12 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
     float *gx = s->gx, *sa = s->sa, *sb = s->sb, *sh = s->sh;
     if (!b->v2) {
         const float *dm = branch_grad(m, s, b, sa, gx, b->keep2);
-        md_gelu_linear_backward(m, sh, G(b->fc2w), G(b->fc2b), dm, b->gl, b->h, P(b->fc2w), (int)R,
-                                hid, C);
         /* rebuild norm2's output (fc1's input) into sb */
         md_layernorm_operand_forward(m, sb, b->mean2, b->rstd2, b->x1, P(b->n2w), P(b->n2b), R, C,
                                      LN_EPS);
-        md_linear_operand_backward(m, sa, G(b->fc1w), G(b->fc1b), sh, sb, P(b->fc1w), (int)R, C,
-                                   hid);
+        /* dm may be sa: fc2's products have read it before fc1's dX is written there */
+        md_mlp_backward(m, sa, G(b->fc1w), G(b->fc1b), G(b->fc2w), G(b->fc2b), sh, dm, sb, b->h,
+                        b->gl, P(b->fc1w), P(b->fc2w), (int)R, C, hid, C);
         md_layernorm_backward(m, sb, G(b->n2w), G(b->n2b), sa, b->x1, P(b->n2w), b->mean2, b->rstd2,
                               R, C);
         md_add_in(m, gx, sb, RC);

@@ -133,10 +133,11 @@ void visc_tf_mlp_backward(visc_model *m, const visc_tf_mlp *p, float *din, const
                           int64_t rows) {
     /* fc2's input made again (scratch is shared by the blocks), as forward made it */
     md_gelu_linear_act(m, scratch, h, (int)rows, p->hidden, p->fc2.out, 1);
-    md_gelu_linear_backward(m, dscratch, G(p->fc2.weight), G(p->fc2.bias), dout, scratch, h,
-                            P(p->fc2.weight), (int)rows, p->hidden, p->fc2.out);
+    md_mlp_backward(m, din, G(p->fc1.weight), G(p->fc1.bias), G(p->fc2.weight), G(p->fc2.bias),
+                    dscratch, dout, in, h, scratch, P(p->fc1.weight), P(p->fc2.weight), (int)rows,
+                    p->fc1.in, p->hidden, p->fc2.out);
     linear_grads_ready(m, &p->fc2);
-    visc_tf_linear_operand_backward(m, &p->fc1, din, dscratch, in, rows);
+    linear_grads_ready(m, &p->fc1);
 }
 
 double visc_tf_mlp_flops(const visc_tf_mlp *p, int64_t rows) {

@@ -940,6 +940,18 @@ int visc_cuda_gelu_linear_backward(visc_cuda *ctx, float *dh, float *dweight, fl
     return 0;
 }
 
+/* The MLP's backward: the two calls it is defined to equal. */
+int visc_cuda_mlp_backward(visc_cuda *ctx, float *din, float *dweight1, float *dbias1,
+                           float *dweight2, float *dbias2, float *dact, const float *dout,
+                           const float *in, const float *h, const float *act, const float *weight1,
+                           const float *weight2, int N, int in_features, int hidden,
+                           int out_features) {
+    visc_cuda_gelu_linear_backward(ctx, dact, dweight2, dbias2, dout, act, h, weight2, N, hidden,
+                                   out_features);
+    return visc_cuda_linear_operand_backward(ctx, din, dweight1, dbias1, dact, in, weight1, N,
+                                             in_features, hidden);
+}
+
 int visc_cuda_attention_forward(visc_cuda *ctx, const visc_attention *a, float *out, float *lse,
                                 const float *q, const float *k, const float *v) {
     (void)ctx;

@@ -2076,6 +2076,59 @@ static void check_gelu_linear(int N, int hidden, int out, int bf16) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* The MLP's backward (visc_cuda_mlp_backward) gives the bits of the two
+ * calls it is defined by, visc_cuda_gelu_linear_backward into dh and fc1's
+ * visc_cuda_linear_operand_backward from it: every gradient and, in fp32
+ * (where it is fc2's dX times GELU'), dh. Under bf16 the GELU's gradient
+ * went straight into fc1's bf16 dY instead (dh is fc2's dX there, not
+ * compared). Cin != Cout, so that swapped sizes show. */
+static void check_mlp_backward(int N, int Cin, int hidden, int Cout, int bf16) {
+    char name[160];
+    const size_t nx = (size_t)N * Cin, nh = (size_t)N * hidden, ny = (size_t)N * Cout;
+    const size_t nw1 = (size_t)hidden * Cin, nw2 = (size_t)Cout * hidden;
+    float *x = random_floats(nx, -1, 1), *h = random_floats(nh, -3, 3);
+    float *w1 = random_floats(nw1, -1, 1), *w2 = random_floats(nw2, -1, 1);
+    float *dy = random_floats(ny, -1, 1);
+    void *xop = malloc(sizeof(float) * nx); /* fc1's input in the operand form */
+    for (size_t i = 0; i < nx; i++)
+        if (bf16) ((uint16_t *)xop)[i] = visc_f32_to_bf16(x[i]);
+        else ((float *)xop)[i] = x[i];
+    float *d_xop = up(xop, sizeof(float) * nx), *d_h = up(h, sizeof(float) * nh);
+    float *d_w1 = up(w1, sizeof(float) * nw1), *d_w2 = up(w2, sizeof(float) * nw2);
+    float *d_dy = up(dy, sizeof(float) * ny), *d_act = dev(sizeof(float) * nh);
+    const size_t count[6] = {nx, nw1, (size_t)hidden, nw2, (size_t)Cout, nh};
+    const char *what[6] = {"dX", "fc1 dW", "fc1 db", "fc2 dW", "fc2 db", "dh"};
+    float *d[2][6]; /* [fused, two calls][dx, dw1, db1, dw2, db2, dh] */
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 6; i++) d[k][i] = dev(sizeof(float) * count[i]);
+    visc_cuda_set_bf16(ctx, bf16);
+    launched(visc_cuda_gelu_linear_act(ctx, d_act, d_h, N, hidden, Cout, 1), "gelu_linear act");
+    launched(visc_cuda_mlp_backward(ctx, d[0][0], d[0][1], d[0][2], d[0][3], d[0][4], d[0][5], d_dy,
+                                    d_xop, d_h, d_act, d_w1, d_w2, N, Cin, hidden, Cout),
+             "mlp backward");
+    launched(visc_cuda_gelu_linear_backward(ctx, d[1][5], d[1][3], d[1][4], d_dy, d_act, d_h, d_w2,
+                                            N, hidden, Cout),
+             "gelu_linear backward");
+    launched(visc_cuda_linear_operand_backward(ctx, d[1][0], d[1][1], d[1][2], d[1][5], d_xop, d_w1,
+                                               N, Cin, hidden),
+             "linear operand backward");
+    visc_cuda_set_bf16(ctx, 0);
+    for (int i = 0; i < (bf16 ? 5 : 6); i++) {
+        float *got = down(d[0][i], count[i]), *want = down(d[1][i], count[i]);
+        snprintf(name, sizeof name, "mlp backward %s %s: N %d, %d -> %d -> %d: the two calls' bits",
+                 bf16 ? "bf16" : "fp32", what[i], N, Cin, hidden, Cout);
+        expect_bits(name, got, want, count[i], sizeof(float));
+        free(got);
+        free(want);
+    }
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 6; i++) visc_cuda_free(ctx, d[k][i]);
+    void *dfree[] = {d_xop, d_h, d_w1, d_w2, d_dy, d_act};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x, h, w1, w2, dy, xop};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 /* Batches of bf16 products (visc_cuda_matmul_bf16_batched) with padded rows
  * and gaps between the matrices: D_t = alpha op(A_t) op(B_t) + beta D_t,
  * against double-precision products of the same operands, 1e-4 x the sum
@@ -2990,6 +3043,8 @@ static void group_gelu(void) {
     for (int bf16 = 0; bf16 <= 1; bf16++) {
         check_gelu_linear(197, 96, 24, bf16); /* a ViT MLP's second half, small */
         check_gelu_linear(33, 50, 17, bf16);  /* odd shapes */
+        check_mlp_backward(70, 24, 96, 20, bf16);
+        check_mlp_backward(33, 17, 50, 13, bf16); /* odd shapes */
     }
 }
 static void group_optim(void) {

@@ -317,15 +317,19 @@ static const model_case model_cases[] = {
     {"cait_xxs24_224", 32, 3, 10, 2, 0, 0.1f, 0, 0, 0, FP32},
 };
 
+/* VISC_TEST_ONLY=arch: the checks of that architecture alone (a diagnosis) */
+static int wanted(const char *arch) {
+    const char *only = getenv("VISC_TEST_ONLY");
+    return !only || strcmp(only, arch) == 0;
+}
+
 static void check_model(visc_cuda *ctx, const model_case *mc) {
     const visc_precision precision = mc->precision;
     const char *name = mc->arch;
     const int image = mc->image, channels = mc->channels, classes = mc->classes;
     const int batch = mc->batch;
     const float lr = mc->lr > 0 ? mc->lr : 0.1f;
-    /* VISC_TEST_ONLY=arch: that architecture alone (a diagnosis) */
-    const char *only = getenv("VISC_TEST_ONLY");
-    if (only && strcmp(only, name) != 0) return;
+    if (!wanted(name)) return;
     visc_model_config cfg = {0};
     snprintf(cfg.arch, sizeof cfg.arch, "%s", name);
     /* the label of the result lines */
@@ -457,6 +461,7 @@ done:
  * host's logits alone. */
 static void check_device_io(visc_cuda *ctx, const char *name, int image, int channels, int classes,
                             int batch) {
+    if (!wanted(name)) return;
     visc_set_matmul_precision(VISC_PRECISION_FP32);
     visc_gpu_set_precision(ctx, VISC_PRECISION_FP32);
     tol_scale = 1.0;
@@ -586,6 +591,7 @@ static void check_pinned_batches(visc_cuda *ctx) {
  * then bf16 channels-last). */
 static void check_recompute(visc_cuda *ctx, const char *name, int image, int channels, int batch,
                             float drop_path, visc_precision precision) {
+    if (!wanted(name)) return;
     visc_model_config cfg = {.num_classes = 10,
                              .in_channels = channels,
                              .image_size = image,
@@ -645,6 +651,7 @@ static void check_recompute(visc_cuda *ctx, const char *name, int image, int cha
  * about half the device memory they take in fp32: only the batch, the
  * BatchNorm statistics and the pooled features stay fp32. */
 static void check_bf16_arena(visc_cuda *ctx, const char *name, int image, int batch) {
+    if (!wanted(name)) return;
     visc_model_config cfg = {.num_classes = 10,
                              .in_channels = 3,
                              .image_size = image,
