@@ -104,6 +104,10 @@ int visc_cuda_sync(visc_cuda *ctx);
  * pick a CNN's activation form from it (gpu.h's visc_gpu_cnn_act). */
 void visc_cuda_set_bf16(visc_cuda *ctx, int on);
 int visc_cuda_bf16(const visc_cuda *ctx);
+/* Bytes per value of the operand form: what the *_operand_* calls and
+ * visc_cuda_gelu_linear_act write for a linear layer to read (2, bf16,
+ * under bf16; 4 otherwise). A model plans those buffers at that size. */
+int visc_cuda_operand_bytes(const visc_cuda *ctx);
 
 void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes); /* NULL with the error set */
 /* Device memory in use on the context's device (all processes), in bytes. */
@@ -354,6 +358,11 @@ int visc_cuda_nhwc_bf16_to_nchw(visc_cuda *ctx, float *out, const uint16_t *in, 
 int visc_cuda_matmul_bf16(visc_cuda *ctx, float *D, const uint16_t *A, const uint16_t *B,
                           const float *bias, int M, int N, int K, int trans_a, int trans_b,
                           float beta);
+/* The same into a bf16 D (beta 0) with a bf16 bias (or NULL): the fp32
+ * sums plus the bias, rounded once. */
+int visc_cuda_matmul_bf16_to_bf16(visc_cuda *ctx, uint16_t *D, const uint16_t *A, const uint16_t *B,
+                                  const uint16_t *bias, int M, int N, int K, int trans_a,
+                                  int trans_b);
 
 /* The same in full fp32 (operands, accumulation, output; never TF32). */
 int visc_cuda_matmul_f32(visc_cuda *ctx, float *D, const float *A, const float *B,
@@ -407,6 +416,13 @@ int visc_cuda_linear_operand_forward(visc_cuda *ctx, float *out, const float *in
 int visc_cuda_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
                                       const float *dout, const float *in, const float *weight,
                                       int N, int in_features, int out_features);
+/* The linear layer with its output in the operand form too (bf16 under
+ * bf16: the products' fp32 sums plus the bias rounded to bf16, rounded
+ * once, as autocast's): Q, K and V for attention (visc_attention's
+ * qkv_operand). Its backward is visc_cuda_linear_operand_backward. */
+int visc_cuda_linear_operands_forward(visc_cuda *ctx, float *out, const float *in,
+                                      const float *weight, const float *bias, int N,
+                                      int in_features, int out_features);
 
 /* ---- eltwise.cu ---- */
 /* out = a + b (out may alias a or b), as visc_add_forward */

@@ -62,8 +62,10 @@ void visc_gpu_close(visc_cuda *ctx);
 /* The precision of the products on this GPU (fp32 until set). bf16: the
  * linear layers' operands rounded to bf16, fp32 accumulation and outputs,
  * as nn.h's bf16 mode; and a ResNet's activations kept in bf16
- * channels-last (the CNN layers below), its convolutions on tensor cores.
- * Unlike the CPU's, bf16 is always there. */
+ * channels-last (the CNN layers below), its convolutions on tensor cores,
+ * and a transformer's operands in bf16 (visc_gpu_operand_floats). Set it
+ * before a model moves here: its arena is planned for it. Unlike the
+ * CPU's, bf16 is always there. */
 void visc_gpu_set_precision(visc_cuda *ctx, visc_precision p);
 /* Waits for the queued work; -1 with the error if any of it failed. */
 int visc_gpu_sync(visc_cuda *ctx);
@@ -218,6 +220,14 @@ void visc_gpu_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, floa
 void visc_gpu_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n);
 void visc_gpu_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const float *in,
                             size_t n);
+/* The floats a buffer of `count` values in the operand form takes (the
+ * outputs of the *_operand_* calls and of visc_gpu_gelu_linear_act, which
+ * only linear layers read): half of count under --precision bf16, where
+ * they hold bf16. The models plan those buffers so. */
+size_t visc_gpu_operand_floats(const visc_cuda *ctx, size_t count);
+/* The value `offset` values past base in such a buffer (q, k and v in a
+ * qkv projection's output). */
+float *visc_gpu_operand_at(const visc_cuda *ctx, float *base, size_t offset);
 /* A layer norm whose output only a linear layer reads, and that layer:
  * the output in the products' form, bf16 under --precision bf16 (the CPU
  * keeps it fp32 and rounds it in the layer) */
@@ -230,6 +240,10 @@ void visc_gpu_linear_operand_forward(visc_cuda *ctx, float *out, const float *in
 void visc_gpu_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
                                       const float *dout, const float *in, const float *weight,
                                       int N, int in_features, int out_features);
+/* ... with its output in the operand form too (attention's q, k, v) */
+void visc_gpu_linear_operands_forward(visc_cuda *ctx, float *out, const float *in,
+                                      const float *weight, const float *bias, int N,
+                                      int in_features, int out_features);
 /* visc_gelu_linear_* (tokens.h): act holds what the products take, bf16
  * under --precision bf16 (as on the CPU) */
 void visc_gpu_gelu_linear_forward(visc_cuda *ctx, float *out, float *act, const float *h,

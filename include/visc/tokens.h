@@ -83,6 +83,10 @@ typedef struct {
     int64_t k_sb, k_sh, k_sn;
     int64_t v_sb, v_sh, v_sn;
     int64_t o_sb, o_sh, o_sn;
+    /* q, k and v are in the operand form (gpu.h's visc_gpu_operand_floats:
+     * bf16 on a GPU under --precision bf16, where the projection wrote them
+     * so; fp32 elsewhere, so the CPU layers read them as always) */
+    int qkv_operand;
 } visc_attention;
 
 /* lse: [B, H, Nq], saved for backward. */

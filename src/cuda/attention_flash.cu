@@ -47,12 +47,14 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> frag_c;
  * multiple of 32 bytes (wmma's pointers), their pitches multiples of 16
  * bytes (wmma's leading dimensions). */
 
-/* A strided fp32 tensor as visc_attention addresses it: element (b, h, r, d)
- * at x[b sb + h sh + r sn + d], `rows` rows a (sequence, head) pair. */
+/* A strided tensor as visc_attention addresses it: element (b, h, r, d)
+ * at x[b sb + h sh + r sn + d], `rows` rows a (sequence, head) pair; fp32,
+ * or bf16 (Q, K and V in the operand form, a.qkv_operand). */
 struct strided {
     const float *x;
     int64_t sb, sh, sn;
     int rows;
+    int bf16;
 };
 
 /* Q, K, V and dO of a descriptor (dO's strides are the output's). */
@@ -61,10 +63,10 @@ struct views {
 };
 __device__ __forceinline__ views views_of(const visc_attention &a, const float *q, const float *k,
                                           const float *v, const float *dout) {
-    return views{{q, a.q_sb, a.q_sh, a.q_sn, a.Nq},
-                 {k, a.k_sb, a.k_sh, a.k_sn, a.Nk},
-                 {v, a.v_sb, a.v_sh, a.v_sn, a.Nk},
-                 {dout, a.o_sb, a.o_sh, a.o_sn, a.Nq}};
+    return views{{q, a.q_sb, a.q_sh, a.q_sn, a.Nq, a.qkv_operand},
+                 {k, a.k_sb, a.k_sh, a.k_sn, a.Nk, a.qkv_operand},
+                 {v, a.v_sb, a.v_sh, a.v_sn, a.Nk, a.qkv_operand},
+                 {dout, a.o_sb, a.o_sh, a.o_sn, a.Nq, 0}};
 }
 
 /* rows row0 .. row0 + n of pair (b, h) of t into dst as bf16 (0 beyond t's
@@ -74,8 +76,10 @@ __device__ __forceinline__ void load_rows(bf16 (*dst)[LDH], int n, const strided
                                           int row0, int D, int tid, int threads) {
     for (int e = tid; e < n * DP; e += threads) {
         const int r = row0 + e / DP, d = e % DP;
-        dst[e / DP][d] = __float2bfloat16_rn(
-            r < t.rows && d < D ? t.x[b * t.sb + h * t.sh + r * t.sn + d] : 0.0f);
+        const int64_t at = b * t.sb + h * t.sh + r * t.sn + d;
+        const bool in = r < t.rows && d < D;
+        dst[e / DP][d] = t.bf16 ? (in ? ((const bf16 *)t.x)[at] : __float2bfloat16_rn(0.0f))
+                                : __float2bfloat16_rn(in ? t.x[at] : 0.0f);
     }
 }
 

@@ -104,25 +104,29 @@ size_t visc_attention_tc_bytes(const visc_cuda *ctx, const visc_attention *a) {
 
 /* ---- packing ---- */
 
-/* rows [rows, D] of pairs first .. first + n / (rows D) of a strided fp32
- * tensor (element (b, h, r, d) at b sb + h sh + r sn + d) to bf16
- * [pairs, rows, Dp]. */
-__global__ void pack_kernel(bf16 *dst, const float *src, int64_t sb, int64_t sh, int64_t sn,
-                            int H, int rows, int D, int64_t Dp, int64_t first, int64_t n) {
+/* rows [rows, D] of pairs first .. first + n / (rows D) of a strided
+ * tensor (element (b, h, r, d) at b sb + h sh + r sn + d), fp32 or bf16
+ * (src_bf16: Q, K and V in the operand form), to bf16 [pairs, rows, Dp]. */
+__global__ void pack_kernel(bf16 *dst, const float *src, int src_bf16, int64_t sb, int64_t sh,
+                            int64_t sn, int H, int rows, int D, int64_t Dp, int64_t first,
+                            int64_t n) {
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n;
          e += (int64_t)gridDim.x * blockDim.x) {
         const int d = (int)(e % D);
         const int64_t r = e / D % rows, p = e / D / rows, pair = first + p;
-        dst[(p * rows + r) * Dp + d] = __float2bfloat16_rn(src[pair / H * sb + pair % H * sh +
-                                                               r * sn + d]);
+        const int64_t at = pair / H * sb + pair % H * sh + r * sn + d;
+        dst[(p * rows + r) * Dp + d] =
+            src_bf16 ? ((const bf16 *)src)[at] : __float2bfloat16_rn(src[at]);
     }
 }
 
-static int pack(visc_cuda *ctx, bf16 *dst, const float *src, int64_t sb, int64_t sh, int64_t sn,
-                const visc_attention *a, int rows, int64_t Dp, int64_t first, int64_t pairs) {
+/* src_bf16: src holds bf16 (Q, K, V of a descriptor with qkv_operand). */
+static int pack(visc_cuda *ctx, bf16 *dst, const float *src, int src_bf16, int64_t sb,
+                int64_t sh, int64_t sn, const visc_attention *a, int rows, int64_t Dp,
+                int64_t first, int64_t pairs) {
     const int64_t n = pairs * rows * a->D;
     pack_kernel<<<visc_cuda_blocks((size_t)n, 256), 256, 0, ctx->stream>>>(
-        dst, src, sb, sh, sn, a->H, rows, a->D, Dp, first, n);
+        dst, src, src_bf16, sb, sh, sn, a->H, rows, a->D, Dp, first, n);
     return visc_cuda_launched("attention (bf16): packing");
 }
 
@@ -267,9 +271,12 @@ static unsigned row_blocks(int64_t rows) { return visc_cuda_blocks((size_t)rows 
 /* The chunk's pairs first .. first + pairs: Q, K, V packed, S = Q K^T. */
 static int scores(visc_cuda *ctx, const visc_attention *a, const tc_chunk *c, const float *q,
                   const float *k, const float *v, int64_t first, int64_t pairs) {
-    return pack(ctx, c->q, q, a->q_sb, a->q_sh, a->q_sn, a, a->Nq, c->Dp, first, pairs) ||
-                   pack(ctx, c->k, k, a->k_sb, a->k_sh, a->k_sn, a, a->Nk, c->Dp, first, pairs) ||
-                   pack(ctx, c->v, v, a->v_sb, a->v_sh, a->v_sn, a, a->Nk, c->Dp, first, pairs) ||
+    const int b16 = a->qkv_operand;
+    return pack(ctx, c->q, q, b16, a->q_sb, a->q_sh, a->q_sn, a, a->Nq, c->Dp, first, pairs) ||
+                   pack(ctx, c->k, k, b16, a->k_sb, a->k_sh, a->k_sn, a, a->Nk, c->Dp, first,
+                        pairs) ||
+                   pack(ctx, c->v, v, b16, a->v_sb, a->v_sh, a->v_sn, a, a->Nk, c->Dp, first,
+                        pairs) ||
                    score_products(ctx, a, c, pairs, c->s, c->q, a->Nq, c->k, a->Nk)
                ? -1
                : 0;
@@ -302,7 +309,7 @@ int visc_attention_tc_backward(visc_cuda *ctx, const visc_attention *a, float *d
     for (chunk_span at = {}; next_chunk(a, &c, &at);) {
         const int64_t first = at.first, pairs = at.pairs, rows = pairs * Nq;
         if (scores(ctx, a, &c, q, k, v, first, pairs) ||
-            pack(ctx, c.dout, dout, a->o_sb, a->o_sh, a->o_sn, a, Nq, c.Dp, first, pairs) ||
+            pack(ctx, c.dout, dout, 0, a->o_sb, a->o_sh, a->o_sn, a, Nq, c.Dp, first, pairs) ||
             score_products(ctx, a, &c, pairs, c.dp, c.dout, Nq, c.v, Nk))
             return -1;
         grad_rows_kernel<<<row_blocks(rows), 256, 0, ctx->stream>>>(

@@ -253,6 +253,7 @@ int visc_cuda_bf16_scratch(visc_cuda *ctx, uint16_t **copies, const size_t *coun
 
 void visc_cuda_set_bf16(visc_cuda *ctx, int on) { ctx->bf16 = on != 0; }
 int visc_cuda_bf16(const visc_cuda *ctx) { return ctx->bf16; }
+int visc_cuda_operand_bytes(const visc_cuda *ctx) { return ctx->bf16 ? 2 : 4; }
 
 /* Block c: column c's partials, every 256th to each thread, then a fixed tree. */
 __global__ void add_partials_kernel(float *out, const float *part, int chunks, int stride,

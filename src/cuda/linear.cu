@@ -128,6 +128,23 @@ int visc_cuda_linear_operand_forward(visc_cuda *ctx, float *out, const float *in
                                             in_features, out_features);
 }
 
+int visc_cuda_linear_operands_forward(visc_cuda *ctx, float *out, const float *in,
+                                      const float *weight, const float *bias, int N,
+                                      int in_features, int out_features) {
+    if (!ctx->bf16)
+        return visc_cuda_linear_forward(ctx, out, in, weight, bias, N, in_features, out_features);
+    const size_t nw = (size_t)out_features * in_features;
+    const size_t counts[2] = {nw, bias ? (size_t)out_features : 0};
+    uint16_t *c[2];
+    /* the bias rounded too: cuBLASLt adds a bias of D's type (autocast's) */
+    if (visc_cuda_bf16_scratch(ctx, c, counts, 2) || visc_cuda_f32_to_bf16(ctx, c[0], weight, nw) ||
+        (bias && visc_cuda_f32_to_bf16(ctx, c[1], bias, (size_t)out_features)))
+        return -1;
+    /* Y[N, out] = X[N, in] W^T; out's storage holds bf16 */
+    return visc_cuda_matmul_bf16_to_bf16(ctx, (uint16_t *)out, (const uint16_t *)in, c[0],
+                                         bias ? c[1] : NULL, N, out_features, in_features, 0, 1);
+}
+
 int visc_cuda_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
                                       const float *dout, const float *in, const float *weight,
                                       int N, int in_features, int out_features) {

@@ -1,6 +1,8 @@
 /* matmul.cu: matrix products through cuBLASLt with fp32 accumulation and
  * output: bf16 operands (tensor cores), or fp32 operands in full fp32
- * (CUBLAS_COMPUTE_32F, never TF32: the fp32 layers agree with the CPU's).
+ * (CUBLAS_COMPUTE_32F, never TF32: the fp32 layers agree with the CPU's);
+ * or bf16 operands with a bf16 output (and bias), the fp32 sums rounded
+ * once, as PyTorch's autocast keeps a linear layer's output.
  *
  * cuBLASLt is column-major; a row-major [M, N] matrix is the column-major
  * [N, M] one, so D = op(A) op(B) is computed as D^T = op(B)^T op(A)^T:
@@ -24,7 +26,7 @@ typedef struct {
 /* What a plan depends on: everything but the pointers themselves (and
  * beta, a scalar of the call), of which only the alignments matter. */
 typedef struct {
-    cudaDataType_t ab;
+    cudaDataType_t ab, d;
     int M, N, K, trans_a, trans_b, has_bias, batch;
     int64_t lda, ldb, ldd, stride_a, stride_b, stride_d;
     uint32_t align_a, align_b, align_d;
@@ -99,16 +101,20 @@ static lt_plan *plan_keep(visc_cuda *ctx, const plan_key *k, const lt_plan *p) {
     return &c->plan[c->n++];
 }
 
-/* One call's products: the public calls' arguments, whole. */
+/* One call's products: the public calls' arguments, whole. D and the bias
+ * are fp32, or bf16 when d is CUDA_R_16BF. */
 typedef struct {
     cudaDataType_t ab;
     const void *A, *B;
-    float *D;
-    const float *bias;
+    void *D;
+    const void *bias;
     int M, N, K, trans_a, trans_b, batch;
     int64_t lda, ldb, ldd, stride_a, stride_b, stride_d;
     float alpha, beta;
+    cudaDataType_t d;
 } product;
+
+static size_t element_bytes(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
 
 /* A column-major layout of rows x cols at leading dimension ld, repeated
  * `batch` times `stride` elements apart. */
@@ -142,7 +148,7 @@ static int plan_make(lt_plan *p, const product *x) {
         return -1;
     if (x->bias) {
         const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-        const cudaDataType_t bias_type = CUDA_R_32F;
+        const cudaDataType_t bias_type = x->d; /* cuBLASLt's default: D's type */
         if (visc_cublas_check(visc_lt.desc_set(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
                                                sizeof epi),
                               "matmul epilogue") ||
@@ -162,7 +168,7 @@ static int plan_make(lt_plan *p, const product *x) {
                     x->stride_b, "matmul layout of B") ||
         layout_make(&p->b, x->ab, x->trans_a ? M : K, x->trans_a ? K : M, x->lda, batch,
                     x->stride_a, "matmul layout of A") ||
-        layout_make(&p->d, CUDA_R_32F, N, M, x->ldd, batch, x->stride_d, "matmul layout of D") ||
+        layout_make(&p->d, x->d, N, M, x->ldd, batch, x->stride_d, "matmul layout of D") ||
         visc_cublas_check(visc_lt.pref_create(&p->pref), "matmul preference") ||
         visc_cublas_check(visc_lt.pref_set(p->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                            sizeof ws),
@@ -173,8 +179,8 @@ static int plan_make(lt_plan *p, const product *x) {
      * anywhere else: a weight inside the flat parameter buffer (64-byte
      * aligned in fp32, 32 in its bf16 copy), an activation at an arena
      * offset. So it is told the alignment each pointer really has. */
-    const size_t ab_bytes = x->ab == CUDA_R_16BF ? 2 : 4;
-    const uint32_t align_d = batch_alignment(x->D, x->stride_d, sizeof(float), batch);
+    const size_t ab_bytes = element_bytes(x->ab);
+    const uint32_t align_d = batch_alignment(x->D, x->stride_d, element_bytes(x->d), batch);
     const uint32_t align[4] = {batch_alignment(x->B, x->stride_b, ab_bytes, batch),
                                batch_alignment(x->A, x->stride_a, ab_bytes, batch), align_d,
                                align_d};
@@ -197,23 +203,29 @@ static int matmul(visc_cuda *ctx, const product *x) {
      * a bias (none of a model's: the parameter table aligns them) is added
      * after the product instead */
     if (x->bias && alignment_of(x->bias) < 16) {
+        if (x->d != CUDA_R_32F) /* the bf16 biases are the context's scratch, aligned */
+            return visc_set_error("matmul: a bf16 bias not 16-byte aligned");
         product plain = *x;
         plain.bias = NULL;
-        return matmul(ctx, &plain) || visc_cuda_add_broadcast(ctx, x->D, x->bias, M, N) ? -1 : 0;
+        return matmul(ctx, &plain) ||
+                       visc_cuda_add_broadcast(ctx, (float *)x->D, (const float *)x->bias, M, N)
+                   ? -1
+                   : 0;
     }
     cublasLtHandle_t lt = visc_cuda_lt(ctx);
     if (!lt) return -1;
     plan_key key;
     memset(&key, 0, sizeof key);
     key.ab = x->ab;
+    key.d = x->d;
     key.M = M, key.N = N, key.K = K, key.batch = x->batch;
     key.trans_a = x->trans_a, key.trans_b = x->trans_b, key.has_bias = x->bias != NULL;
     key.lda = x->lda, key.ldb = x->ldb, key.ldd = x->ldd;
     key.stride_a = x->stride_a, key.stride_b = x->stride_b, key.stride_d = x->stride_d;
-    const size_t ab_bytes = x->ab == CUDA_R_16BF ? 2 : 4;
+    const size_t ab_bytes = element_bytes(x->ab);
     key.align_a = batch_alignment(x->A, x->stride_a, ab_bytes, x->batch);
     key.align_b = batch_alignment(x->B, x->stride_b, ab_bytes, x->batch);
-    key.align_d = batch_alignment(x->D, x->stride_d, sizeof(float), x->batch);
+    key.align_d = batch_alignment(x->D, x->stride_d, element_bytes(x->d), x->batch);
     lt_plan made = {};
     lt_plan *p = plan_lookup(ctx, &key);
     int rc = 0, owned = 0;
@@ -257,31 +269,41 @@ static int matmul(visc_cuda *ctx, const product *x) {
     return rc;
 }
 
-/* One product, its matrices packed (leading dimensions their widths). */
-static int matmul_one(visc_cuda *ctx, cudaDataType_t ab, float *D, const void *A, const void *B,
-                      const float *bias, int M, int N, int K, int trans_a, int trans_b,
-                      float beta) {
+/* One product, its matrices packed (leading dimensions their widths); D
+ * and bias of type d. */
+static int matmul_one(visc_cuda *ctx, cudaDataType_t ab, cudaDataType_t d, void *D, const void *A,
+                      const void *B, const void *bias, int M, int N, int K, int trans_a,
+                      int trans_b, float beta) {
     const product x = {ab,      A,       B,       D,         bias, M, N, K, trans_a, trans_b, 1,
-                       trans_a ? M : K,  trans_b ? K : N,    N,    0, 0, 0, 1.0f,    beta};
+                       trans_a ? M : K,  trans_b ? K : N,    N,    0, 0, 0, 1.0f,    beta, d};
     return matmul(ctx, &x);
 }
 
 int visc_cuda_matmul_bf16(visc_cuda *ctx, float *D, const uint16_t *A, const uint16_t *B,
                           const float *bias, int M, int N, int K, int trans_a, int trans_b,
                           float beta) {
-    return matmul_one(ctx, CUDA_R_16BF, D, A, B, bias, M, N, K, trans_a, trans_b, beta);
+    return matmul_one(ctx, CUDA_R_16BF, CUDA_R_32F, D, A, B, bias, M, N, K, trans_a, trans_b,
+                      beta);
+}
+
+int visc_cuda_matmul_bf16_to_bf16(visc_cuda *ctx, uint16_t *D, const uint16_t *A,
+                                  const uint16_t *B, const uint16_t *bias, int M, int N, int K,
+                                  int trans_a, int trans_b) {
+    return matmul_one(ctx, CUDA_R_16BF, CUDA_R_16BF, D, A, B, bias, M, N, K, trans_a, trans_b,
+                      0.0f);
 }
 
 int visc_cuda_matmul_f32(visc_cuda *ctx, float *D, const float *A, const float *B,
                          const float *bias, int M, int N, int K, int trans_a, int trans_b,
                          float beta) {
-    return matmul_one(ctx, CUDA_R_32F, D, A, B, bias, M, N, K, trans_a, trans_b, beta);
+    return matmul_one(ctx, CUDA_R_32F, CUDA_R_32F, D, A, B, bias, M, N, K, trans_a, trans_b,
+                      beta);
 }
 
 int visc_cuda_matmul_bf16_batched(visc_cuda *ctx, const visc_cuda_products *p) {
     const product x = {CUDA_R_16BF, p->A,      p->B,       p->D,       NULL,
                        p->M,        p->N,      p->K,       p->trans_a, p->trans_b,
                        p->batch,    p->lda,    p->ldb,     p->ldd,     p->stride_a,
-                       p->stride_b, p->stride_d, p->alpha, p->beta};
+                       p->stride_b, p->stride_d, p->alpha, p->beta, CUDA_R_32F};
     return matmul(ctx, &x);
 }

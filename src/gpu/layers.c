@@ -11,11 +11,13 @@ static void ok(int rc) {
 }
 #define RUN(call) ok(call)
 static int bf16_products(const visc_cuda *ctx) { return visc_cuda_bf16(ctx); }
+static int operand_bytes(const visc_cuda *ctx) { return visc_cuda_operand_bytes(ctx); }
 #else
 /* Unreachable (no model gets to a GPU without the backend); sizeof keeps
  * the call's arguments checked without referring to the backend. */
 #define RUN(call) ((void)sizeof(call), visc_die("a GPU layer in a visc without the CUDA backend"))
 static int bf16_products(const visc_cuda *ctx) { return (void)ctx, 0; }
+static int operand_bytes(const visc_cuda *ctx) { return (void)ctx, 4; }
 #endif
 
 void visc_gpu_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes) {
@@ -286,6 +288,15 @@ void visc_gpu_add(visc_cuda *ctx, float *out, const float *a, const float *b, si
 
 /* ---- the token layers ---- */
 
+size_t visc_gpu_operand_floats(const visc_cuda *ctx, size_t count) {
+    return operand_bytes(ctx) == 2 ? (count + 1) / 2 : count;
+}
+
+float *visc_gpu_operand_at(const visc_cuda *ctx, float *base, size_t offset) {
+    void *at = (unsigned char *)base + offset * (size_t)operand_bytes(ctx);
+    return at; /* a float * holding bf16 values in the bf16 form */
+}
+
 void visc_gpu_layernorm_forward(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
                                 const float *in, const float *gamma, const float *beta,
                                 int64_t rows, int C, float eps) {
@@ -320,6 +331,13 @@ void visc_gpu_linear_operand_forward(visc_cuda *ctx, float *out, const float *in
                                      const float *weight, const float *bias, int N, int in_features,
                                      int out_features) {
     RUN(visc_cuda_linear_operand_forward(ctx, out, in, weight, bias, N, in_features, out_features));
+}
+
+void visc_gpu_linear_operands_forward(visc_cuda *ctx, float *out, const float *in,
+                                      const float *weight, const float *bias, int N,
+                                      int in_features, int out_features) {
+    RUN(visc_cuda_linear_operands_forward(ctx, out, in, weight, bias, N, in_features,
+                                          out_features));
 }
 
 void visc_gpu_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,

@@ -255,7 +255,7 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
             b->keep1 = first->keep1, b->keep2 = first->keep2;
             continue;
         }
-        b->ln1 = visc_arena_floats(a, RC);
+        b->ln1 = md_take_operand(m, a, RC);
         b->mean1 = visc_arena_floats(a, R);
         b->rstd1 = visc_arena_floats(a, R);
         b->qkv_out = visc_arena_floats(a, 3 * RC);
@@ -264,7 +264,7 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
         b->att = visc_arena_floats(a, RC);
         b->a_out = visc_arena_floats(a, RC);
         b->x_mid = visc_arena_floats(a, RC);
-        b->ln2 = visc_arena_floats(a, RC);
+        b->ln2 = md_take_operand(m, a, RC);
         b->mean2 = visc_arena_floats(a, R);
         b->rstd2 = visc_arena_floats(a, R);
         b->h = visc_arena_floats(a, RH);
@@ -285,11 +285,11 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
         b->q_out = visc_arena_floats(a, BC);
         b->k_out = visc_arena_floats(a, U * C);
         b->v_out = visc_arena_floats(a, U * C);
-        b->att = visc_arena_floats(a, BC);
+        b->att = md_take_operand(m, a, BC);
         b->lse = visc_arena_floats(a, (size_t)B * c->heads);
         b->a_out = visc_arena_floats(a, BC);
         b->cls_mid = visc_arena_floats(a, BC);
-        b->ln2 = visc_arena_floats(a, BC);
+        b->ln2 = md_take_operand(m, a, BC);
         b->mean2 = visc_arena_floats(a, (size_t)B);
         b->rstd2 = visc_arena_floats(a, (size_t)B);
         b->h = visc_arena_floats(a, (size_t)B * c->hidden);
@@ -304,7 +304,7 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
     c->drop_mask = visc_arena_take(a, BC);
     c->logits = visc_arena_floats(a, (size_t)B * m->cfg.num_classes);
     c->branch = visc_arena_floats(a, RC);
-    c->hid = visc_arena_floats(a, RH);
+    c->hid = md_take_operand(m, a, RH);
     c->dhid = visc_arena_floats(a, RH);
     c->mix = visc_arena_floats(a, BHTT);
     c->dmix = visc_arena_floats(a, BHTT);

@@ -26,6 +26,17 @@ static inline void md_take_batch(visc_model *m, float *dst, const float *x, size
     if (x != dst) md_take_in(m, dst, x, n);
 }
 
+/* A buffer in the operand form (visc_gpu_operand_floats): fp32 on the
+ * CPU, bf16 (half the floats) on a GPU under --precision bf16. */
+static inline float *md_take_operand(visc_model *m, visc_arena *a, size_t count) {
+    return visc_arena_floats(a, m->cuda ? visc_gpu_operand_floats(m->cuda, count) : count);
+}
+
+/* base + offset in such a buffer, counted in its values */
+static inline float *md_operand_at(visc_model *m, float *base, size_t offset) {
+    return m->cuda ? visc_gpu_operand_at(m->cuda, base, offset) : base + offset;
+}
+
 static inline void md_copy(visc_model *m, float *dst, const float *src, size_t n) {
     if (m->cuda) visc_gpu_copy(m->cuda, dst, src, n);
     else memcpy(dst, src, n * sizeof(float));
@@ -93,6 +104,14 @@ static inline void md_linear_operand_forward(visc_model *m, float *out, const fl
                                              const float *w, const float *b, int N, int in_f,
                                              int out_f) {
     if (m->cuda) visc_gpu_linear_operand_forward(m->cuda, out, in, w, b, N, in_f, out_f);
+    else visc_linear_forward(out, in, w, b, N, in_f, out_f);
+}
+
+/* ... its output in the operand form too (attention's q, k and v) */
+static inline void md_linear_operands_forward(visc_model *m, float *out, const float *in,
+                                              const float *w, const float *b, int N, int in_f,
+                                              int out_f) {
+    if (m->cuda) visc_gpu_linear_operands_forward(m->cuda, out, in, w, b, N, in_f, out_f);
     else visc_linear_forward(out, in, w, b, N, in_f, out_f);
 }
 

@@ -199,12 +199,14 @@ static void add_merge_params(visc_model *m, swin_merge *mg, const char *pre, int
 static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
 /* A block's internals (everything but its output). */
-static void plan_block(visc_arena *a, swin *s, swin_block *b, int B) {
+static void plan_block(visc_model *m, visc_arena *a, swin *s, swin_block *b, int B) {
     size_t R = (size_t)B * b->g.H * b->g.W, C = (size_t)b->C;
     size_t seqs = (size_t)B * b->g.nw, N = (size_t)b->g.N;
-    b->xw = visc_arena_floats(a, R * C);
-    b->qkv = visc_arena_floats(a, R * 3 * C);
-    b->ao = visc_arena_floats(a, R * C);
+    /* V1's windowed norm is the qkv projection's operand; V2's windows are not */
+    b->xw = b->v2 ? visc_arena_floats(a, R * C) : md_take_operand(m, a, R * C);
+    /* V1's q, k, v go straight to attention; V2 normalizes q and k first */
+    b->qkv = b->v2 ? visc_arena_floats(a, R * 3 * C) : md_take_operand(m, a, R * 3 * C);
+    b->ao = md_take_operand(m, a, R * C);
     b->lse = visc_arena_floats(a, seqs * b->heads * N);
     b->mean1 = visc_arena_floats(a, R);
     b->rstd1 = visc_arena_floats(a, R);
@@ -215,7 +217,7 @@ static void plan_block(visc_arena *a, swin *s, swin_block *b, int B) {
     b->bias = visc_arena_floats(a, (size_t)b->heads * N * N);
     b->x1 = visc_arena_floats(a, R * C);
     b->h = visc_arena_floats(a, R * b->hidden);
-    b->gl = visc_arena_floats(a, R * b->hidden);
+    b->gl = md_take_operand(m, a, R * b->hidden);
     if (b->v2) {
         b->qk = visc_arena_floats(a, R * 2 * C);
         b->qnorm = visc_arena_floats(a, R * b->heads);
@@ -262,7 +264,7 @@ static void plan_activations(visc_model *m, swin *s, visc_arena *a) {
             swin_block *b = &st->blocks[j];
             b->in = prev;
             b->out = visc_arena_floats(a, (size_t)B * b->g.H * b->g.W * b->C);
-            if (!m->cfg.grad_checkpointing) plan_block(a, s, b, B);
+            if (!m->cfg.grad_checkpointing) plan_block(m, a, s, b, B);
             prev = b->out;
         }
     }
@@ -275,7 +277,7 @@ static void plan_activations(visc_model *m, swin *s, visc_arena *a) {
         for (int i = 0; i < s->stages; i++)
             for (int j = 0; j < s->st[i].depth; j++) {
                 a->used = mark;
-                plan_block(a, s, &s->st[i].blocks[j], B);
+                plan_block(m, a, s, &s->st[i].blocks[j], B);
                 extent = max_sz(extent, a->used - mark);
             }
         a->used = mark + extent;
@@ -502,11 +504,11 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
     int64_t R = (int64_t)B * b->g.H * b->g.W;
     if (!b->v2) {
         norm1_to_windows(m, b, s->sa, B);
-        md_linear_operand_forward(m, b->qkv, b->xw, P(b->qkvw), P(b->qkvb), (int)R, C, 3 * C);
+        /* q, k, v and ao in the operand form (bf16 on a GPU under bf16) */
+        md_linear_operands_forward(m, b->qkv, b->xw, P(b->qkvw), P(b->qkvb), (int)R, C, 3 * C);
         gather_bias(m, b->bias, P(b->table), b->rel, H, b->g.N, 0);
-        /* ao: the projection's operand (bf16 on a GPU under bf16) */
-        md_attention_operand_forward(m, &b->attn, b->ao, b->lse, b->qkv, b->qkv + C,
-                                     b->qkv + 2 * C);
+        md_attention_operand_forward(m, &b->attn, b->ao, b->lse, b->qkv,
+                                     md_operand_at(m, b->qkv, C), md_operand_at(m, b->qkv, 2 * C));
         md_linear_operand_forward(m, s->sa, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
         residual_add_from_windows(m, s, b->x1, b->in, s->sa, s->sb, b->keep1, b, 0, train);
         md_layernorm_operand_forward(m, s->sa, b->mean2, b->rstd2, b->x1, P(b->n2w), P(b->n2b), R,
@@ -638,7 +640,8 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
         md_linear_operand_backward(m, sa, G(b->projw), G(b->projb), sb, b->ao, P(b->projw), (int)R,
                                    C, C);
         md_attention_operand_backward(m, &b->attn, sh, sh + C, sh + 2 * C, s->dbias, NULL, sa,
-                                      b->qkv, b->qkv + C, b->qkv + 2 * C, b->ao, b->lse);
+                                      b->qkv, md_operand_at(m, b->qkv, C),
+                                      md_operand_at(m, b->qkv, 2 * C), b->ao, b->lse);
         scatter_bias(m, G(b->table), s->dbias, NULL, b->rel, b->T, H, b->g.N, 0);
         md_linear_operand_backward(m, sa, G(b->qkvw), G(b->qkvb), sh, b->xw, P(b->qkvw), (int)R, C,
                                    3 * C);
@@ -957,6 +960,7 @@ static void set_attention(visc_model *m, swin *s) {
             a->o_sb = N * C;
             a->o_sh = b->hd;
             a->o_sn = C;
+            a->qkv_operand = !b->v2; /* V2's q and k are its normalized ones, fp32 */
         }
 }
 

@@ -132,6 +132,7 @@ static void add_block(visc_model *m, vit *v, vit_block *b, int i) {
                                .v_sb = (int64_t)T * 3 * C,
                                .v_sh = D,
                                .v_sn = 3 * C,
+                               .qkv_operand = 1,
                                .o_sb = (int64_t)T * C,
                                .o_sh = D,
                                .o_sn = C};
@@ -160,14 +161,14 @@ static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
             b->keep1 = first->keep1, b->keep2 = first->keep2;
             continue;
         }
-        b->ln1 = visc_arena_floats(a, RC);
+        b->ln1 = md_take_operand(m, a, RC);
         b->mean1 = visc_arena_floats(a, R);
         b->rstd1 = visc_arena_floats(a, R);
-        b->qkv_out = visc_arena_floats(a, 3 * RC);
-        b->att = visc_arena_floats(a, RC);
+        b->qkv_out = md_take_operand(m, a, 3 * RC);
+        b->att = md_take_operand(m, a, RC);
         b->lse = visc_arena_floats(a, (size_t)B * v->heads * v->tokens);
         b->x_mid = visc_arena_floats(a, RC);
-        b->ln2 = visc_arena_floats(a, RC);
+        b->ln2 = md_take_operand(m, a, RC);
         b->mean2 = visc_arena_floats(a, R);
         b->rstd2 = visc_arena_floats(a, R);
         b->h = visc_arena_floats(a, RH);
@@ -182,7 +183,7 @@ static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
     v->drop_mask = visc_arena_take(a, (size_t)B * C);
     v->logits = visc_arena_floats(a, (size_t)B * m->cfg.num_classes);
     v->branch = visc_arena_floats(a, RC);
-    v->hid = visc_arena_floats(a, RH);
+    v->hid = md_take_operand(m, a, RH);
     v->dhid = visc_arena_floats(a, RH);
     v->dx = visc_arena_floats(a, RC);
     v->dtmp = visc_arena_floats(a, RC);
@@ -216,11 +217,13 @@ static void block_forward(visc_model *m, vit *v, vit_block *b, int i, int train)
     const int B = m->cfg.batch;
     const int64_t R = (int64_t)B * v->tokens;
     float *qkv = b->qkv_out;
+    const int C = v->embed;
     visc_tf_norm_operand_forward(m, &b->norm1, b->ln1, b->mean1, b->rstd1, b->x, R);
-    visc_tf_linear_operand_forward(m, &b->qkv, qkv, b->ln1, R);
-    /* the attention output is the projection's operand (bf16 on a GPU under bf16) */
-    md_attention_operand_forward(m, &b->attn, b->att, b->lse, qkv, qkv + v->embed,
-                                 qkv + 2 * v->embed);
+    /* q, k and v in the operand form (bf16 on a GPU under bf16), as is the
+     * attention output, the projection's operand */
+    md_linear_operands_forward(m, qkv, b->ln1, P(b->qkv.weight), P(b->qkv.bias), (int)R, C, 3 * C);
+    md_attention_operand_forward(m, &b->attn, b->att, b->lse, qkv, md_operand_at(m, qkv, C),
+                                 md_operand_at(m, qkv, 2 * (size_t)C));
     visc_tf_linear_operand_forward(m, &b->proj, v->branch, b->att, R);
     droppath_forward(m, v, b->x_mid, b->x, b->keep1, b->drop_path, train,
                      visc_tf_noise_offset(SITE_BLOCKS + 2 * i));
@@ -266,7 +269,7 @@ static void block_backward(visc_model *m, vit *v, vit_block *b) {
     const int64_t R = (int64_t)B * v->tokens;
     const size_t RC = (size_t)R * v->embed;
     const int C = v->embed;
-    const float *qkv = b->qkv_out;
+    float *qkv = b->qkv_out;
     float *dqkv = v->dqkv;
     visc_tf_mlp_backward(m, &b->mlp, v->dln, droppath_backward(m, v, b, b->keep2), b->ln2, b->h,
                          v->hid, v->dhid, R);
@@ -275,7 +278,8 @@ static void block_backward(visc_model *m, vit *v, vit_block *b) {
     visc_tf_linear_operand_backward(m, &b->proj, v->datt, droppath_backward(m, v, b, b->keep1),
                                     b->att, R);
     md_attention_operand_backward(m, &b->attn, dqkv, dqkv + C, dqkv + 2 * C, NULL, NULL, v->datt,
-                                  qkv, qkv + C, qkv + 2 * C, b->att, b->lse);
+                                  qkv, md_operand_at(m, qkv, C),
+                                  md_operand_at(m, qkv, 2 * (size_t)C), b->att, b->lse);
     visc_tf_linear_operand_backward(m, &b->qkv, v->dln, dqkv, b->ln1, R);
     visc_tf_norm_backward(m, &b->norm1, v->dtmp, v->dln, b->x, b->mean1, b->rstd1, R);
     md_add_in(m, v->dx, v->dtmp, RC);

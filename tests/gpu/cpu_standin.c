@@ -719,6 +719,10 @@ int visc_cuda_add_relu(visc_cuda *ctx, float *out, const float *identity, size_t
  * fp32 whatever the host's precision is. */
 void visc_cuda_set_bf16(visc_cuda *ctx, int on) { ctx->bf16 = on != 0; }
 int visc_cuda_bf16(const visc_cuda *ctx) { return ctx->bf16; }
+/* The operand form here is the CPU's: fp32 (the linear layers round their
+ * input themselves), and GELU's act falls back to fp32 where the CPU's
+ * would (gelu_linear_in_bf16). */
+int visc_cuda_operand_bytes(const visc_cuda *ctx) { return (void)ctx, 4; }
 
 int visc_cuda_linear_forward(visc_cuda *ctx, float *out, const float *in, const float *weight,
                              const float *bias, int N, int in_features, int out_features) {
@@ -888,6 +892,12 @@ int visc_cuda_attention_operand_backward(visc_cuda *ctx, const visc_attention *a
 int visc_cuda_linear_operand_forward(visc_cuda *ctx, float *out, const float *in,
                                      const float *weight, const float *bias, int N, int in_features,
                                      int out_features) {
+    return visc_cuda_linear_forward(ctx, out, in, weight, bias, N, in_features, out_features);
+}
+
+int visc_cuda_linear_operands_forward(visc_cuda *ctx, float *out, const float *in,
+                                      const float *weight, const float *bias, int N,
+                                      int in_features, int out_features) {
     return visc_cuda_linear_forward(ctx, out, in, weight, bias, N, in_features, out_features);
 }
 

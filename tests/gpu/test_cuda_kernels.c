@@ -1916,6 +1916,34 @@ static void check_linear(int N, int in, int out, int shift, int bf16) {
             expect_fp32(name, got[i], want[i], count[i]);
             free(got[i]);
         }
+        /* The output in the operand form too (operands_forward): in bf16 the
+         * sums plus the bias rounded to bf16 (autocast's), rounded once:
+         * within half a bf16 step of the layer's output with
+         * that bias (2^-8 relative at most: bf16 keeps 8 significant bits)
+         * and the sums' order (1e-5 of the largest); in fp32 the
+         * layer's output. */
+        float *d_yop = up(nan_y, sizeof(float) * N * out);
+        launched(visc_cuda_linear_operands_forward(ctx, d_yop, d_xop, d_w, d_b, N, in, out),
+                 "linear operands forward");
+        const size_t ny = (size_t)N * out;
+        float *yop = down(d_yop, ny), *want_op = malloc(sizeof(float) * ny);
+        for (size_t i = 0; i < ny; i++) {
+            const size_t o = i % (size_t)out;
+            want_op[i] = bf16 ? y[i] - b[o] + bf16_round(b[o]) : y[i];
+        }
+        if (bf16) { /* d_yop holds bf16 values */
+            uint16_t *raw = malloc(sizeof(uint16_t) * ny);
+            if (visc_cuda_download(ctx, raw, d_yop, sizeof(uint16_t) * ny)) die_cuda("download");
+            for (size_t i = 0; i < ny; i++) yop[i] = visc_bf16_to_f32(raw[i]);
+            free(raw);
+        }
+        snprintf(name, sizeof name,
+                 "linear %s operands forward: N %d, %d -> %d, shift %d: the layer's output%s",
+                 bf16 ? "bf16" : "fp32", N, in, out, shift, bf16 ? " rounded" : "");
+        expect_close(name, yop, want_op, (size_t)N * out, 1e-5 * max_abs(y, (size_t)N * out),
+                     bf16 ? 1.0 / 256 : 1e-5);
+        visc_cuda_free(ctx, d_yop);
+        free(yop), free(want_op);
         visc_cuda_free(ctx, d_xop);
         free(xop);
     }
@@ -2290,10 +2318,40 @@ static void check_attention_operand(const visc_attention *a, const char *name, c
     float *got = down(d_dqkv, nqkv);
     snprintf(check, sizeof check, "attention operand dq dk dv: %s", what);
     expect_within(check, got, ref_dqkv, mag_dqkv, nqkv, 1.0 / 128);
+    /* Q, K and V in the operand form too (qkv_operand: a bf16 projection
+     * output): the kernels took them rounded anyway, so the same bits */
+    float *qkv = down(d_qkv, nqkv);
+    uint16_t *qkv16 = malloc(sizeof(uint16_t) * nqkv);
+    for (size_t i = 0; i < nqkv; i++) qkv16[i] = visc_f32_to_bf16(qkv[i]);
+    uint16_t *d_qkv16 = up(qkv16, sizeof(uint16_t) * nqkv);
+    /* q, k, v: float * as the calls take them, holding bf16 */
+    const void *q16 = d_qkv16, *k16 = d_qkv16 + C, *v16 = d_qkv16 + 2 * C;
+    visc_attention a16 = *a;
+    a16.qkv_operand = 1;
+    if (visc_cuda_zero(ctx, d_dqkv, sizeof(float) * nqkv)) die_cuda("zero");
+    launched(visc_cuda_attention_operand_forward(ctx, &a16, d_op, d_lse2, q16, k16, v16),
+             "attention operand forward, bf16 q k v");
+    launched(visc_cuda_attention_operand_backward(ctx, &a16, d_dqkv, d_dqkv + C, d_dqkv + 2 * C,
+                                                  NULL, NULL, d_dout, q16, k16, v16, d_op, d_lse2),
+             "attention operand backward, bf16 q k v");
+    float *op16 = down(d_op, nout), *lse16 = down(d_lse2, nlse), *got16 = down(d_dqkv, nqkv);
+    const struct {
+        const char *part;
+        const void *got, *want;
+        size_t n, elem;
+    } same[3] = {{"the output", op16, op, nout, sizeof(uint16_t)},
+                 {"lse", lse16, lse2, nlse, sizeof(float)},
+                 {"dq dk dv", got16, got, nqkv, sizeof(float)}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(check, sizeof check, "attention bf16 q k v: %s, %s: the same bits", what,
+                 same[i].part);
+        expect_bits(check, same[i].got, same[i].want, same[i].n, same[i].elem);
+    }
+    visc_cuda_free(ctx, d_qkv16);
     visc_cuda_free(ctx, d_op);
     visc_cuda_free(ctx, d_lse2);
     visc_cuda_free(ctx, d_dqkv);
-    void *hfree[] = {out, op, lse, lse2, want16, got};
+    void *hfree[] = {out, op, lse, lse2, want16, got, qkv, qkv16, op16, lse16, got16};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 

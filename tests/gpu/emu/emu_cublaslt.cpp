@@ -5,8 +5,9 @@
  * What cuBLASLt documents, checked as it checks it: column-major layouts
  * (rows, cols, leading dimension) that must agree with the operation's
  * shapes after the transposes (op(A) m x k, op(B) k x n, C and D m x n),
- * equal A and B types (fp32 or bf16), fp32 C and D, fp32 compute and
- * scale, a bias epilogue adding bias[row] of D, strided batches (every
+ * equal A and B types (fp32 or bf16), C and D of one type (fp32, or bf16
+ * with bf16 A and B: the sum rounded once), fp32 compute and scale, a bias
+ * epilogue adding bias[row] of D (of D's type, cuBLASLt's default), strided batches (every
  * operand the same count, each matrix its stride after the previous), and
  * an algorithm chosen
  * for the alignments the preference declared, which the pointers of a
@@ -47,6 +48,8 @@ struct algo {
     uint32_t align[4];
 };
 const uint32_t ALGO_MAGIC = 0x76697363; /* "visc" */
+/* The bias type until one is set: D's (cuBLASLt's -1) */
+const cudaDataType_t BIAS_OF_D = (cudaDataType_t)-1;
 
 static_assert(sizeof(matmul_desc) <= sizeof(cublasLtMatmulDescOpaque_t), "descriptor fits");
 static_assert(sizeof(layout) <= sizeof(cublasLtMatrixLayoutOpaque_t), "layout fits");
@@ -81,7 +84,9 @@ cublasStatus_t shapes(const matmul_desc *op, const layout *a, const layout *b, c
         return invalid("compute or scale type other than fp32");
     if (a->type != b->type || (a->type != CUDA_R_32F && a->type != CUDA_R_16BF))
         return invalid("A and B must both be fp32 or both bf16");
-    if (c->type != CUDA_R_32F || d->type != CUDA_R_32F) return invalid("C and D must be fp32");
+    if (c->type != d->type || (d->type != CUDA_R_32F && d->type != CUDA_R_16BF) ||
+        (d->type == CUDA_R_16BF && a->type != CUDA_R_16BF))
+        return invalid("C and D must both be fp32, or both bf16 with bf16 A and B");
     *m = op->trans_a == CUBLAS_OP_N ? a->rows : a->cols;
     *k = op->trans_a == CUBLAS_OP_N ? a->cols : a->rows;
     const uint64_t kb = op->trans_b == CUBLAS_OP_N ? b->rows : b->cols;
@@ -99,8 +104,9 @@ cublasStatus_t shapes(const matmul_desc *op, const layout *a, const layout *b, c
         return invalid("a batch of outputs whose matrices overlap");
     if (op->epilogue != CUBLASLT_EPILOGUE_DEFAULT && op->epilogue != CUBLASLT_EPILOGUE_BIAS)
         return invalid("an epilogue other than none or bias");
-    if (op->epilogue == CUBLASLT_EPILOGUE_BIAS && op->bias_type != CUDA_R_32F)
-        return invalid("a bias other than fp32");
+    if (op->epilogue == CUBLASLT_EPILOGUE_BIAS && op->bias_type != BIAS_OF_D &&
+        op->bias_type != d->type)
+        return invalid("a bias of another type than D's");
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -114,17 +120,22 @@ double element(const void *base, cudaDataType_t type, const layout *l, uint64_t 
  * op(A) as m rows of k (ra) and op(B) as n rows of k (rb), in double, so
  * each output is one contiguous dot product. */
 void product(const matmul_desc *o, const double *ra, const double *rb, uint64_t m, uint64_t n,
-             uint64_t k, float alpha, float beta, const float *cin, const layout *lc, float *out,
+             uint64_t k, float alpha, float beta, const void *cin, const layout *lc, void *out,
              const layout *ld) {
+    const bool bf16 = ld->type == CUDA_R_16BF; /* D, C and the bias */
     for (uint64_t j = 0; j < n; j++)
         for (uint64_t i = 0; i < m; i++) {
             const double *x = ra + i * k, *y = rb + j * k;
             double acc = 0.0;
             for (uint64_t p = 0; p < k; p++) acc += x[p] * y[p];
             double v = (double)alpha * acc;
-            if (beta != 0.0f) v += (double)beta * cin[j * (uint64_t)lc->ld + i];
-            if (o->epilogue == CUBLASLT_EPILOGUE_BIAS) v += ((const float *)o->bias)[i];
-            out[j * (uint64_t)ld->ld + i] = (float)v;
+            if (beta != 0.0f) v += (double)beta * element(cin, lc->type, lc, i, j);
+            if (o->epilogue == CUBLASLT_EPILOGUE_BIAS)
+                v += bf16 ? (double)__bfloat162float(((const __nv_bfloat16 *)o->bias)[i])
+                          : (double)((const float *)o->bias)[i];
+            const uint64_t at = j * (uint64_t)ld->ld + i;
+            if (bf16) ((__nv_bfloat16 *)out)[at] = __float2bfloat16_rn((float)v);
+            else ((float *)out)[at] = (float)v;
         }
 }
 
@@ -156,7 +167,7 @@ cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeTy
     m->scale = scale;
     m->trans_a = m->trans_b = CUBLAS_OP_N;
     m->epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    m->bias_type = CUDA_R_32F;
+    m->bias_type = BIAS_OF_D;
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
@@ -288,8 +299,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op, const v
         const size_t ea = la->type == CUDA_R_16BF ? 2 : 4; /* A and B share their type */
         const char *At = (const char *)A + ea * la->stride * t;
         const char *Bt = (const char *)B + ea * lb->stride * t;
-        const float *cin = (const float *)C + lc->stride * t;
-        float *out = (float *)D + ld->stride * t;
+        const size_t ed = ld->type == CUDA_R_16BF ? 2 : 4; /* C and D share theirs */
+        const void *cin = (const char *)C + ed * lc->stride * t;
+        void *out = (char *)D + ed * ld->stride * t;
         for (uint64_t i = 0; i < m; i++)
             for (uint64_t p = 0; p < k; p++)
                 ra[i * k + p] = o->trans_a == CUBLAS_OP_N ? element(At, la->type, la, i, p)
