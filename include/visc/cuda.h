@@ -266,6 +266,11 @@ int visc_cuda_ntxent(visc_cuda *ctx, float *loss, float *dz, float *dall, const 
 
 /* ---- gelu.cu: exact (erf) GELU, as visc_gelu_forward/backward ---- */
 int visc_cuda_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n);
+/* GELU from bf16 into bf16 (each value rounded once), and its backward
+ * from a bf16 input: an MLP's hidden layer in the operand form */
+int visc_cuda_gelu_bf16(visc_cuda *ctx, uint16_t *out, const uint16_t *in, size_t n);
+int visc_cuda_gelu_backward_bf16(visc_cuda *ctx, float *din, const float *dout, const uint16_t *in,
+                                 size_t n);
 int visc_cuda_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const float *in,
                             size_t n);
 /* The epilogue of an MLP's first linear layer over [rows, C]:
@@ -284,7 +289,9 @@ int visc_cuda_bias_gelu_backward(visc_cuda *ctx, float *din, float *dbias, const
  * rounding pass), as the CPU's bf16 mode keeps it. _act makes act alone,
  * as forward leaves it (the layer's shape and bias, which decide the form
  * on a CPU, are the stand-in's: the GPU's form is the precision's alone). Backward overwrites dh,
- * dW and db (db: NULL when forward had no bias). */
+ * dW and db (db: NULL when forward had no bias). Under bf16 h is in the
+ * operand form too (bf16: fc1 wrote it so, visc_cuda_linear_operands_forward
+ * or _forward_to_operand), here and in visc_cuda_mlp_backward. */
 int visc_cuda_gelu_linear_forward(visc_cuda *ctx, float *out, float *act, const float *h,
                                   const float *weight, const float *bias, int N, int hidden,
                                   int out_features);
@@ -419,10 +426,15 @@ int visc_cuda_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight
 /* The linear layer with its output in the operand form too (bf16 under
  * bf16: the products' fp32 sums plus the bias rounded to bf16, rounded
  * once, as autocast's): Q, K and V for attention (visc_attention's
- * qkv_operand). Its backward is visc_cuda_linear_operand_backward. */
+ * qkv_operand), an MLP's hidden layer for GELU (visc_cuda_gelu_linear_*).
+ * Its backward is visc_cuda_linear_operand_backward. */
 int visc_cuda_linear_operands_forward(visc_cuda *ctx, float *out, const float *in,
                                       const float *weight, const float *bias, int N,
                                       int in_features, int out_features);
+/* The same from an fp32 input (Swin V2's MLP, after its post-norm). */
+int visc_cuda_linear_forward_to_operand(visc_cuda *ctx, float *out, const float *in,
+                                        const float *weight, const float *bias, int N,
+                                        int in_features, int out_features);
 
 /* ---- eltwise.cu ---- */
 /* out = a + b (out may alias a or b), as visc_add_forward */

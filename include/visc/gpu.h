@@ -240,10 +240,14 @@ void visc_gpu_linear_operand_forward(visc_cuda *ctx, float *out, const float *in
 void visc_gpu_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
                                       const float *dout, const float *in, const float *weight,
                                       int N, int in_features, int out_features);
-/* ... with its output in the operand form too (attention's q, k, v) */
+/* ... with its output in the operand form too (attention's q, k, v; an
+ * MLP's hidden layer), from an input in that form or (_to_operand) fp32 */
 void visc_gpu_linear_operands_forward(visc_cuda *ctx, float *out, const float *in,
                                       const float *weight, const float *bias, int N,
                                       int in_features, int out_features);
+void visc_gpu_linear_forward_to_operand(visc_cuda *ctx, float *out, const float *in,
+                                        const float *weight, const float *bias, int N,
+                                        int in_features, int out_features);
 /* visc_gelu_linear_* (tokens.h): act holds what the products take, bf16
  * under --precision bf16 (as on the CPU) */
 void visc_gpu_gelu_linear_forward(visc_cuda *ctx, float *out, float *act, const float *h,

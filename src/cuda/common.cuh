@@ -141,16 +141,17 @@ int visc_cuda_column_sums_into(visc_cuda *ctx, float *out, const float *a, int64
 /* The column sums into out as visc_cuda_column_sums (the same order, the
  * same bits; out NULL: none), and a rounded to bf16 into `rounded` in the
  * same pass, so a is read once (a linear layer's dY: its bias gradient and
- * the products' operand). With gelu_in, the values are a x GELU'(gelu_in)
- * (as visc_cuda_gelu_backward makes them, bit for bit): the dY of a layer
+ * the products' operand). With gelu_in (bf16), the values are a x
+ * GELU'(gelu_in) (as visc_cuda_gelu_backward_bf16 makes them, bit for
+ * bit): the dY of a layer
  * whose output went through GELU, from the GELU output's gradient, with no
  * fp32 dY in between. part: visc_cuda_col_chunks(rows) * C floats of the
  * caller's, since `rounded` is in the scratch the plain form takes them
  * from. */
 int visc_cuda_column_sums_rounded(visc_cuda *ctx, float *out, uint16_t *rounded, float *part,
-                                  const float *a, const float *gelu_in, int64_t rows, int C);
+                                  const float *a, const uint16_t *gelu_in, int64_t rows, int C);
 /* A linear layer whose output h then went through GELU, backward from the
- * GELU output's gradient dact, with its input in the operand form
+ * GELU output's gradient dact, with its input and h in the operand form
  * (visc_cuda_linear_operand_*): as visc_cuda_gelu_backward into dact and
  * visc_cuda_linear_operand_backward, the same bits; under bf16 dY is made
  * in bf16 by the pass that sums db (no fp32 dY), and dact is left as it

@@ -285,10 +285,12 @@ int visc_cuda_add_partials(visc_cuda *ctx, float *out, const float *part, int ch
 
 /* Block (x, k): columns x * blockDim.x + thread of rows chunk k; each
  * value also rounded to bf16 into `rounded` when it is not NULL. The
- * values are a's, or a times GELU'(gelu_in) when gelu_in is not NULL (the
- * product gelu_backward_kernel makes, operation for operation). */
+ * values are a's, or a times GELU'(gelu_in) when gelu_in (bf16: an MLP's
+ * hidden layer in the operand form) is not NULL (the product
+ * gelu_backward_bf16_kernel makes, operation for operation). */
 __global__ void column_partials_kernel(float *part, __nv_bfloat16 *rounded, const float *a,
-                                       const float *gelu_in, int64_t rows, int C, int chunks) {
+                                       const __nv_bfloat16 *gelu_in, int64_t rows, int C,
+                                       int chunks) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     int64_t r0, r1;
@@ -297,8 +299,9 @@ __global__ void column_partials_kernel(float *part, __nv_bfloat16 *rounded, cons
     for (int64_t r = r0; r < r1; r++) {
         /* __fmul_rn: never contracted into the sum's add, so v and the sum
          * are those of the product stored first (the two-call form) */
-        const float v =
-            gelu_in ? __fmul_rn(a[r * C + c], visc_gelu_grad(gelu_in[r * C + c])) : a[r * C + c];
+        const float v = gelu_in ? __fmul_rn(a[r * C + c],
+                                            visc_gelu_grad(__bfloat162float(gelu_in[r * C + c])))
+                                : a[r * C + c];
         s += v;
         if (rounded) rounded[r * C + c] = __float2bfloat16_rn(v);
     }
@@ -306,7 +309,7 @@ __global__ void column_partials_kernel(float *part, __nv_bfloat16 *rounded, cons
 }
 
 static int column_partials(visc_cuda *ctx, float *part, __nv_bfloat16 *rounded, const float *a,
-                           const float *gelu_in, int64_t rows, int C, int chunks) {
+                           const __nv_bfloat16 *gelu_in, int64_t rows, int C, int chunks) {
     const unsigned threads = visc_cuda_col_threads(C);
     column_partials_kernel<<<dim3((C + threads - 1) / threads, chunks), threads, 0, ctx->stream>>>(
         part, rounded, a, gelu_in, rows, C, chunks);
@@ -327,13 +330,14 @@ int visc_cuda_column_sums_into(visc_cuda *ctx, float *out, const float *a, int64
 }
 
 int visc_cuda_column_sums_rounded(visc_cuda *ctx, float *out, uint16_t *rounded, float *part,
-                                  const float *a, const float *gelu_in, int64_t rows, int C) {
+                                  const float *a, const uint16_t *gelu_in, int64_t rows, int C) {
     if (rows == 0)
         return out ? visc_cuda_check(cudaMemsetAsync(out, 0, sizeof(float) * C, ctx->stream),
                                      "column sums")
                    : 0;
     const int chunks = visc_cuda_col_chunks(rows);
-    if (column_partials(ctx, part, (__nv_bfloat16 *)rounded, a, gelu_in, rows, C, chunks))
+    if (column_partials(ctx, part, (__nv_bfloat16 *)rounded, a, (const __nv_bfloat16 *)gelu_in,
+                        rows, C, chunks))
         return -1;
     return out ? add_partials(ctx, out, part, chunks, C, C, 0) : 0;
 }

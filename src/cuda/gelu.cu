@@ -19,6 +19,36 @@ __global__ void gelu_backward_kernel(float *din, const float *dout, const float 
         din[i] = dout[i] * visc_gelu_grad(in[i]);
 }
 
+/* The same from and (forward) into bf16: an MLP's hidden layer in the
+ * operand form, GELU's output the next product's operand. */
+__global__ void gelu_bf16_kernel(__nv_bfloat16 *out, const __nv_bfloat16 *in, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16_rn(visc_gelu(__bfloat162float(in[i])));
+}
+
+__global__ void gelu_backward_bf16_kernel(float *din, const float *dout, const __nv_bfloat16 *in,
+                                          size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        din[i] = dout[i] * visc_gelu_grad(__bfloat162float(in[i]));
+}
+
+int visc_cuda_gelu_bf16(visc_cuda *ctx, uint16_t *out, const uint16_t *in, size_t n) {
+    if (n == 0) return 0;
+    gelu_bf16_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(
+        (__nv_bfloat16 *)out, (const __nv_bfloat16 *)in, n);
+    return visc_cuda_launched("gelu (bf16)");
+}
+
+int visc_cuda_gelu_backward_bf16(visc_cuda *ctx, float *din, const float *dout, const uint16_t *in,
+                                 size_t n) {
+    if (n == 0) return 0;
+    gelu_backward_bf16_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(
+        din, dout, (const __nv_bfloat16 *)in, n);
+    return visc_cuda_launched("gelu backward (bf16 input)");
+}
+
 int visc_cuda_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n) {
     if (n == 0) return 0;
     gelu_forward_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(out, in, n);

@@ -9,15 +9,18 @@
  * GELU output, its store and the rounding pass over it are gone (for a
  * ViT-S block at batch 256, 3 of about 10 passes over the [tokens, 4 C]
  * hidden activations). The values are those of GELU followed by the bf16
- * linear layer. In fp32 it is exactly those two calls. */
+ * linear layer. In fp32 it is exactly those two calls. Under bf16 h, the
+ * first layer's output, is bf16 as well (the operand form: fc1 writes it
+ * so, as autocast's linear layer does), read by the GELU here and by its
+ * gradient in backward: half the bytes kept and read. */
 #include "common.cuh"
 
 int visc_cuda_gelu_linear_act(visc_cuda *ctx, float *act, const float *h, int N, int hidden,
                               int out_features, int has_bias) {
     (void)out_features, (void)has_bias;
     if (!ctx->bf16) return visc_cuda_gelu_forward(ctx, act, h, (size_t)N * hidden);
-    /* act's storage is untyped (the model's arena): it now holds bf16 */
-    return visc_cuda_bias_gelu_forward(ctx, NULL, (uint16_t *)act, h, NULL, N, hidden);
+    /* act's and h's storage is untyped (the model's arena): they hold bf16 */
+    return visc_cuda_gelu_bf16(ctx, (uint16_t *)act, (const uint16_t *)h, (size_t)N * hidden);
 }
 
 int visc_cuda_gelu_linear_forward(visc_cuda *ctx, float *out, float *act, const float *h,
@@ -45,9 +48,11 @@ static int linear_backward(visc_cuda *ctx, float *dact, float *dweight, float *d
 int visc_cuda_gelu_linear_backward(visc_cuda *ctx, float *dh, float *dweight, float *dbias,
                                    const float *dout, const float *act, const float *h,
                                    const float *weight, int N, int hidden, int out_features) {
-    return linear_backward(ctx, dh, dweight, dbias, dout, act, weight, N, hidden, out_features)
-               ? -1
-               : visc_cuda_gelu_backward(ctx, dh, dh, h, (size_t)N * hidden);
+    if (linear_backward(ctx, dh, dweight, dbias, dout, act, weight, N, hidden, out_features))
+        return -1;
+    const size_t n = (size_t)N * hidden;
+    return ctx->bf16 ? visc_cuda_gelu_backward_bf16(ctx, dh, dh, (const uint16_t *)h, n)
+                     : visc_cuda_gelu_backward(ctx, dh, dh, h, n);
 }
 
 int visc_cuda_mlp_backward(visc_cuda *ctx, float *din, float *dweight1, float *dbias1,

@@ -46,12 +46,12 @@ int visc_cuda_linear_forward_rounded(visc_cuda *ctx, float *out, const uint16_t 
 }
 
 /* The bf16 backward products, X already rounded (x16): dY (dout, or dout
- * x GELU'(gelu_in) when gelu_in is not NULL) rounded into dy16 in the pass
+ * x GELU'(gelu_in), gelu_in bf16, when it is not NULL) rounded into dy16 in the pass
  * that sums its columns into dbias when that is asked (part: its partials,
  * visc_cuda_col_chunks(N) * out_features floats), W into w16 (when din is
  * asked). */
 static int backward_bf16(visc_cuda *ctx, float *din, float *dweight, float *dbias, float *part,
-                         const float *dout, const float *gelu_in, uint16_t *dy16,
+                         const float *dout, const uint16_t *gelu_in, uint16_t *dy16,
                          const uint16_t *x16, const float *weight, uint16_t *w16, int N,
                          int in_features, int out_features) {
     const size_t ndy = (size_t)N * out_features;
@@ -99,9 +99,9 @@ int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float 
 }
 
 /* visc_cuda_linear_backward_rounded with dY = dout x GELU'(gelu_in) when
- * gelu_in is not NULL. */
+ * gelu_in (bf16) is not NULL. */
 static int backward_rounded(visc_cuda *ctx, float *din, float *dweight, float *dbias,
-                            const float *dout, const float *gelu_in, const uint16_t *in,
+                            const float *dout, const uint16_t *gelu_in, const uint16_t *in,
                             const float *weight, int N, int in_features, int out_features) {
     const size_t counts[3] = {(size_t)N * out_features,
                               din ? (size_t)out_features * in_features : 0,
@@ -128,21 +128,41 @@ int visc_cuda_linear_operand_forward(visc_cuda *ctx, float *out, const float *in
                                             in_features, out_features);
 }
 
+/* The bf16 forward into a bf16 output: X rounded already (x16), or in x
+ * to be rounded first (x16 NULL). */
+static int forward_to_bf16(visc_cuda *ctx, uint16_t *out, const uint16_t *x16, const float *x,
+                           const float *weight, const float *bias, int N, int in_features,
+                           int out_features) {
+    const size_t nw = (size_t)out_features * in_features, nx = x16 ? 0 : (size_t)N * in_features;
+    const size_t counts[3] = {nw, bias ? (size_t)out_features : 0, nx};
+    uint16_t *c[3];
+    /* the bias rounded too: cuBLASLt adds a bias of D's type (autocast's) */
+    if (visc_cuda_bf16_scratch(ctx, c, counts, 3) || visc_cuda_f32_to_bf16(ctx, c[0], weight, nw) ||
+        (bias && visc_cuda_f32_to_bf16(ctx, c[1], bias, (size_t)out_features)) ||
+        (!x16 && visc_cuda_f32_to_bf16(ctx, c[2], x, nx)))
+        return -1;
+    /* Y[N, out] = X[N, in] W^T */
+    return visc_cuda_matmul_bf16_to_bf16(ctx, out, x16 ? x16 : c[2], c[0], bias ? c[1] : NULL, N,
+                                         out_features, in_features, 0, 1);
+}
+
 int visc_cuda_linear_operands_forward(visc_cuda *ctx, float *out, const float *in,
                                       const float *weight, const float *bias, int N,
                                       int in_features, int out_features) {
     if (!ctx->bf16)
         return visc_cuda_linear_forward(ctx, out, in, weight, bias, N, in_features, out_features);
-    const size_t nw = (size_t)out_features * in_features;
-    const size_t counts[2] = {nw, bias ? (size_t)out_features : 0};
-    uint16_t *c[2];
-    /* the bias rounded too: cuBLASLt adds a bias of D's type (autocast's) */
-    if (visc_cuda_bf16_scratch(ctx, c, counts, 2) || visc_cuda_f32_to_bf16(ctx, c[0], weight, nw) ||
-        (bias && visc_cuda_f32_to_bf16(ctx, c[1], bias, (size_t)out_features)))
-        return -1;
-    /* Y[N, out] = X[N, in] W^T; out's storage holds bf16 */
-    return visc_cuda_matmul_bf16_to_bf16(ctx, (uint16_t *)out, (const uint16_t *)in, c[0],
-                                         bias ? c[1] : NULL, N, out_features, in_features, 0, 1);
+    /* in's and out's storage hold bf16 */
+    return forward_to_bf16(ctx, (uint16_t *)out, (const uint16_t *)in, NULL, weight, bias, N,
+                           in_features, out_features);
+}
+
+int visc_cuda_linear_forward_to_operand(visc_cuda *ctx, float *out, const float *in,
+                                        const float *weight, const float *bias, int N,
+                                        int in_features, int out_features) {
+    if (!ctx->bf16)
+        return visc_cuda_linear_forward(ctx, out, in, weight, bias, N, in_features, out_features);
+    return forward_to_bf16(ctx, (uint16_t *)out, NULL, in, weight, bias, N, in_features,
+                           out_features);
 }
 
 int visc_cuda_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
@@ -165,6 +185,7 @@ int visc_cuda_linear_gelu_operand_backward(visc_cuda *ctx, float *din, float *dw
                                                  in_features, out_features)
                    ? -1
                    : 0;
-    return backward_rounded(ctx, din, dweight, dbias, dact, h, (const uint16_t *)in, weight, N,
-                            in_features, out_features);
+    /* h and in: the operand form, bf16 */
+    return backward_rounded(ctx, din, dweight, dbias, dact, (const uint16_t *)h,
+                            (const uint16_t *)in, weight, N, in_features, out_features);
 }

@@ -340,6 +340,13 @@ void visc_gpu_linear_operands_forward(visc_cuda *ctx, float *out, const float *i
                                           out_features));
 }
 
+void visc_gpu_linear_forward_to_operand(visc_cuda *ctx, float *out, const float *in,
+                                        const float *weight, const float *bias, int N,
+                                        int in_features, int out_features) {
+    RUN(visc_cuda_linear_forward_to_operand(ctx, out, in, weight, bias, N, in_features,
+                                            out_features));
+}
+
 void visc_gpu_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
                                       const float *dout, const float *in, const float *weight,
                                       int N, int in_features, int out_features) {

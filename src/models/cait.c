@@ -267,7 +267,7 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
         b->ln2 = md_take_operand(m, a, RC);
         b->mean2 = visc_arena_floats(a, R);
         b->rstd2 = visc_arena_floats(a, R);
-        b->h = visc_arena_floats(a, RH);
+        b->h = md_take_operand(m, a, RH);
         b->m_out = visc_arena_floats(a, RC);
         b->keep1 = visc_arena_floats(a, (size_t)B);
         b->keep2 = visc_arena_floats(a, (size_t)B);
@@ -292,7 +292,7 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
         b->ln2 = md_take_operand(m, a, BC);
         b->mean2 = visc_arena_floats(a, (size_t)B);
         b->rstd2 = visc_arena_floats(a, (size_t)B);
-        b->h = visc_arena_floats(a, (size_t)B * c->hidden);
+        b->h = md_take_operand(m, a, (size_t)B * c->hidden);
         b->m_out = visc_arena_floats(a, BC);
         b->cls_out = visc_arena_floats(a, BC);
         cls = b->cls_out;

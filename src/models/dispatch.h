@@ -115,6 +115,14 @@ static inline void md_linear_operands_forward(visc_model *m, float *out, const f
     else visc_linear_forward(out, in, w, b, N, in_f, out_f);
 }
 
+/* ... from an fp32 input */
+static inline void md_linear_forward_to_operand(visc_model *m, float *out, const float *in,
+                                                const float *w, const float *b, int N, int in_f,
+                                                int out_f) {
+    if (m->cuda) visc_gpu_linear_forward_to_operand(m->cuda, out, in, w, b, N, in_f, out_f);
+    else visc_linear_forward(out, in, w, b, N, in_f, out_f);
+}
+
 static inline void md_linear_operand_backward(visc_model *m, float *din, float *dw, float *db,
                                               const float *dout, const float *in, const float *w,
                                               int N, int in_f, int out_f) {

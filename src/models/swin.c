@@ -216,7 +216,7 @@ static void plan_block(visc_model *m, visc_arena *a, swin *s, swin_block *b, int
     b->keep2 = visc_arena_floats(a, (size_t)B);
     b->bias = visc_arena_floats(a, (size_t)b->heads * N * N);
     b->x1 = visc_arena_floats(a, R * C);
-    b->h = visc_arena_floats(a, R * b->hidden);
+    b->h = md_take_operand(m, a, R * b->hidden);
     b->gl = md_take_operand(m, a, R * b->hidden);
     if (b->v2) {
         b->qk = visc_arena_floats(a, R * 2 * C);
@@ -513,7 +513,7 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
         residual_add_from_windows(m, s, b->x1, b->in, s->sa, s->sb, b->keep1, b, 0, train);
         md_layernorm_operand_forward(m, s->sa, b->mean2, b->rstd2, b->x1, P(b->n2w), P(b->n2b), R,
                                      C, LN_EPS);
-        md_linear_operand_forward(m, b->h, s->sa, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
+        md_linear_operands_forward(m, b->h, s->sa, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
         /* fc1's input (the norm2 output) is rebuilt in backward, not stored */
         md_gelu_linear_forward(m, s->sa, b->gl, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
         residual_add(m, s, b->out, b->x1, s->sa, b->keep2, b, 1, train);
@@ -540,7 +540,7 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
     reverse(m, b->a, s->sa, &b->g, B, C);
     md_layernorm_forward(m, s->sb, b->mean1, b->rstd1, b->a, P(b->n1w), P(b->n1b), R, C, LN_EPS);
     residual_add(m, s, b->x1, b->in, s->sb, b->keep1, b, 0, train);
-    md_linear_forward(m, b->h, b->x1, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
+    md_linear_forward_to_operand(m, b->h, b->x1, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
     md_gelu_linear_forward(m, b->mo, b->gl, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
     md_layernorm_forward(m, s->sa, b->mean2, b->rstd2, b->mo, P(b->n2w), P(b->n2b), R, C, LN_EPS);
     residual_add(m, s, b->out, b->x1, s->sa, b->keep2, b, 1, train);

@@ -120,10 +120,12 @@ void visc_tf_add_mlp(visc_model *m, visc_tf_mlp *p, const char *name, int C, int
 }
 
 /* fc1, then GELU and fc2 as one step (md_gelu_linear_*): under bf16 the
- * GELU writes fc2's bf16 operand straight into `scratch` (tokens.h). */
+ * GELU writes fc2's bf16 operand straight into `scratch` (tokens.h); on a
+ * GPU under bf16 fc1 writes h in bf16 too (the operand form). */
 void visc_tf_mlp_forward(visc_model *m, const visc_tf_mlp *p, float *out, float *h, float *scratch,
                          const float *in, int64_t rows) {
-    visc_tf_linear_operand_forward(m, &p->fc1, h, in, rows);
+    md_linear_operands_forward(m, h, in, P(p->fc1.weight), P(p->fc1.bias), (int)rows, p->fc1.in,
+                               p->fc1.out);
     md_gelu_linear_forward(m, out, scratch, h, P(p->fc2.weight), P(p->fc2.bias), (int)rows,
                            p->hidden, p->fc2.out);
 }

@@ -171,7 +171,7 @@ static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
         b->ln2 = md_take_operand(m, a, RC);
         b->mean2 = visc_arena_floats(a, R);
         b->rstd2 = visc_arena_floats(a, R);
-        b->h = visc_arena_floats(a, RH);
+        b->h = md_take_operand(m, a, RH);
         b->keep1 = visc_arena_floats(a, (size_t)B);
         b->keep2 = visc_arena_floats(a, (size_t)B);
     }

@@ -901,6 +901,12 @@ int visc_cuda_linear_operands_forward(visc_cuda *ctx, float *out, const float *i
     return visc_cuda_linear_forward(ctx, out, in, weight, bias, N, in_features, out_features);
 }
 
+int visc_cuda_linear_forward_to_operand(visc_cuda *ctx, float *out, const float *in,
+                                        const float *weight, const float *bias, int N,
+                                        int in_features, int out_features) {
+    return visc_cuda_linear_forward(ctx, out, in, weight, bias, N, in_features, out_features);
+}
+
 int visc_cuda_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight, float *dbias,
                                       const float *dout, const float *in, const float *weight,
                                       int N, int in_features, int out_features) {

@@ -864,6 +864,18 @@ static void check_convert(void) {
 /* The bf16 value of x, as an fp32. */
 static float bf16_round(float x) { return visc_bf16_to_f32(visc_f32_to_bf16(x)); }
 
+/* x uploaded in the operand form of a context in bf16 (bf16 values) or not
+ * (fp32): a device buffer of n floats' room either way. */
+static float *up_operand(const float *x, size_t n, int bf16) {
+    void *form = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++)
+        if (bf16) ((uint16_t *)form)[i] = visc_f32_to_bf16(x[i]);
+        else ((float *)form)[i] = x[i];
+    float *d = up(form, sizeof(float) * n);
+    free(form);
+    return d;
+}
+
 /* A device copy of a host array, `shift` elements into a fresh buffer
  * (*base, to free): a tensor that starts inside a larger buffer. */
 static void *up_shifted(const void *host, size_t bytes, size_t elem, int shift, void **base) {
@@ -1894,11 +1906,7 @@ static void check_linear(int N, int in, int out, int shift, int bf16) {
      * results, up to the order of the products' sums (at another alignment
      * cuBLASLt may take another algorithm): 1e-5 of the largest, 1e-5 rtol */
     {
-        void *xop = malloc(sizeof(float) * N * in);
-        for (size_t i = 0; i < (size_t)N * in; i++)
-            if (bf16) ((uint16_t *)xop)[i] = visc_f32_to_bf16(x[i]);
-            else ((float *)xop)[i] = x[i];
-        float *d_xop = up(xop, sizeof(float) * N * in);
+        float *d_xop = up_operand(x, (size_t)N * in, bf16);
         launched(visc_cuda_linear_operand_forward(ctx, d_y, d_xop, d_w, d_b, N, in, out),
                  "linear operand forward");
         launched(visc_cuda_linear_operand_backward(ctx, d_dx, d_dw, d_db, d_dy, d_xop, d_w, N, in,
@@ -1945,7 +1953,6 @@ static void check_linear(int N, int in, int out, int shift, int bf16) {
         visc_cuda_free(ctx, d_yop);
         free(yop), free(want_op);
         visc_cuda_free(ctx, d_xop);
-        free(xop);
     }
     /* db: the column sums of dY whichever pass takes them (bf16: the one
      * that rounds dY), the same bits as the plain sums */
@@ -2010,7 +2017,8 @@ static void check_linear(int N, int in, int out, int shift, int bf16) {
  * bit. The products against double-precision ones of the operands the GPU
  * took (its own act, W and dY rounded in bf16): out, dW and the linear
  * part of dh at the linear layer's tolerance (1e-4 bf16, 3e-5 fp32, of the
- * sum of |terms|); dh = that x GELU'(h), in double here. */
+ * sum of |terms|); dh = that x GELU'(h), in double here. In bf16 h is
+ * given as bf16, the operand form fc1 writes it in. */
 static double gelu_grad_exact(double x) {
     return 0.5 * erfc(-x / sqrt(2.0)) + x * exp(-0.5 * x * x) / sqrt(2.0 * M_PI);
 }
@@ -2020,9 +2028,12 @@ static void check_gelu_linear(int N, int hidden, int out, int bf16) {
     const size_t nh = (size_t)N * hidden, nw = (size_t)out * hidden, ny = (size_t)N * out;
     float *h = random_floats(nh, -3, 3), *w = random_floats(nw, -1, 1);
     float *b = random_floats((size_t)out, -1, 1), *dy = random_floats(ny, -1, 1);
+    /* h as the layers take it: in bf16 its operand form (fc1's bf16 output) */
+    if (bf16)
+        for (size_t i = 0; i < nh; i++) h[i] = bf16_round(h[i]);
     float *cpu_act = malloc(sizeof(float) * nh);
     visc_gelu_forward(cpu_act, h, nh);
-    float *d_h = up(h, sizeof(float) * nh), *d_w = up(w, sizeof(float) * nw);
+    float *d_h = up_operand(h, nh, bf16), *d_w = up(w, sizeof(float) * nw);
     float *d_b = up(b, sizeof(float) * out), *d_dy = up(dy, sizeof(float) * ny);
     float *d_act = dev(sizeof(float) * nh), *d_act2 = dev(sizeof(float) * nh);
     float *d_y = dev(sizeof(float) * ny), *d_dh = dev(sizeof(float) * nh);
@@ -2117,11 +2128,8 @@ static void check_mlp_backward(int N, int Cin, int hidden, int Cout, int bf16) {
     float *x = random_floats(nx, -1, 1), *h = random_floats(nh, -3, 3);
     float *w1 = random_floats(nw1, -1, 1), *w2 = random_floats(nw2, -1, 1);
     float *dy = random_floats(ny, -1, 1);
-    void *xop = malloc(sizeof(float) * nx); /* fc1's input in the operand form */
-    for (size_t i = 0; i < nx; i++)
-        if (bf16) ((uint16_t *)xop)[i] = visc_f32_to_bf16(x[i]);
-        else ((float *)xop)[i] = x[i];
-    float *d_xop = up(xop, sizeof(float) * nx), *d_h = up(h, sizeof(float) * nh);
+    /* fc1's input and output in the operand form */
+    float *d_xop = up_operand(x, nx, bf16), *d_h = up_operand(h, nh, bf16);
     float *d_w1 = up(w1, sizeof(float) * nw1), *d_w2 = up(w2, sizeof(float) * nw2);
     float *d_dy = up(dy, sizeof(float) * ny), *d_act = dev(sizeof(float) * nh);
     const size_t count[6] = {nx, nw1, (size_t)hidden, nw2, (size_t)Cout, nh};
@@ -2153,7 +2161,7 @@ static void check_mlp_backward(int N, int Cin, int hidden, int Cout, int bf16) {
         for (int i = 0; i < 6; i++) visc_cuda_free(ctx, d[k][i]);
     void *dfree[] = {d_xop, d_h, d_w1, d_w2, d_dy, d_act};
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
-    void *hfree[] = {x, h, w1, w2, dy, xop};
+    void *hfree[] = {x, h, w1, w2, dy};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
