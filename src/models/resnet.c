@@ -47,8 +47,9 @@ typedef struct {
     int bottleneck, has_down;
     conv_layer conv1, conv2, conv3, down_conv;
     bn_layer bn1, bn2, bn3, down_bn;
-    /* activations: conv outputs (BN inputs), BN outputs, block output */
-    float *in, *c1, *b1, *c2, *b2, *c3, *dc, *db, *out;
+    /* activations: conv outputs (BN inputs), BN outputs, block output (the
+     * shortcut's BN output is not kept: backward needs only its input dc) */
+    float *in, *c1, *b1, *c2, *b2, *c3, *dc, *out;
     size_t in_size, out_size;
 } block;
 
@@ -177,10 +178,7 @@ static void plan_block(const resnet *r, visc_arena *a, block *b) {
         b->b2 = take_act(r, a, conv_out_size(&b->conv2));
         b->c3 = take_act(r, a, conv_out_size(&b->conv3));
     }
-    if (b->has_down) {
-        b->dc = take_act(r, a, b->out_size);
-        b->db = take_act(r, a, b->out_size);
-    }
+    if (b->has_down) b->dc = take_act(r, a, b->out_size);
 }
 
 static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
@@ -330,6 +328,7 @@ static void add_relu(visc_model *m, float *out, const float *identity, size_t n)
 }
 
 static void block_forward(visc_model *m, block *b, int mode) {
+    const resnet *r = m->impl;
     conv_fwd(m, &b->conv1, b->c1, b->in);
     bn_fwd(m, &b->bn1, b->b1, b->c1, mode);
     conv_fwd(m, &b->conv2, b->c2, b->b1);
@@ -342,9 +341,11 @@ static void block_forward(visc_model *m, block *b, int mode) {
     }
     const float *identity = b->in;
     if (b->has_down) {
+        /* into backward's scratch, free in forward (and where backward
+         * recomputes a block, between two blocks' backward) */
         conv_fwd(m, &b->down_conv, b->dc, b->in);
-        bn_fwd(m, &b->down_bn, b->db, b->dc, mode);
-        identity = b->db;
+        bn_fwd(m, &b->down_bn, r->t1, b->dc, mode);
+        identity = r->t1;
     }
     add_relu(m, b->out, identity, b->out_size);
 }
