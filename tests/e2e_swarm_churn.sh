@@ -16,8 +16,8 @@ set -uo pipefail
 boot churn
 
 steps=16
-# Each step of the swarm spans eight batches of each of the four peers
-# (target 256, batch 8), as in real swarms, whose target batch is many
+# Each step of the swarm spans four batches of each of the four peers
+# (target 128, batch 8), as in real swarms, whose target batch is many
 # local batches. A newcomer takes the state and must then compute its part
 # of the next step before the others have finished theirs: with shorter
 # steps it kept arriving after the step's group had formed, fell behind and
@@ -32,16 +32,10 @@ steps=16
 # answer late peers at once and every peer deals with the same group size
 # (matchmaking.h), a newcomer misses the round it arrived in and averages
 # in every later one (coverage build, two busy cores beside it, 3 runs),
-# and the test asks for half of them. At four batches a step (target 128)
-# two fresh-clone CI runs (a plain make test, and the coverage pass) still
-# had p5 average in 2 of 8 steps: it took the state in the middle of a
-# step, and its declaration, a batch later, reached the leaders after
-# their groups had formed, step after step (a step lasted about a second
-# there). Joining such a round as an auxiliary (weight 0) at once would
-# not depend on the step's length; until then the steps are eight batches.
+# and the test asks for half of them.
 args=(--model resnet14 --epochs 1 --batch-size 8 --opt sgd --lr 0.05 --no-progress --print-freq 1
       --threads 1 --max-steps $steps --swarm --run-id churn --swarm-secret-file "$tmp/secret"
-      --listen 127.0.0.1:0 --initial-peers "$boot" --target-batch-size 256 --matchmaking-time 2
+      --listen 127.0.0.1:0 --initial-peers "$boot" --target-batch-size 128 --matchmaking-time 2
       --swarm-linger 5)
 declare -A pid
 start() { # start NAME SEED SHARD
