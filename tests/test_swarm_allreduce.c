@@ -128,6 +128,7 @@ static visc_compression round_compression = VISC_COMP_NONE;
 static size_t round_exact_from = SIZE_MAX;
 static int round_tiny_values = 0;
 static int round_auxiliary = -1; /* this member joins as an auxiliary (weight 0) */
+static int round_newcomer = -1;  /* this member joins as a newcomer (weight 0) */
 
 static float test_value(int i, size_t j) {
     if (round_tiny_values && j % 2) return 1e-5f * (float)((i + 1) * (int)(j % 13));
@@ -161,6 +162,7 @@ static int round_in_process(peer *ps, int alive, int with_client, size_t n, size
         g.members[i].bandwidth = 1e7 * (i + 1);
         g.members[i].client = client;
         g.members[i].auxiliary = i == round_auxiliary;
+        g.members[i].newcomer = i == round_newcomer;
     }
     CHECK_MSG(ok, "opening nodes: %s", visc_last_error());
     pthread_t th[PEERS];
@@ -174,7 +176,7 @@ static int round_in_process(peer *ps, int alive, int with_client, size_t n, size
         ps[i].cfg.compression = round_compression;
         ps[i].cfg.exact_from = round_exact_from;
         ps[i].n = n;
-        ps[i].weight = i == round_auxiliary ? 0 : i + 1;
+        ps[i].weight = i == round_auxiliary || i == round_newcomer ? 0 : i + 1;
         ps[i].x = malloc(n * sizeof(float));
         for (size_t j = 0; j < n; j++) ps[i].x[j] = test_value(i, j);
         pthread_create(&th[i], NULL, run_peer, &ps[i]);
@@ -207,44 +209,54 @@ TEST(round_in_process_gives_the_weighted_mean) {
     for (int i = 0; i < PEERS; i++) free(ps[i].x);
 }
 
-/* An auxiliary member (the largest bandwidth: the largest shard) reduces
- * its shard with weight 0: every training member ends with exactly the
- * weighted mean of the training members' values, the auxiliary's own
- * values never enter it, and it holds the result of its shard only. */
-TEST(round_with_an_auxiliary_gives_the_mean_of_the_others) {
+/* A member that contributes nothing (the last: the largest bandwidth, so
+ * the largest shard) reduces its shard with weight 0: the training members
+ * end with exactly the weighted mean of their own values, and the silent
+ * member's values never enter it. An auxiliary holds the result of its
+ * shard only; a newcomer (it has just taken the swarm's state and holds no
+ * gradient) takes every result and ends with the whole mean too. */
+static void round_with_a_silent_member(int newcomer) {
+    const char *role = newcomer ? "newcomer" : "auxiliary";
     peer ps[PEERS];
     memset(ps, 0, sizeof ps);
     size_t n = 6000;
-    round_auxiliary = PEERS - 1;
+    *(newcomer ? &round_newcomer : &round_auxiliary) = PEERS - 1;
     if (round_in_process(ps, PEERS, 0, n, 4096) == 0) {
         static float want[6000];
         for (size_t j = 0; j < n; j++) /* weights 1 and 2; small integers: exact in double */
             want[j] = (float)((1.0 * test_value(0, j) + 2.0 * test_value(1, j)) / 3.0);
+        int whole = newcomer ? PEERS : PEERS - 1; /* the members that take every result */
         for (int i = 0; i < PEERS; i++)
             CHECK_MSG(ps[i].rc == 0, "peer %d: rc %d (%s)", i, ps[i].rc, ps[i].rep.what_failed);
-        for (int i = 0; i < PEERS - 1; i++) {
+        for (int i = 0; i < whole; i++) {
             CHECK(ps[i].rep.averaged_fraction == 1.0 && ps[i].rep.n_failed_keys == 0);
             CHECK_ARRAYS("mean of the training members", ps[i].x, want, n, 0, 0);
-            CHECK(ps[i].rep.parts_with[PEERS - 1] == 0); /* nothing of the auxiliary's */
+            CHECK(ps[i].rep.parts_with[PEERS - 1] == 0); /* nothing of the silent member's */
         }
         const visc_allreduce_report *a = &ps[PEERS - 1].rep;
         size_t b0 = a->shard_begin[PEERS - 1], b1 = a->shard_begin[PEERS];
-        CHECK_MSG(b1 - b0 == n / 2, "the auxiliary's shard: %zu values", b1 - b0);
+        CHECK_MSG(b1 - b0 == n / 2, "the %s's shard: %zu values", role, b1 - b0);
         CHECK(a->values_reduced == b1 - b0 && a->averaged_fraction == 1.0);
         CHECK(a->parts_with[PEERS - 1] == 0 && a->parts_with[0] == a->parts_with[1] &&
               a->parts_with[0] > 1);
-        CHECK_ARRAYS("the auxiliary's shard", ps[PEERS - 1].x + b0, want + b0, b1 - b0, 0, 0);
-        for (size_t j = 0; j < b0; j++)
+        CHECK_ARRAYS("the silent member's shard", ps[PEERS - 1].x + b0, want + b0, b1 - b0, 0, 0);
+        for (size_t j = 0; !newcomer && j < b0; j++)
             if (ps[PEERS - 1].x[j] != test_value(PEERS - 1, j)) {
                 CHECK_MSG(0, "the auxiliary's value %zu changed outside its shard", j);
                 break;
             }
         /* it sent only results: its shard once to each of the 2 others */
         CHECK(a->bytes_sent >= 2 * (b1 - b0) * 4 && a->bytes_sent < 2 * (b1 - b0) * 4 + 4096);
+        /* a newcomer received the 2 others' parts of its shard and their results */
+        if (newcomer) CHECK(a->bytes_received >= (2 * (b1 - b0) + (n - (b1 - b0))) * 4);
     }
-    round_auxiliary = -1;
+    round_auxiliary = round_newcomer = -1;
     for (int i = 0; i < PEERS; i++) free(ps[i].x);
 }
+
+TEST(round_with_an_auxiliary_gives_the_mean_of_the_others) { round_with_a_silent_member(0); }
+
+TEST(round_with_a_newcomer_gives_everyone_the_mean_of_the_others) { round_with_a_silent_member(1); }
 
 /* q8 with an exact range: values from exact_from on arrive as the exact
  * weighted mean (tiny statistics survive), values before it went through
@@ -356,7 +368,20 @@ TEST(bad_arguments_are_refused) {
     CHECK(visc_allreduce(NULL, &g, &c, x, 4, 0, NULL, &rep) == -1);
     g.members[0].auxiliary = g.members[1].auxiliary = 1;
     CHECK(visc_allreduce(NULL, &g, &c, x, 4, 0, NULL, &rep) == -1);
-    CHECK(strstr(visc_last_error(), "every member is an auxiliary") != NULL);
+    CHECK(strstr(visc_last_error(), "no member contributes") != NULL);
+    /* a newcomer's weight is 0 too; a client is neither */
+    g.members[0].auxiliary = g.members[1].auxiliary = 0;
+    g.members[0].newcomer = 1;
+    CHECK(visc_allreduce(NULL, &g, &c, x, 4, 1, NULL, &rep) == -1);
+    CHECK(strstr(visc_last_error(), "newcomer") != NULL);
+    g.members[1].newcomer = 1;
+    CHECK(visc_allreduce(NULL, &g, &c, x, 4, 0, NULL, &rep) == -1);
+    CHECK(strstr(visc_last_error(), "no member contributes") != NULL);
+    g.members[1].newcomer = 0;
+    g.members[1].client = 1;
+    g.members[0].client = 1;
+    CHECK(visc_allreduce(NULL, &g, &c, x, 4, 0, NULL, &rep) == -1);
+    CHECK(strstr(visc_last_error(), "a client and a newcomer") != NULL);
 }
 
 TEST(messages_refuse_unknown_aggregation_and_non_finite_values) {
@@ -417,8 +442,9 @@ typedef enum {
     H_HEAVY, /* weight above the limit */
     H_ABORTS,
     H_NAN_RESULT,
-    H_SECOND_HELLO, /* a hello where data belongs */
-    H_WEIGHTLESS,   /* weight 0 without the auxiliary role */
+    H_SECOND_HELLO,  /* a hello where data belongs */
+    H_WEIGHTLESS,    /* weight 0 without the auxiliary role */
+    H_NEWCOMER_PART, /* listed as a newcomer (weight 0), it sends a part */
     H_SILENT,
 } hand_play;
 
@@ -450,7 +476,8 @@ static void *hand_main(void *arg) {
     if (h->play == H_OTHER_N) hello.n++;
     if (h->play == H_OTHER_COMPRESSION) hello.compression = VISC_COMP_FP16;
     if (h->play == H_HEAVY) hello.weight = 1e12;
-    if (h->play == H_WEIGHTLESS) hello.weight = 0; /* an auxiliary's, but it is not one */
+    if (h->play == H_WEIGHTLESS || h->play == H_NEWCOMER_PART)
+        hello.weight = 0; /* an auxiliary's or a newcomer's: only the latter is listed so */
     uint8_t m[VISC_AR_HELLO_BYTES];
     visc_ar_hello_encode(&hello, m);
     int ok = visc_chan_send(c, VISC_MSG_AR_HELLO, m, sizeof m, visc_now() + 5) == 0;
@@ -458,6 +485,12 @@ static void *hand_main(void *arg) {
         ok = visc_chan_send(c, VISC_MSG_AR_ABORT, m, 0, visc_now() + 5) == 0;
     if (ok && h->play == H_SECOND_HELLO)
         ok = visc_chan_send(c, VISC_MSG_AR_HELLO, m, sizeof m, visc_now() + 5) == 0;
+    if (ok && h->play == H_NEWCOMER_PART) {
+        /* the honest peer's part of our shard, sent back as a part of ours */
+        ok = visc_chan_recv(c, &type, buf, sizeof buf, &got, visc_now() + 5) == 0 &&
+             type == VISC_MSG_AR_PART;
+        ok = ok && visc_chan_send(c, VISC_MSG_AR_PART, buf, got, visc_now() + 5) == 0;
+    }
     if (ok && h->play == H_NAN_RESULT) {
         /* the honest peer's part of our shard, then a "result" with a NaN */
         ok = visc_chan_recv(c, &type, buf, sizeof buf, &got, visc_now() + 5) == 0 &&
@@ -526,6 +559,7 @@ static int round_against(hand_play play, double round_timeout_s, visc_allreduce_
         pair_close(&p);
         return rc;
     }
+    p.g.members[1].newcomer = play == H_NEWCOMER_PART;
     hand h = {.node = p.node[1], .g = &p.g, .honest_key = p.g.members[0].key, .play = play};
     pthread_t t;
     CHECK(pthread_create(&t, NULL, hand_main, &h) == 0);
@@ -542,16 +576,18 @@ static int round_against(hand_play play, double round_timeout_s, visc_allreduce_
 }
 
 TEST(round_bans_a_peer_with_another_hello_or_a_forged_result) {
-    const hand_play plays[] = {H_OTHER_SCHEMA, H_OTHER_N,      H_OTHER_COMPRESSION, H_HEAVY,
-                               H_NAN_RESULT,   H_SECOND_HELLO, H_WEIGHTLESS};
+    const hand_play plays[] = {H_OTHER_SCHEMA, H_OTHER_N,      H_OTHER_COMPRESSION,
+                               H_HEAVY,        H_NAN_RESULT,   H_SECOND_HELLO,
+                               H_WEIGHTLESS,   H_NEWCOMER_PART};
     const char *why[] = {"other schema hash",
                          "vector of 65 values (here 64)",
                          "other compression",
                          "weight 1e+12 above",
                          "banned: invalid data",
                          "unexpected frame type",
-                         "weight 0 from a training member"};
-    for (int i = 0; i < 7; i++) {
+                         "weight 0 from a training member",
+                         "a part from a member that contributes nothing"};
+    for (int i = 0; i < 8; i++) {
         float x[64];
         for (int j = 0; j < 64; j++) x[j] = (float)j;
         visc_allreduce_report rep;

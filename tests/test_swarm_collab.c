@@ -10,7 +10,9 @@
  * policy skip (the gradient is kept and counted into the next round) and
  * with policy local (a counted step with the peer's own gradient), a peer
  * joining late (it downloads the swarm's parameters, optimizer state and
- * step, then averages with the others), and the state blob's parser. */
+ * step, then averages with the others), a free-running peer that fell a
+ * step behind and joins the next round at once with no gradient (a
+ * newcomer), and the state blob's parser. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -430,6 +432,84 @@ TEST(collab_late_joiner_downloads_the_state) {
         for (int i = 0; i < 3; i++) CHECK(ps[i].rc == 1 && ps[i].step == 2 && ps[i].st.step == 3);
         for (int i = 1; i < 3; i++)
             CHECK(memcmp(ps[i].m.params.data, ps[0].m.params.data, P * sizeof(float)) == 0);
+    }
+    for (int i = 0; i < 3; i++)
+        if (ps[i].node) peer_close(&ps[i]);
+}
+
+/* Free-running: batches (the one set_batch put in place, n samples each)
+ * until one ends a step (or fails), as a trainer's loop does. */
+static void *batches_until_step(void *arg) {
+    peer *p = arg;
+    for (int tries = 0; tries < 600; tries++) {
+        batch_job(p);
+        if (p->rc != 0) break;
+        sleep_s(0.05);
+    }
+    return NULL;
+}
+
+/* A newcomer: C, a step behind A and B, catches up by download after a
+ * batch, and with the swarm due within its matchmaking time it joins the
+ * round of A and B at once with no gradient (weight 0): it steps with the
+ * group's mean gradient, a mean of A's and B's alone, and ends with the
+ * same parameters as they do, instead of a step behind again. */
+TEST(collab_newcomer_joins_the_round_at_once_and_steps_with_it) {
+    static peer ps[3];
+    int ok = swarm_open(ps, 0, 3, "collab-newcomer") == 0;
+    CHECK_MSG(ok, "swarm did not come up");
+    for (int i = 0; ok && i < 3; i++) {
+        visc_collab_config c = lockstep_config(&ps[i], 3);
+        c.lockstep = 0;
+        c.target_batch_size = 8;
+        /* A and B wait at most 1 s for C at step 0; C's round waits for them */
+        c.matchmaking_time_s = i == 2 ? 10 : 1;
+        ok = collab_start(&ps[i], &c) == 0;
+        CHECK_MSG(ok, "start: %s", visc_last_error());
+    }
+    size_t P = ps[0].m.params.total;
+    pthread_t th[3];
+    if (ok) { /* step 0: A and B, without C */
+        for (int i = 0; i < 2; i++) {
+            set_batch(&ps[i], i, 0);
+            ps[i].n = 1;
+            pthread_create(&th[i], NULL, batches_until_step, &ps[i]);
+        }
+        for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+        ok = ps[0].rc == 1 && ps[1].rc == 1 && ps[0].step == 0 && ps[1].step == 0;
+        CHECK(ok);
+    }
+    if (ok) { /* step 1: C's batches of step 0 find it behind; A and B come later */
+        set_batch(&ps[2], 2, 0);
+        for (size_t k = 0; k < P; k++) ps[2].m.grads[k] = 0.05f * (float)k; /* another slope */
+        ps[2].n = 1;
+        pthread_create(&th[2], NULL, batches_until_step, &ps[2]);
+        sleep_s(1.5);
+        for (int i = 0; i < 2; i++) {
+            set_batch(&ps[i], i, 1);
+            ps[i].n = 1;
+            pthread_create(&th[i], NULL, batches_until_step, &ps[i]);
+        }
+        for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+        visc_collab_stats s = stats_of(&ps[2]);
+        CHECK_MSG(ps[2].rc == 1 && ps[2].step == 1 && ps[2].st.step == 2,
+                  "C: rc %d, step %lld (downloads %llu, rounds %llu, failed %llu)", ps[2].rc,
+                  (long long)ps[2].step, (unsigned long long)s.state_downloads,
+                  (unsigned long long)s.rounds, (unsigned long long)s.rounds_failed);
+        CHECK(s.state_downloads == 1 && s.newcomer_rounds == 1 && s.epoch == 2);
+        for (int i = 0; i < 2; i++) CHECK(ps[i].rc == 1 && ps[i].step == 1);
+        /* A's and B's gradients differ by a constant (0.1 and 0.2 above
+         * 0.01 - 0.003 k); C's (0.05 k) has no weight: the mean is
+         * 0.01 - 0.003 k plus one constant between 0.1 and 0.2, whatever
+         * A's and B's sample counts (any weight of C's would bend it) */
+        double lift = ps[2].m.grads[0] - 0.01;
+        CHECK_MSG(lift >= 0.1 - 1e-6 && lift <= 0.2 + 1e-6, "C's mean gradient: %g", lift);
+        for (size_t k = 0; k < P; k++)
+            CHECK_CLOSE(ps[2].m.grads[k], lift + 0.01 - 0.003 * (double)k, 1e-6, 1e-5);
+        for (int i = 0; i < 2; i++) {
+            CHECK(memcmp(ps[i].m.grads, ps[2].m.grads, P * sizeof(float)) == 0);
+            CHECK(memcmp(ps[i].m.params.data, ps[2].m.params.data, P * sizeof(float)) == 0);
+        }
     }
     for (int i = 0; i < 3; i++)
         if (ps[i].node) peer_close(&ps[i]);

@@ -447,8 +447,24 @@ TEST(mm_group_message_strict) {
     n = visc_mm_group_encode(&aux, 9, schema, msg, sizeof msg);
     CHECK(n > 0 && visc_mm_group_parse(msg, (size_t)n, 9, schema, k[1], k[0], &got) != 0);
     CHECK(strstr(visc_last_error(), "training members") != NULL);
-    aux.members[0].auxiliary = 0;
+    /* a newcomer (role 3) travels, and does not count among the 2 that
+     * train either */
+    aux.members[0].auxiliary = 0, aux.members[0].newcomer = 1;
+    n = visc_mm_group_encode(&aux, 9, schema, msg, sizeof msg);
+    CHECK(n > 0 && msg[58 + 32 + 8] == 3); /* member 0's role */
+    CHECK(visc_mm_group_parse(msg, (size_t)n, 9, schema, k[1], k[0], &got) != 0);
+    CHECK(strstr(visc_last_error(), "training members") != NULL);
+    aux.members[1].auxiliary = 0;
+    n = visc_mm_group_encode(&aux, 9, schema, msg, sizeof msg);
+    CHECK(n > 0 && visc_mm_group_parse(msg, (size_t)n, 9, schema, k[1], k[0], &got) == 0);
+    CHECK(got.members[0].newcomer == 1 && got.members[0].auxiliary == 0 &&
+          got.members[1].newcomer == 0 && got.members[2].newcomer == 0);
+    msg[58 + 32 + 8] = 4; /* no such role */
+    CHECK(visc_mm_group_parse(msg, (size_t)n, 9, schema, k[1], k[0], &got) != 0);
+    aux.members[0].newcomer = 0;
     aux.members[2].auxiliary = 1; /* and a client */
+    CHECK(visc_mm_group_encode(&aux, 9, schema, msg, sizeof msg) < 0);
+    aux.members[2].auxiliary = 0, aux.members[2].newcomer = 1; /* a client newcomer */
     CHECK(visc_mm_group_encode(&aux, 9, schema, msg, sizeof msg) < 0);
 }
 
@@ -469,7 +485,14 @@ TEST(mm_info_and_reject_messages_strict) {
     uint8_t again[VISC_MM_INFO_MAX_BYTES];
     CHECK(visc_mm_info_encode(&out, again, sizeof again) == n &&
           memcmp(again, msg, (size_t)n) == 0);
-    msg[25] = 3; /* no such role */
+    msg[25] = 3; /* a newcomer (it reduces too) */
+    CHECK(visc_mm_info_parse(msg, (size_t)n, &out) == 0 && out.newcomer == 1 &&
+          out.auxiliary == 0 && out.client == 0);
+    CHECK(visc_mm_info_encode(&out, again, sizeof again) == n &&
+          memcmp(again, msg, (size_t)n) == 0);
+    out.auxiliary = 1; /* not both */
+    CHECK(visc_mm_info_encode(&out, again, sizeof again) < 0);
+    msg[25] = 4; /* no such role */
     CHECK(visc_mm_info_parse(msg, (size_t)n, &out) != 0);
     msg[25] = 1; /* a client with an address */
     CHECK(visc_mm_info_parse(msg, (size_t)n, &out) != 0);

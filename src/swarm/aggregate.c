@@ -61,6 +61,10 @@ CLONES static int all_within(const float *x, size_t n, float max_abs) {
 int visc_validate_part(const visc_aggregate_config *c, const float *x, size_t n, double weight) {
     if (!(weight > 0 && weight <= c->max_weight))
         return visc_set_error("weight %g is outside (0, %g]", weight, c->max_weight);
+    return visc_validate_values(c, x, n);
+}
+
+int visc_validate_values(const visc_aggregate_config *c, const float *x, size_t n) {
     if (all_within(x, n, c->max_abs)) return 0;
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(x[i])) return visc_set_error("value %zu is %g, not finite", i, (double)x[i]);

@@ -29,6 +29,8 @@ void visc_aggregate_config_default(visc_aggregate_config *c);
 /* 0 when all n values are finite and within max_abs and the weight is in
  * range; -1 with the first offending index and value otherwise. */
 int visc_validate_part(const visc_aggregate_config *c, const float *x, size_t n, double weight);
+/* The same without a weight (a result, which carries none). */
+int visc_validate_values(const visc_aggregate_config *c, const float *x, size_t n);
 /* out = aggregate of m parts of n values (parts[i], weights[i]); out may
  * alias none of the parts, which must have passed visc_validate_part (a
  * NaN would spread). The weighted mean is the exact one computed in double,

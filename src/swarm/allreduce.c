@@ -253,9 +253,13 @@ static int invalid(int set_error_result) {
 }
 
 static int reduces(const ar_round *r, int member) { return r->nparts[member] > 0; }
-/* An auxiliary member reduces its shard and contributes nothing: it sends
- * no parts and is sent no results. */
-static int is_aux(const ar_round *r, int member) { return r->g->members[member].auxiliary; }
+/* Auxiliary and newcomer members contribute nothing: they send no parts,
+ * with weight 0. Everyone but an auxiliary takes the group's result (a
+ * newcomer steps with it). */
+static int contributes(const ar_round *r, int member) {
+    return visc_member_contributes(&r->g->members[member]);
+}
+static int takes_results(const ar_round *r, int member) { return !r->g->members[member].auxiliary; }
 
 /* The rate (bytes/s) deadlines on this link are sized by: measured once
  * enough has arrived, else what the two members declared, shared among the
@@ -349,10 +353,12 @@ static int exchange_hellos(ar_round *r, ar_link *L, visc_ar_hello *peer) {
         return invalid(visc_set_error("other compression, aggregation or part size"));
     if (!(peer->weight <= c->agg.max_weight))
         return invalid(visc_set_error("weight %g above %g", peer->weight, c->agg.max_weight));
-    /* weight 0 exactly for the members the group lists as auxiliaries */
-    if ((peer->weight == 0) != (is_aux(r, L->idx) != 0))
+    /* weight 0 exactly for the members the group lists as contributing nothing */
+    if ((peer->weight == 0) != !contributes(r, L->idx))
         return invalid(visc_set_error("weight %g from %s member", peer->weight,
-                                      is_aux(r, L->idx) ? "an auxiliary" : "a training"));
+                                      contributes(r, L->idx)            ? "a training"
+                                      : r->g->members[L->idx].auxiliary ? "an auxiliary"
+                                                                        : "a newcomer"));
     return 0;
 }
 
@@ -360,7 +366,8 @@ static int exchange_hellos(ar_round *r, ar_link *L, visc_ar_hello *peer) {
  * the link failed or banned. */
 static int take_part(ar_round *r, ar_link *L, const uint8_t *msg, size_t got) {
     int k = L->parts_in;
-    if (is_aux(r, L->idx)) return invalid(visc_set_error("a part from an auxiliary member"));
+    if (!contributes(r, L->idx))
+        return invalid(visc_set_error("a part from a member that contributes nothing"));
     if (k >= r->nparts[r->self]) return invalid(visc_set_error("part beyond the shard"));
     size_t count = part_len(r, r->self, k);
     float *buf = visc_malloc(count * sizeof(float), "all-reduce part");
@@ -389,12 +396,14 @@ static int take_result(ar_round *r, ar_link *L, const uint8_t *msg, size_t got) 
     pthread_mutex_lock(&r->mu);
     int sent = L->parts_encoded;
     pthread_mutex_unlock(&r->mu);
-    /* a result can only follow our own part: anything else is forged */
-    if (k >= sent) return invalid(visc_set_error("result %d before part %d was sent", k, k));
+    /* a result can only follow our own part: anything else is forged (a
+     * member that contributes nothing sends no parts) */
+    if (contributes(r, r->self) && k >= sent)
+        return invalid(visc_set_error("result %d before part %d was sent", k, k));
     size_t count = part_len(r, L->idx, k);
     if (visc_ar_part_parse(msg, got, (uint32_t)k, part_encoding(r, L->idx, k), L->rx_scratch,
                            count) != 0 ||
-        visc_validate_part(&r->cfg->agg, L->rx_scratch, count, r->weight) != 0)
+        visc_validate_values(&r->cfg->agg, L->rx_scratch, count) != 0)
         return -2;
     pthread_mutex_lock(&r->mu);
     if (!L->failed) {
@@ -412,8 +421,8 @@ static void receive_loop(ar_round *r, ar_link *L) {
     if (!buf) fail_locked(r, L, 1, "%s", visc_last_error());
     for (;;) {
         if (L->failed || r->over) break;
-        int want_parts = !is_aux(r, L->idx) && L->parts_in < r->nparts[r->self];
-        int want_results = !is_aux(r, r->self) && L->results_in < r->nparts[L->idx];
+        int want_parts = contributes(r, L->idx) && L->parts_in < r->nparts[r->self];
+        int want_results = takes_results(r, r->self) && L->results_in < r->nparts[L->idx];
         if (!want_parts && !want_results) break;
         double dl;
         if (want_parts) {
@@ -526,8 +535,8 @@ static void *tx_main(void *arg) {
         wait_until(r, r->deadline);
     for (;;) {
         if (L->failed || r->over) break;
-        int owe_parts = !is_aux(r, r->self) && L->parts_out < r->nparts[L->idx];
-        int owe_results = is_aux(r, L->idx) ? 0 : r->nparts[r->self];
+        int owe_parts = contributes(r, r->self) && L->parts_out < r->nparts[L->idx];
+        int owe_results = takes_results(r, L->idx) ? r->nparts[r->self] : 0;
         /* every part before any result: reducers get their inputs as early
          * as possible (on rate-limited links, 0.92 of the butterfly bound
          * with 8 peers, against 0.78 with results first), and a peer's
@@ -581,10 +590,10 @@ static int reduce_part(ar_round *r, int k, float *out) {
     double weights[VISC_GROUP_MAX];
     int who[VISC_GROUP_MAX], cnt = 0;
     size_t off = part_off(r, r->self, k), count = part_len(r, r->self, k);
-    if (!is_aux(r, r->self))
+    if (contributes(r, r->self))
         parts[cnt] = r->x + off, weights[cnt] = r->weight, who[cnt++] = r->self;
     for (int p = 0; p < r->m; p++) {
-        if (!r->has_link[p] || is_aux(r, p)) continue;
+        if (!r->has_link[p] || !contributes(r, p)) continue;
         float **slot = &r->inbuf[(size_t)k * r->m + p];
         if (r->links[p].failed) {
             free(*slot);
@@ -652,7 +661,8 @@ static void reduce_shard(ar_round *r, float *out, char *err, size_t errcap) {
     while (r->reduced < total && !r->over && visc_now() < r->deadline) {
         int k = r->reduced, complete = 1;
         for (int p = 0; p < r->m && complete; p++)
-            if (r->has_link[p] && !is_aux(r, p) && !r->links[p].failed && r->links[p].parts_in <= k)
+            if (r->has_link[p] && contributes(r, p) && !r->links[p].failed &&
+                r->links[p].parts_in <= k)
                 complete = 0;
         if (!complete) {
             wait_until(r, r->deadline);
@@ -711,7 +721,7 @@ static void fill_report(ar_round *r, visc_allreduce_report *rep, const char *own
     size_t len = strlen(rep->what_failed);
     if (len >= 2 && rep->what_failed[len - 2] == ';') rep->what_failed[len - 2] = '\0';
     /* an auxiliary holds no vector of its own: what it needs is its shard */
-    size_t need = is_aux(r, r->self) ? r->begin[r->self + 1] - r->begin[r->self] : r->n;
+    size_t need = takes_results(r, r->self) ? r->n : r->begin[r->self + 1] - r->begin[r->self];
     rep->averaged_fraction = need ? (double)replaced / (double)need : 1;
 }
 
@@ -723,10 +733,13 @@ static int check_args(const visc_group *g, const visc_allreduce_config *cfg, siz
         return visc_set_error("all-reduce: self index %d outside the group", g->self);
     if (n == 0) return visc_set_error("all-reduce: empty vector");
     const visc_group_member *self = &g->members[g->self];
-    if (self->auxiliary ? weight != 0
-                        : !isfinite(weight) || weight <= 0 || weight > cfg->agg.max_weight)
+    if (!visc_member_contributes(self)
+            ? weight != 0
+            : !isfinite(weight) || weight <= 0 || weight > cfg->agg.max_weight)
         return visc_set_error("all-reduce: weight %g out of range%s", weight,
-                              self->auxiliary ? " (an auxiliary member's is 0)" : "");
+                              self->auxiliary  ? " (an auxiliary member's is 0)"
+                              : self->newcomer ? " (a newcomer member's is 0)"
+                                               : "");
     if ((unsigned)cfg->compression > VISC_COMP_Q8)
         return visc_set_error("all-reduce: unknown compression");
     if (cfg->part_bytes > UINT32_MAX) return visc_set_error("all-reduce: part size too large");
@@ -745,13 +758,19 @@ static int check_args(const visc_group *g, const visc_allreduce_config *cfg, siz
         return visc_set_error("all-reduce: timeouts must be positive");
     int full = 0, contributors = 0;
     for (int i = 0; i < g->size; i++) {
-        if (g->members[i].client && g->members[i].auxiliary)
-            return visc_set_error("all-reduce: member %d is a client and an auxiliary", i);
-        full += !g->members[i].client;
-        contributors += !g->members[i].auxiliary;
+        const visc_group_member *m = &g->members[i];
+        if (m->client && (m->auxiliary || m->newcomer))
+            return visc_set_error("all-reduce: member %d is a client and %s", i,
+                                  m->auxiliary ? "an auxiliary" : "a newcomer");
+        if (m->auxiliary && m->newcomer)
+            return visc_set_error("all-reduce: member %d is an auxiliary and a newcomer", i);
+        full += !m->client;
+        contributors += visc_member_contributes(m);
     }
     if (!full) return visc_set_error("all-reduce: no member reduces (all are clients)");
-    if (!contributors) return visc_set_error("all-reduce: every member is an auxiliary");
+    if (!contributors)
+        return visc_set_error("all-reduce: no member contributes (every member is an auxiliary "
+                              "or a newcomer)");
     return 0;
 }
 
@@ -770,8 +789,11 @@ static int round_setup(ar_round *r) {
     r->res_len = visc_calloc((size_t)own + 1, sizeof(size_t), "all-reduce result table");
     if (!r->inbuf || !r->res_enc || !r->res_len) return -1;
     for (int p = 0; p < r->m; p++) {
-        if (p == r->self || (!reduces(r, p) && !reduces(r, r->self))) continue;
-        if (is_aux(r, p) && is_aux(r, r->self)) continue; /* nothing to trade */
+        /* a link where one side takes what the other reduces (parts go only
+         * to reducers from members that take results, too) */
+        if (p == r->self || !((takes_results(r, r->self) && reduces(r, p)) ||
+                              (takes_results(r, p) && reduces(r, r->self))))
+            continue;
         ar_link *L = &r->links[p];
         L->r = r, L->idx = p;
         L->rx_scratch = visc_malloc(r->pv * sizeof(float), "all-reduce link buffer");

@@ -28,6 +28,13 @@
  * an auxiliary's x is only its shard's output (n floats, the rest
  * untouched).
  *
+ * Newcomer members (role 3: a peer that has just taken the swarm's state
+ * and has no gradient yet, collab.c) are auxiliaries that take the result:
+ * weight exactly 0, no parts (a part from one is banned), a shard to
+ * reduce, and every other reducer's results, so that x ends as the
+ * group's aggregate as at a full member, and the newcomer steps with the
+ * group. A group needs a member that contributes.
+ *
  * Deadlines: each part must arrive within a time derived from the part's
  * size and the bandwidth measured so far on that link (times slack, plus
  * a floor); the whole round ends at round_timeout_s.
@@ -51,11 +58,11 @@
  *
  * Wire (little-endian; the type byte is the channel frame's):
  *   AR_HELLO   version 1 (u8), group id (16), schema hash (32), n (u64),
- *              weight (f64, >= 0; 0 exactly for an auxiliary member), compression (u8), aggregation
- * (u8), part_bytes (u32): VISC_AR_HELLO_BYTES AR_PART    part index within the receiver's shard
- * (u32), then the part's values encoded (compress.h, the encoding visc_compression_for gives for
- * the part's length) AR_RESULT  part index within the sender's shard (u32), then the reduced
- * values, encoded the same way */
+ *              weight (f64, >= 0; 0 exactly for an auxiliary or newcomer member), compression (u8),
+ * aggregation (u8), part_bytes (u32): VISC_AR_HELLO_BYTES AR_PART    part index within the
+ * receiver's shard (u32), then the part's values encoded (compress.h, the encoding
+ * visc_compression_for gives for the part's length) AR_RESULT  part index within the sender's shard
+ * (u32), then the reduced values, encoded the same way */
 #ifndef VISC_SWARM_ALLREDUCE_H
 #define VISC_SWARM_ALLREDUCE_H
 
@@ -140,7 +147,7 @@ void visc_allreduce_config_default(visc_allreduce_config *c);
 void visc_allreduce_report_line(const visc_allreduce_report *r, char *out, size_t cap);
 /* x (n floats) is replaced by the group's aggregate where it could be
  * computed; weight: this peer's weight (sample count, or 1; exactly 0 for
- * an auxiliary member). error_buf:
+ * an auxiliary or newcomer member). error_buf:
  * n floats of error feedback state, or NULL. */
 int visc_allreduce(visc_swarm_node *node, const visc_group *g, const visc_allreduce_config *cfg,
                    float *x, size_t n, double weight, float *error_buf, visc_allreduce_report *rep);

@@ -57,7 +57,9 @@ struct visc_collab {
                              other's records yet (so no stepping alone, and no
                              group closed at the size of the view) */
     uint64_t downloads_tried;
-    int took_state; /* this epoch's state came by download (free_running_ready) */
+    int took_state;    /* this epoch's state came by download (free_running_ready) */
+    double batch_s;    /* a batch's time here (a running mean; 0: not measured yet) */
+    double hooks_left; /* monotonic time the trainer last got control back */
     /* The served states: the blobs of this peer's last SNAPSHOTS epochs, a
      * ring (cur: the newest), built on the training thread, copied by the
      * server's threads under mu. A requester asks for the epoch it read in
@@ -552,15 +554,15 @@ static void round_config(const visc_collab *c, const uint8_t schema[32],
  * packed vector v with this peer's weight. why: what failed. Touches no
  * view or record (the delayed-update worker runs it too). */
 static round_outcome attempt_on(visc_collab *c, uint64_t round, group_sizes sizes,
-                                const uint8_t schema[32], float *v, double weight, char *why,
-                                size_t cap) {
+                                const uint8_t schema[32], float *v, double weight,
+                                double matchmaking_time_s, char *why, size_t cap) {
     /* lockstep peers that exclude members need fewer (group_sizes_of) */
     int min = c->cfg.min_group_size < sizes.target ? c->cfg.min_group_size : sizes.target;
     visc_matchmaking_config mc = {.round = round,
                                   .target_group_size = sizes.target,
                                   .expected_group_size = sizes.expected,
                                   .min_group_size = min < 2 ? 2 : min,
-                                  .matchmaking_time_s = c->cfg.matchmaking_time_s};
+                                  .matchmaking_time_s = matchmaking_time_s};
     memcpy(mc.schema_hash, schema, 32);
     uint8_t bans[MAX_BANS][VISC_KEY_BYTES];
     mc.n_excluded = active_bans(c, bans);
@@ -568,6 +570,8 @@ static round_outcome attempt_on(visc_collab *c, uint64_t round, group_sizes size
     visc_group g;
     double t0 = visc_now();
     c->stats.rounds++;
+    /* weight 0: a newcomer that has just taken the state (newcomer_round) */
+    mc.newcomer = weight == 0;
     int mm = visc_matchmake(c->cfg.node, &mc, &g);
     if (mm != 0) {
         snprintf(why, cap, "%s", visc_last_error());
@@ -611,13 +615,14 @@ static round_outcome attempt_on(visc_collab *c, uint64_t round, group_sizes size
     return ROUND_FAILED;
 }
 
-/* This step's attempt, from the training thread. */
-static round_outcome attempt(visc_collab *c, char *why, size_t cap) {
+/* This step's attempt, from the training thread; matchmaking_time_s: the
+ * configured one but for a newcomer's (newcomer_round). */
+static round_outcome attempt(visc_collab *c, double matchmaking_time_s, char *why, size_t cap) {
     uint8_t schema[32];
     round_schema(c, schema);
     pack(c, c->vec);
     return attempt_on(c, c->epoch, group_sizes_of(c, c->epoch, 0), schema, c->vec,
-                      (double)c->samples, why, cap);
+                      (double)c->samples, matchmaking_time_s, why, cap);
 }
 
 static void nap(double s) {
@@ -665,7 +670,7 @@ static round_outcome run_round(visc_collab *c, char *why, size_t cap) {
             out = ROUND_ALONE;
             break;
         }
-        out = attempt(c, why, cap);
+        out = attempt(c, c->cfg.matchmaking_time_s, why, cap);
         if (out == ROUND_DONE) break;
         if (out == ROUND_MISSED && await_step_past(c, deadline)) {
             fprintf(stderr,
@@ -881,7 +886,8 @@ static void *delay_main(void *arg) {
         double deadline = visc_now() + c->cfg.step_deadline_s;
         round_outcome out;
         for (int tries = 1;; tries++) {
-            out = attempt_on(c, round, sizes, schema, c->bg_vec, weight, why, sizeof why);
+            out = attempt_on(c, round, sizes, schema, c->bg_vec, weight, c->cfg.matchmaking_time_s,
+                             why, sizeof why);
             if (out == ROUND_DONE) break;
             if (out == ROUND_MISSED) {
                 /* the group formed without this peer: the training thread
@@ -1014,22 +1020,63 @@ static int joining_late(const visc_collab *c) {
            c->view.eta_s < c->cfg.matchmaking_time_s;
 }
 
-/* After a free-running peer's batch: 1 when the swarm is ready for this
- * peer's step. First the records: a peer that fell behind catches up, and
- * one whose state lost to the majority's at its step takes theirs (then
- * 0: the accumulated gradient was of a state that is gone). */
-static int free_running_ready(visc_collab *c) {
-    refresh(c, 0);
-    if (behind(c)) {
-        catch_up(c);
+/* Whether a peer that has just taken the swarm's state joins the step's
+ * round at once, with no gradient (collab.h, late joiners): it has
+ * computed nothing of this state, and the swarm is due before two of its
+ * batches would be done (one would end after the group formed, or be all
+ * it adds; with steps longer than that, its batches count and it joins
+ * with them). Free-running only: lockstep groups wait for every peer. */
+static int newcomer_due(const visc_collab *c) {
+    return !c->cfg.lockstep && c->took_state && c->samples == 0 && c->view.epoch == c->epoch &&
+           c->view.peers >= 2 && c->view.eta_s < 2 * c->batch_s + c->cfg.matchmaking_time_s;
+}
+
+/* The step's round with weight 0 (matchmaking and all-reduce role
+ * newcomer): the group's mean gradient, stepped with like any member's. It
+ * matchmakes for the time until the swarm is due plus the configured
+ * matchmaking time (it declares before the others are ready). 1 stepped,
+ * 0 not (the peer trains on; one line says why). */
+static int newcomer_round(visc_collab *c, int64_t *global_step) {
+    char why[640] = "";
+    visc_progress_pause(c->tracker);
+    round_outcome out = attempt(c, c->cfg.matchmaking_time_s + c->view.eta_s, why, sizeof why);
+    visc_progress_resume(c->tracker);
+    if (out != ROUND_DONE) {
+        fprintf(stderr,
+                "visc: swarm: joining the round of step %" PRIu64 " with no gradient after "
+                "taking the state failed: %s; training on\n",
+                c->epoch, why);
         return 0;
     }
+    if (c->cfg.verbose)
+        fprintf(stderr,
+                "visc: swarm: step %" PRIu64 ": joined the round with no gradient after "
+                "taking the state\n",
+                c->epoch);
+    c->stats.newcomer_rounds++;
+    unpack(c, c->vec);
+    *global_step = (int64_t)c->epoch;
+    c->publish_epoch = 1;
+    return 1;
+}
+
+/* What free_running_ready found. */
+typedef enum { NOT_READY, READY, READY_AS_NEWCOMER } readiness;
+
+/* After a free-running peer's batch: READY when the swarm is ready for
+ * this peer's step. First the records: a peer that fell behind catches up
+ * (READY_AS_NEWCOMER when it then joins the round at once: newcomer_due),
+ * and one whose state lost to the majority's at its step takes theirs
+ * (then NOT_READY: the accumulated gradient was of a state that is gone). */
+static readiness free_running_ready(visc_collab *c) {
+    refresh(c, 0);
+    if (behind(c)) return catch_up(c) == 1 && newcomer_due(c) ? READY_AS_NEWCOMER : NOT_READY;
     uint8_t winner[32];
     if (diverged(c, winner)) {
         take_winner(c, winner);
-        return 0;
+        return NOT_READY;
     }
-    return c->view.ready || joining_late(c);
+    return c->view.ready || joining_late(c) ? READY : NOT_READY;
 }
 
 /* A round of the worker failed (free-running): the gradient it carried
@@ -1089,7 +1136,9 @@ static int free_delayed_round(visc_collab *c, int64_t *global_step) {
         c->stats.steps_skipped++;
         delay_take_back(c);
     }
-    if (!free_running_ready(c)) return 0;
+    readiness ready = free_running_ready(c);
+    if (ready == READY_AS_NEWCOMER) return newcomer_round(c, global_step);
+    if (ready == NOT_READY) return 0;
     if (c->view.peers <= 1 && c->view.distrusted == 0 && view_settled(c)) {
         refresh(c, 1); /* a fresh look before stepping alone, as run_round takes */
         if (c->view.peers <= 1 && c->view.distrusted == 0) {
@@ -1137,7 +1186,9 @@ static int gradient_round(visc_collab *c, int64_t *global_step) {
     char why[640] = "";
     round_outcome out = run_round(c, why, sizeof why);
     if (out == ROUND_BEHIND) {
-        catch_up(c);
+        /* the round went on without this peer (it came late, or its group
+         * formed without it): the next one, at once when it is due */
+        if (catch_up(c) == 1 && newcomer_due(c)) return newcomer_round(c, global_step);
         return 0;
     }
     if (out == ROUND_DONE || out == ROUND_ALONE) {
@@ -1157,8 +1208,18 @@ static int gradient_round(visc_collab *c, int64_t *global_step) {
     return 0;
 }
 
-static int after_backward(void *ctx, int n, float loss, int64_t *global_step) {
-    visc_collab *c = ctx;
+/* The trainer hands back control after a batch: its time (from the last
+ * hand-over, so rounds and downloads do not count) joins the running
+ * mean that newcomer_due weighs. */
+static void measure_batch(visc_collab *c) {
+    double now = visc_now();
+    if (c->hooks_left > 0) {
+        double dt = now - c->hooks_left;
+        c->batch_s = c->batch_s > 0 ? 0.8 * c->batch_s + 0.2 * dt : dt;
+    }
+}
+
+static int batch_done(visc_collab *c, int n, float loss, int64_t *global_step) {
     if (n <= 0) return 0;
     *global_step = (int64_t)c->epoch;
     visc_progress_add_samples(c->tracker, (uint64_t)n, loss);
@@ -1178,8 +1239,20 @@ static int after_backward(void *ctx, int n, float loss, int64_t *global_step) {
     if (c->cfg.delay_updates)
         return c->cfg.lockstep ? lockstep_delayed_round(c, global_step)
                                : free_delayed_round(c, global_step);
-    if (!c->cfg.lockstep && !free_running_ready(c)) return 0;
+    if (!c->cfg.lockstep) {
+        readiness ready = free_running_ready(c);
+        if (ready == READY_AS_NEWCOMER) return newcomer_round(c, global_step);
+        if (ready == NOT_READY) return 0;
+    }
     return gradient_round(c, global_step);
+}
+
+static int after_backward(void *ctx, int n, float loss, int64_t *global_step) {
+    visc_collab *c = ctx;
+    measure_batch(c);
+    int rc = batch_done(c, n, loss, global_step);
+    c->hooks_left = visc_now();
+    return rc;
 }
 
 static int parameter_round(visc_collab *c) {
@@ -1212,8 +1285,7 @@ static int parameter_round(visc_collab *c) {
     return advance(c, 0);
 }
 
-static int after_step(void *ctx) {
-    visc_collab *c = ctx;
+static int step_done(visc_collab *c) {
     if (c->cfg.mode == VISC_COLLAB_PARAMETERS) {
         /* local steps do not advance the global step */
         c->a->state->step = (int64_t)c->epoch;
@@ -1233,6 +1305,13 @@ static int after_step(void *ctx) {
         delay_launch(c);
     }
     return 0;
+}
+
+static int after_step(void *ctx) {
+    visc_collab *c = ctx;
+    int rc = step_done(c);
+    c->hooks_left = visc_now();
+    return rc;
 }
 
 static int should_stop(void *ctx) {
@@ -1358,10 +1437,11 @@ static void finish(void *ctx) {
             "visc: swarm: %" PRIu64 " steps, %" PRIu64 " rounds (%" PRIu64 " failed, %" PRIu64
             " partial), %" PRIu64 " skipped, %" PRIu64 " local, %" PRIu64
             " state downloads, %.1f MB sent, %.1f MB received, %.1f s averaging, %" PRIu64
-            " members dropped\n",
+            " members dropped, %" PRIu64 " rounds joined after taking the state\n",
             s->epoch, s->rounds, s->rounds_failed, s->rounds_partial, s->steps_skipped,
             s->steps_local, s->state_downloads, (double)s->bytes_sent / 1e6,
-            (double)s->bytes_received / 1e6, s->averaging_seconds, s->members_dropped);
+            (double)s->bytes_received / 1e6, s->averaging_seconds, s->members_dropped,
+            s->newcomer_rounds);
     if (c->cfg.delay_updates)
         fprintf(stderr,
                 "visc: swarm: --delay-updates: %" PRIu64

@@ -53,16 +53,20 @@ static size_t put_addr(uint8_t *p, const char *addr) {
 
 static int bandwidth_ok(double b) { return isfinite(b) && b > 0 && b <= MM_MAX_BANDWIDTH; }
 
-/* A full peer (and an auxiliary: it reduces) needs an address to be
- * reached at; a client has none. */
-static int role_ok(int client, int auxiliary, const char *addr) {
-    if (client && auxiliary) return visc_set_error("a client cannot be an auxiliary peer");
+/* A full peer (and an auxiliary or a newcomer: they reduce) needs an
+ * address to be reached at; a client has none. */
+static int role_ok(int client, int auxiliary, int newcomer, const char *addr) {
+    if (client && (auxiliary || newcomer))
+        return visc_set_error("a client cannot be an auxiliary or newcomer peer");
+    if (auxiliary && newcomer) return visc_set_error("a peer both auxiliary and newcomer");
     if (client) return addr[0] == '\0' ? 0 : visc_set_error("a client peer with an address");
     return addr[0] ? 0 : visc_set_error("a full peer without an address");
 }
 
-/* The role byte: 0 full, 1 client, 2 auxiliary. */
-static uint8_t role_byte(int client, int auxiliary) { return client ? 1 : auxiliary ? 2 : 0; }
+/* The role byte: 0 full, 1 client, 2 auxiliary, 3 newcomer. */
+static uint8_t role_byte(int client, int auxiliary, int newcomer) {
+    return client ? 1 : auxiliary ? 2 : newcomer ? 3 : 0;
+}
 
 static int addr_ok(const char *addr) {
     size_t len = strnlen(addr, VISC_MM_ADDR_MAX + 1);
@@ -73,7 +77,8 @@ static int addr_ok(const char *addr) {
 }
 
 int visc_mm_info_encode(const visc_mm_info *info, uint8_t *out, size_t cap) {
-    if (addr_ok(info->addr) != 0 || role_ok(info->client, info->auxiliary, info->addr) != 0)
+    if (addr_ok(info->addr) != 0 ||
+        role_ok(info->client, info->auxiliary, info->newcomer, info->addr) != 0)
         return -1;
     if (!bandwidth_ok(info->bandwidth)) return visc_set_error("bandwidth out of range");
     size_t need = 59 + strlen(info->addr);
@@ -83,7 +88,7 @@ int visc_mm_info_encode(const visc_mm_info *info, uint8_t *out, size_t cap) {
     visc_put_u64(p, info->round), p += 8;
     visc_put_u64(p, info->expires_ms), p += 8;
     visc_put_f64(p, info->bandwidth), p += 8;
-    *p++ = role_byte(info->client, info->auxiliary);
+    *p++ = role_byte(info->client, info->auxiliary, info->newcomer);
     memcpy(p, info->schema_hash, 32), p += 32;
     p += put_addr(p, info->addr);
     return (int)(p - out);
@@ -97,14 +102,14 @@ int visc_mm_info_parse(const uint8_t *msg, size_t n, visc_mm_info *out) {
     out->round = visc_get_u64(msg + 1);
     out->expires_ms = visc_get_u64(msg + 9);
     out->bandwidth = visc_get_f64(msg + 17);
-    if (msg[25] > 2) return visc_set_error("matchmaking info: role %u", msg[25]);
-    out->client = msg[25] == 1, out->auxiliary = msg[25] == 2;
+    if (msg[25] > 3) return visc_set_error("matchmaking info: role %u", msg[25]);
+    out->client = msg[25] == 1, out->auxiliary = msg[25] == 2, out->newcomer = msg[25] == 3;
     memcpy(out->schema_hash, msg + 26, 32);
     size_t off = 58;
     if (get_addr(msg, n, &off, out->addr) != 0) return -1;
     if (off != n) return visc_set_error("matchmaking info: %zu trailing bytes", n - off);
     if (!bandwidth_ok(out->bandwidth)) return visc_set_error("matchmaking info: bad bandwidth");
-    return role_ok(out->client, out->auxiliary, out->addr);
+    return role_ok(out->client, out->auxiliary, out->newcomer, out->addr);
 }
 
 int visc_mm_group_encode(const visc_group *g, uint64_t round, const uint8_t schema_hash[32],
@@ -119,11 +124,12 @@ int visc_mm_group_encode(const visc_group *g, uint64_t round, const uint8_t sche
     *p++ = (uint8_t)g->size;
     for (int i = 0; i < g->size; i++) {
         const visc_group_member *m = &g->members[i];
-        if (addr_ok(m->addr) != 0 || role_ok(m->client, m->auxiliary, m->addr) != 0) return -1;
+        if (addr_ok(m->addr) != 0 || role_ok(m->client, m->auxiliary, m->newcomer, m->addr) != 0)
+            return -1;
         if (!bandwidth_ok(m->bandwidth)) return visc_set_error("group: bad bandwidth");
         memcpy(p, m->key, VISC_KEY_BYTES), p += VISC_KEY_BYTES;
         visc_put_f64(p, m->bandwidth), p += 8;
-        *p++ = role_byte(m->client, m->auxiliary);
+        *p++ = role_byte(m->client, m->auxiliary, m->newcomer);
         p += put_addr(p, m->addr);
     }
     return (int)(p - out);
@@ -149,12 +155,13 @@ int visc_mm_group_parse(const uint8_t *msg, size_t n, uint64_t round, const uint
         if (n - off < 42) return visc_set_error("GROUP truncated at member %d", i);
         memcpy(m->key, msg + off, VISC_KEY_BYTES);
         m->bandwidth = visc_get_f64(msg + off + 32);
-        if (msg[off + 40] > 2) return visc_set_error("GROUP member %d: role %u", i, msg[off + 40]);
-        m->client = msg[off + 40] == 1, m->auxiliary = msg[off + 40] == 2;
+        uint8_t role = msg[off + 40];
+        if (role > 3) return visc_set_error("GROUP member %d: role %u", i, role);
+        m->client = role == 1, m->auxiliary = role == 2, m->newcomer = role == 3;
         off += 41;
         if (get_addr(msg, n, &off, m->addr) != 0) return -1;
         if (!bandwidth_ok(m->bandwidth)) return visc_set_error("GROUP member %d: bandwidth", i);
-        if (role_ok(m->client, m->auxiliary, m->addr) != 0) return -1;
+        if (role_ok(m->client, m->auxiliary, m->newcomer, m->addr) != 0) return -1;
         for (int j = 0; j < i; j++)
             if (memcmp(out->members[j].key, m->key, VISC_KEY_BYTES) == 0)
                 return visc_set_error("GROUP lists a member twice");
@@ -163,7 +170,7 @@ int visc_mm_group_parse(const uint8_t *msg, size_t n, uint64_t round, const uint
     }
     if (off != n) return visc_set_error("GROUP: %zu trailing bytes", n - off);
     int contributors = 0;
-    for (int i = 0; i < count; i++) contributors += !out->members[i].auxiliary;
+    for (int i = 0; i < count; i++) contributors += visc_member_contributes(&out->members[i]);
     if (contributors < 2) return visc_set_error("GROUP of %d training members", contributors);
     if (out->self < 0) return visc_set_error("GROUP without this peer");
     if (leader_at < 0 || out->members[leader_at].client)
@@ -406,6 +413,7 @@ static int read_join(round_state *s, visc_chan *c, const joiner *have, int n_hav
     m->bandwidth = info.bandwidth;
     m->client = info.client;
     m->auxiliary = info.auxiliary;
+    m->newcomer = info.newcomer;
     memcpy(m->addr, info.addr, sizeof m->addr);
     return 0;
 }
@@ -434,6 +442,7 @@ static int lead(round_state *s, visc_group *out) {
     memcpy(j[0].m.key, s->self_key, VISC_KEY_BYTES);
     j[0].m.bandwidth = s->self.bandwidth;
     j[0].m.auxiliary = s->self.auxiliary;
+    j[0].m.newcomer = s->self.newcomer;
     memcpy(j[0].m.addr, s->self.addr, sizeof j[0].m.addr);
     double gather_end = s->deadline - s->margin;
     double next_check = visc_now() + s->recheck_s;
@@ -483,7 +492,7 @@ static int lead(round_state *s, visc_group *out) {
         }
     }
     int contributors = 0;
-    for (int i = 0; i < n; i++) contributors += !j[i].m.auxiliary;
+    for (int i = 0; i < n; i++) contributors += visc_member_contributes(&j[i].m);
     if (n < s->cfg->min_group_size || contributors < 2) {
         close_joiners(j, n, VISC_MM_REJECT_DISBANDED);
         if (n < s->cfg->min_group_size)
@@ -678,6 +687,7 @@ int visc_matchmake(visc_swarm_node *n, const visc_matchmaking_config *cfg, visc_
     s->self.bandwidth = nc->bandwidth > 0 ? nc->bandwidth : 1.0;
     s->self.client = nc->client ? 1 : 0;
     s->self.auxiliary = cfg->auxiliary && !nc->client;
+    s->self.newcomer = cfg->newcomer && !cfg->auxiliary && !nc->client;
     memcpy(s->self.schema_hash, cfg->schema_hash, 32);
     snprintf(s->self.addr, sizeof s->self.addr, "%s", nc->client ? "" : visc_swarm_node_address(n));
     visc_mm_join_tag(cfg->round, s->tag);

@@ -66,18 +66,20 @@
  * Auxiliary peers (collab.h) declare role 2: they count toward the group
  * sizes like any member (they do a member's share of the reducing) and may
  * lead, but a group needs at least 2 members that train: a leader with
- * fewer disbands ("no group").
+ * fewer disbands ("no group"). Newcomers (role 3: a peer that has just
+ * taken the swarm's state, collab.c) are like auxiliaries but take the
+ * group's result: they contribute nothing, and do not count among the 2.
  *
  * Messages (little-endian; the type byte is the channel frame's):
  *   info (JOIN frame, and the value of a DHT declaration): version 1 (u8),
  *     round (u64), expires_ms (u64, unix ms when the sender stops waiting),
- *     bandwidth (f64, finite, > 0), role (u8: 0 full, 1 client, 2 auxiliary),
+ *     bandwidth (f64, finite, > 0), role (u8: 0 full, 1 client, 2 auxiliary, 3 newcomer),
  *     schema hash (32), address length (u8, < 64; 0 exactly for a
  *     client), address (no NUL)
  *   GROUP: version 1, round (u64), group id (16), schema hash (32),
  *     count (u8, 2..VISC_GROUP_MAX), then count times: key (32),
  *     bandwidth (f64), role (u8, as in info), address length (u8), address;
- *     at least 2 members are not auxiliaries
+ *     at least 2 members contribute (neither auxiliaries nor newcomers)
  *   REJECT: version 1, reason (u8, visc_mm_reject_reason) */
 #ifndef VISC_SWARM_MATCHMAKING_H
 #define VISC_SWARM_MATCHMAKING_H
@@ -90,7 +92,13 @@ typedef struct {
     double bandwidth;
     int client;
     int auxiliary; /* reduces a shard, contributes nothing (weight 0) */
+    int newcomer;  /* reduces a shard and takes the result, contributes nothing (weight 0) */
 } visc_group_member;
+
+/* Whether a member's values enter the average (full peers and clients). */
+static inline int visc_member_contributes(const visc_group_member *m) {
+    return !m->auxiliary && !m->newcomer;
+}
 
 typedef struct {
     uint8_t id[16];
@@ -106,6 +114,7 @@ typedef struct {
     double matchmaking_time_s;
     uint8_t schema_hash[32]; /* what is averaged: only equal hashes group */
     int auxiliary;           /* this peer joins as an auxiliary (not with a client node) */
+    int newcomer;            /* this peer joins as a newcomer (not with a client node) */
     const uint8_t (*excluded)[VISC_KEY_BYTES]; /* keys not to group with (may be NULL) */
     int n_excluded;
 } visc_matchmaking_config;
@@ -126,7 +135,7 @@ int visc_matchmake(visc_swarm_node *n, const visc_matchmaking_config *cfg, visc_
 typedef struct {
     uint64_t round, expires_ms;
     double bandwidth;
-    int client, auxiliary;
+    int client, auxiliary, newcomer;
     uint8_t schema_hash[32];
     char addr[VISC_MM_ADDR_MAX + 1];
 } visc_mm_info;
