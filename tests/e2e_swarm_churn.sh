@@ -16,31 +16,27 @@ set -uo pipefail
 boot churn
 
 steps=16
-# Each step of the swarm spans four batches of each of the four peers
-# (target 128, batch 8), as in real swarms, whose target batch is many
-# local batches. A newcomer takes the state and must then compute its part
-# of the next step before the others have finished theirs: with shorter
-# steps it kept arriving after the step's group had formed, fell behind and
-# took the state again. One batch a step (batch 16): a CI sanitizer run, 4
-# rounds, none averaged, 5 downloads. Two (target 64): a CI coverage run
-# beside the sanitizer pass, 7 rounds, none averaged, 8 downloads, while
-# the three others averaged every round. Even at four a CI coverage run
-# once had p5 average in none of its 5 rounds (6 downloads): a peer late
-# for a round led a group of its own for the whole matchmaking time (2 s,
-# longer than a step there), and the peers that had counted fewer at the
-# step dealt the round into other groups than the rest. Since the leaders
-# answer late peers at once and every peer deals with the same group size
-# (matchmaking.h), a newcomer misses the round it arrived in and averages
-# in every later one (coverage build, two busy cores beside it, 3 runs),
-# and the test asks for half of them. Still, a CI coverage pass beside the
-# sanitizer pass had p5 take the state 8 times and average in none: after
-# each download its batch ended after the group had formed. A peer that
-# has just taken the state now joins the step's round at once with no
-# gradient when the swarm is due within two of its batches (collab.h); at
-# target 32, where it used to miss every round, p5 averaged in 7 of 8.
+# Each step of the swarm spans sixteen batches of each of the four peers
+# (target 512, batch 8), as in real swarms, whose target batch is many
+# local batches. A newcomer must get into a round once; from then on it
+# steps with the others. With steps of one batch (batch 16) a CI sanitizer
+# run had it in none of 4 rounds (5 downloads); of two (target 64), none
+# of 7 (8 downloads). Since the leaders answer late peers at once and every
+# peer deals with the same group size (matchmaking.h), a newcomer missed
+# only the round it arrived in at four batches (target 128), but fresh-
+# clone CI runs still had p5 take the state 6 to 8 times and average in at
+# most 1 of 8 steps, also once a peer that took the state joined the next
+# round with no gradient: a step computed in a few tenths of a second,
+# less than a read of the records (up to a second while the killed peers
+# linger in the DHT's routing tables) plus a download, so the group had
+# formed before the newcomer knew of the step. A peer behind the swarm now
+# joins the swarm's round before it downloads the state (collab.h), and
+# steps of sixteen batches leave it the time to: coverage build beside two
+# busy cores, p5 averaged in 8 of 8 steps with one download (at target 128
+# there: 5 and 6 of 8, with 2 and 3 downloads; locally 1 run in 4 failed).
 args=(--model resnet14 --epochs 1 --batch-size 8 --opt sgd --lr 0.05 --no-progress --print-freq 1
       --threads 1 --max-steps $steps --swarm --run-id churn --swarm-secret-file "$tmp/secret"
-      --listen 127.0.0.1:0 --initial-peers "$boot" --target-batch-size 128 --matchmaking-time 2
+      --listen 127.0.0.1:0 --initial-peers "$boot" --target-batch-size 512 --matchmaking-time 2
       --swarm-linger 5)
 declare -A pid
 start() { # start NAME SEED SHARD

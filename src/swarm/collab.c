@@ -1020,42 +1020,94 @@ static int joining_late(const visc_collab *c) {
            c->view.eta_s < c->cfg.matchmaking_time_s;
 }
 
-/* Whether a peer that has just taken the swarm's state joins the step's
- * round at once, with no gradient (collab.h, late joiners): it has
- * computed nothing of this state, and the swarm is due before two of its
- * batches would be done (one would end after the group formed, or be all
- * it adds; with steps longer than that, its batches count and it joins
- * with them). Free-running only: lockstep groups wait for every peer. */
-static int newcomer_due(const visc_collab *c) {
-    return !c->cfg.lockstep && c->took_state && c->samples == 0 && c->view.epoch == c->epoch &&
-           c->view.peers >= 2 && c->view.eta_s < 2 * c->batch_s + c->cfg.matchmaking_time_s;
+/* This peer's record as it is: its step and its state's hash. */
+static void publish_own(visc_collab *c) {
+    uint8_t mine[32];
+    current_hash(c, mine);
+    visc_progress_set_epoch(c->tracker, c->epoch);
+    visc_progress_set_state_hash(c->tracker, mine);
 }
 
-/* The step's round with weight 0 (matchmaking and all-reduce role
- * newcomer): the group's mean gradient, stepped with like any member's. It
- * matchmakes for the time until the swarm is due plus the configured
- * matchmaking time (it declares before the others are ready). 1 stepped,
- * 0 not (the peer trains on; one line says why). */
+/* Whether a free-running peer that is behind the swarm joins the swarm's
+ * round before it takes the state (newcomer_round): the swarm is due
+ * before two of this peer's batches would be done (a batch after the
+ * download would end after the group formed, or be all it adds; with
+ * steps longer than that, it takes the state and joins with its batches).
+ * Lockstep groups wait for every peer anyway. */
+static int newcomer_due(const visc_collab *c) {
+    return !c->cfg.lockstep && c->view.peers >= 2 && visc_now() >= c->next_download &&
+           c->view.eta_s < 2 * c->batch_s + c->cfg.matchmaking_time_s;
+}
+
+/* A peer behind the swarm joins the swarm's round first, then takes the
+ * state. The round is of the state most records at the swarm's step
+ * publish (its hash makes the round's schema, as an auxiliary's); this
+ * peer joins with weight 0 (matchmaking and all-reduce role newcomer: it
+ * reduces a shard and takes the group's mean gradient), downloads that
+ * state from the records read before the round (its donors, a step on by
+ * then, still serve it), and steps with the mean like every member. Its
+ * declaration is out while the others still compute the step, and a
+ * leader waits for every peer its view of the declarations deals to it:
+ * downloading first, then declaring, it came after the group had formed,
+ * step after step, where a step's compute takes less than a record's
+ * spreading plus a download (e2e_swarm_churn.sh, CI: a newcomer took the
+ * state 6 to 8 times and averaged in at most 1 of 8 steps). It matchmakes
+ * for the time until the swarm is due plus the matchmaking time. 1
+ * stepped, 0 not (it took the state some other way, or will retry; one
+ * line says why). */
 static int newcomer_round(visc_collab *c, int64_t *global_step) {
+    /* Its record says the swarm's step, with no state yet (no donor, no
+     * vote on the step's state): the leaders count it among the peers at
+     * the step and wait for it. Declaring alone, it was in no leader's
+     * view in time: a new round's declarations take up to a second to
+     * spread while killed peers linger in the DHT's routing tables, the
+     * progress records (a key every peer reads all along) a few
+     * hundredths. The read also publishes it. */
+    static const uint8_t no_state[32];
+    visc_progress_set_epoch(c->tracker, c->view.epoch);
+    visc_progress_set_state_hash(c->tracker, no_state);
+    refresh(c, 1);
+    const uint64_t epoch = c->view.epoch;
+    uint8_t state[32], schema[32], got[32];
+    if (epoch <= c->epoch || majority_hash(c, epoch, state) < 2) { /* no state two vouch for */
+        publish_own(c);
+        catch_up(c);
+        return 0;
+    }
+    visc_progress_set_epoch(c->tracker, epoch); /* the swarm may have stepped meanwhile */
+    schema_of_state(c, state, schema);
+    double wait = c->cfg.matchmaking_time_s + (isfinite(c->view.eta_s) ? c->view.eta_s : 0);
     char why[640] = "";
     visc_progress_pause(c->tracker);
-    round_outcome out = attempt(c, c->cfg.matchmaking_time_s + c->view.eta_s, why, sizeof why);
+    round_outcome out =
+        attempt_on(c, epoch, group_sizes_of(c, epoch, 1), schema, c->vec, 0, wait, why, sizeof why);
     visc_progress_resume(c->tracker);
     if (out != ROUND_DONE) {
         fprintf(stderr,
-                "visc: swarm: joining the round of step %" PRIu64 " with no gradient after "
-                "taking the state failed: %s; training on\n",
-                c->epoch, why);
+                "visc: swarm: at step %" PRIu64 " behind the swarm's %" PRIu64
+                ", joining its round failed: %s; taking the state\n",
+                c->epoch, epoch, why);
+        publish_own(c);
+        catch_up(c);
         return 0;
     }
-    if (c->cfg.verbose)
+    if (download_state(c, epoch) != 0) {
         fprintf(stderr,
-                "visc: swarm: step %" PRIu64 ": joined the round with no gradient after "
-                "taking the state\n",
-                c->epoch);
+                "visc: swarm: joined the round of step %" PRIu64 ", but the state download "
+                "failed: %s (retrying in %.0f s)\n",
+                epoch, visc_last_error(), DOWNLOAD_BACKOFF_S);
+        c->next_download = visc_now() + DOWNLOAD_BACKOFF_S;
+        publish_own(c);
+        return 0;
+    }
+    current_hash(c, got);
+    if (c->epoch != epoch || memcmp(got, state, 32) != 0) return 0; /* a later state came */
+    if (c->cfg.verbose)
+        fprintf(stderr, "visc: swarm: step %" PRIu64 ": joined the round, then took the state\n",
+                epoch);
     c->stats.newcomer_rounds++;
     unpack(c, c->vec);
-    *global_step = (int64_t)c->epoch;
+    *global_step = (int64_t)epoch;
     c->publish_epoch = 1;
     return 1;
 }
@@ -1064,13 +1116,18 @@ static int newcomer_round(visc_collab *c, int64_t *global_step) {
 typedef enum { NOT_READY, READY, READY_AS_NEWCOMER } readiness;
 
 /* After a free-running peer's batch: READY when the swarm is ready for
- * this peer's step. First the records: a peer that fell behind catches up
- * (READY_AS_NEWCOMER when it then joins the round at once: newcomer_due),
- * and one whose state lost to the majority's at its step takes theirs
- * (then NOT_READY: the accumulated gradient was of a state that is gone). */
+ * this peer's step. First the records: a peer that fell behind joins the
+ * swarm's round and takes the state (READY_AS_NEWCOMER: newcomer_due) or
+ * just catches up, and one whose state lost to the majority's at its step
+ * takes theirs (then NOT_READY: the accumulated gradient was of a state
+ * that is gone). */
 static readiness free_running_ready(visc_collab *c) {
     refresh(c, 0);
-    if (behind(c)) return catch_up(c) == 1 && newcomer_due(c) ? READY_AS_NEWCOMER : NOT_READY;
+    if (behind(c)) {
+        if (newcomer_due(c)) return READY_AS_NEWCOMER;
+        catch_up(c);
+        return NOT_READY;
+    }
     uint8_t winner[32];
     if (diverged(c, winner)) {
         take_winner(c, winner);
@@ -1187,8 +1244,9 @@ static int gradient_round(visc_collab *c, int64_t *global_step) {
     round_outcome out = run_round(c, why, sizeof why);
     if (out == ROUND_BEHIND) {
         /* the round went on without this peer (it came late, or its group
-         * formed without it): the next one, at once when it is due */
-        if (catch_up(c) == 1 && newcomer_due(c)) return newcomer_round(c, global_step);
+         * formed without it): the swarm's next one, at once when it is due */
+        if (newcomer_due(c)) return newcomer_round(c, global_step);
+        catch_up(c);
         return 0;
     }
     if (out == ROUND_DONE || out == ROUND_ALONE) {
@@ -1437,7 +1495,7 @@ static void finish(void *ctx) {
             "visc: swarm: %" PRIu64 " steps, %" PRIu64 " rounds (%" PRIu64 " failed, %" PRIu64
             " partial), %" PRIu64 " skipped, %" PRIu64 " local, %" PRIu64
             " state downloads, %.1f MB sent, %.1f MB received, %.1f s averaging, %" PRIu64
-            " members dropped, %" PRIu64 " rounds joined after taking the state\n",
+            " members dropped, %" PRIu64 " rounds joined while behind\n",
             s->epoch, s->rounds, s->rounds_failed, s->rounds_partial, s->steps_skipped,
             s->steps_local, s->state_downloads, (double)s->bytes_sent / 1e6,
             (double)s->bytes_received / 1e6, s->averaging_seconds, s->members_dropped,

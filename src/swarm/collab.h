@@ -89,16 +89,17 @@
  * retried after
  * 2 s. The download is loaded through the trainer (parameters, optimizer
  * state, EMA, BatchNorm buffers, step; the data cursor stays this peer's).
- * A free-running peer (gradient mode) that has just taken the state holds
- * no gradient of it; when the swarm is due within the matchmaking time, it
- * joins the step's round at once as a newcomer (matchmaking role 3,
- * allreduce.h: weight 0, it sends nothing and takes the group's mean) and
- * steps with the group, so it starts the next step with the others. Before,
- * with steps about a batch long, its batch after a download ended after the
- * group had formed, step after step: it took the state again after every
- * step and averaged in none (e2e_swarm_churn.sh beside a busy core: 8
- * downloads, 0 of 8 steps). Otherwise (steps longer than the matchmaking
- * time) it trains its batches and joins with its gradient.
+ * A free-running peer that is behind, when the swarm is due within two of
+ * its batches plus the matchmaking time, first joins the swarm's round (of
+ * the state most records at the swarm's step publish) as a newcomer
+ * (matchmaking role 3, allreduce.h: weight 0, it sends nothing, reduces a
+ * shard and takes the group's mean), then downloads that state and steps
+ * with the mean, at the swarm's next step with the others. Downloading
+ * first, then joining, it arrived after the group had formed step after
+ * step where a step's compute is shorter than a read of the records plus
+ * a download (e2e_swarm_churn.sh in CI: 6 to 8 downloads, at most 1 of 8
+ * steps averaged). Otherwise (longer steps) it downloads and joins with
+ * its batches.
  * At start, a peer behind the swarm, or at its epoch with a state other
  * peers corroborate and this peer does not hold, downloads too (e.g.
  * another initialization). A peer resumed from a checkpoint takes the
@@ -212,7 +213,7 @@ typedef struct {
     uint64_t state_downloads, bytes_sent, bytes_received;
     uint64_t members_dropped;    /* group members left out of rounds that still averaged all */
     uint64_t samples_overlapped; /* --delay-updates: computed while a round ran */
-    uint64_t newcomer_rounds;    /* rounds joined with no gradient after taking the state */
+    uint64_t newcomer_rounds;    /* rounds joined with no gradient while behind (newcomer) */
     double averaging_seconds;
 } visc_collab_stats;
 
