@@ -43,6 +43,13 @@ typedef struct {
     char name[VISC_MAX_NAME];
 } bn_layer;
 
+/* Backward's four buffers for a run of blocks: the gradients at the
+ * blocks' outputs and inputs (alternating) and two for their insides (the
+ * first also holds a block's shortcut in forward). */
+typedef struct {
+    float *g0, *g1, *t1, *t2;
+} scratch;
+
 typedef struct {
     int bottleneck, has_down;
     conv_layer conv1, conv2, conv3, down_conv;
@@ -51,6 +58,8 @@ typedef struct {
      * shortcut's BN output is not kept: backward needs only its input dc) */
     float *in, *c1, *b1, *c2, *b2, *c3, *dc, *out;
     size_t in_size, out_size;
+    size_t start;           /* arena offset of out, where the block's memory begins */
+    const scratch *scratch; /* one of resnet.scratches */
 } block;
 
 typedef struct {
@@ -69,9 +78,12 @@ typedef struct {
     visc_gpu_act act;
     float *xh;
     float *dlogits; /* on a GPU: the uploaded dlogits (NULL on the CPU) */
-    /* backward scratch, each the size of the largest activation */
-    float *g0, *g1, *t1, *t2, *dfeatures;
-    size_t max_act;
+    /* backward scratch (plan_scratch): one set per run of blocks of one
+     * size, in the memory of the blocks behind the run (dead when backward
+     * reaches it) where they leave room, else in one set at the arena's
+     * end, as large as the largest run placed there */
+    scratch *scratches; /* num_blocks of them (a run uses its first block's) */
+    float *dfeatures;
     bn_layer **bns;
     int num_bns;
     int trained; /* the last forward was a training one */
@@ -181,6 +193,77 @@ static void plan_block(const resnet *r, visc_arena *a, block *b) {
     if (b->has_down) b->dc = take_act(r, a, b->out_size);
 }
 
+/* The values of a block's largest activation (or gradient) for backward:
+ * its input, output and convolutions' outputs; the first block's also the
+ * stem's (the stem's backward runs in the first run's scratch). */
+static size_t block_scratch_size(const resnet *r, int i) {
+    const block *b = &r->blocks[i];
+    size_t n = b->in_size > b->out_size ? b->in_size : b->out_size;
+    const conv_layer *convs[3] = {&b->conv1, &b->conv2, b->bottleneck ? &b->conv3 : &b->conv1};
+    for (int k = 0; k < 3; k++)
+        if (conv_out_size(convs[k]) > n) n = conv_out_size(convs[k]);
+    if (i == 0 && conv_out_size(&r->stem_conv) > n) n = conv_out_size(&r->stem_conv);
+    return n;
+}
+
+static scratch take_scratch(const resnet *r, visc_arena *a, size_t count) {
+    scratch s;
+    s.g0 = take_act(r, a, count);
+    s.g1 = take_act(r, a, count);
+    s.t1 = take_act(r, a, count);
+    s.t2 = take_act(r, a, count);
+    return s;
+}
+
+/* Places backward's scratch. Blocks shrink toward the end of the network,
+ * and backward runs from the end: when it reaches a run of blocks of one
+ * size, every block behind the run (start[end_of_run + 1] up to
+ * blocks_end: outputs, insides, statistics) is dead, and usually larger
+ * than the run's four buffers. A run placed there takes the gradient it
+ * starts from with one copy (trunk_backward); it must not overlap where
+ * that gradient is (the scratch of the run behind it). The last run, and
+ * any that does not fit, share one set at the arena's end. With every set
+ * at the end, ResNet-50 kept four buffers of its largest activation
+ * (1.5 GiB at batch 256 in bf16) next to all the activations. */
+static void plan_scratch(resnet *r, visc_arena *a, size_t blocks_end) {
+    const int B = r->num_blocks;
+    size_t shared = 0;
+    for (int i = 0; i < B; i++) r->blocks[i].scratch = NULL; /* NULL: in the set at the end */
+    size_t behind_begin = SIZE_MAX; /* where the scratch of the run behind this one starts */
+    for (int last = B - 1; last >= 0;) {
+        int first = last;
+        size_t size = block_scratch_size(r, last);
+        while (first > 0 && block_scratch_size(r, first - 1) == size) first--;
+        if (first == 0) size = block_scratch_size(r, 0); /* with the stem's */
+        int placed = 0;
+        if (last + 1 < B) {
+            const size_t mark = a->used;
+            a->used = r->blocks[last + 1].start;
+            scratch s = take_scratch(r, a, size);
+            placed = a->used <= blocks_end && a->used <= behind_begin;
+            if (placed) {
+                behind_begin = r->blocks[last + 1].start;
+                for (int i = first; i <= last; i++) {
+                    r->scratches[i] = s;
+                    r->blocks[i].scratch = &r->scratches[i];
+                }
+            }
+            a->used = mark;
+        }
+        if (!placed) {
+            behind_begin = SIZE_MAX; /* the set at the end lies past every block */
+            if (size > shared) shared = size;
+        }
+        last = first - 1;
+    }
+    scratch s = take_scratch(r, a, shared);
+    for (int i = 0; i < B; i++)
+        if (!r->blocks[i].scratch) {
+            r->scratches[i] = s;
+            r->blocks[i].scratch = &r->scratches[i];
+        }
+}
+
 static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     int N = m->cfg.batch;
     const size_t image = (size_t)N * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
@@ -191,7 +274,6 @@ static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     r->stem_c = take_act(r, a, stem);
     r->stem_b = take_act(r, a, stem);
     take_bn_stats(a, &r->stem_bn);
-    r->max_act = stem;
     float *prev = r->stem_b;
     if (r->has_maxpool) {
         size_t pooled = (size_t)N * r->maxpool.C * r->maxpool.P * r->maxpool.Q;
@@ -202,18 +284,16 @@ static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     for (int i = 0; i < r->num_blocks; i++) {
         block *b = &r->blocks[i];
         b->in = prev;
+        b->start = (a->used + 63) & ~(size_t)63; /* where b->out lands */
         b->out = take_act(r, a, b->out_size);
         take_bn_stats(a, &b->bn1);
         take_bn_stats(a, &b->bn2);
         if (b->bottleneck) take_bn_stats(a, &b->bn3);
         if (b->has_down) take_bn_stats(a, &b->down_bn);
         if (!m->cfg.grad_checkpointing) plan_block(r, a, b);
-        size_t biggest =
-            conv_out_size(&b->conv1) > b->out_size ? conv_out_size(&b->conv1) : b->out_size;
-        if (conv_out_size(&b->conv2) > biggest) biggest = conv_out_size(&b->conv2);
-        if (biggest > r->max_act) r->max_act = biggest;
         prev = b->out;
     }
+    const size_t blocks_end = a->used;
     if (m->cfg.grad_checkpointing) {
         /* One region for every block's internals, as large as the largest
          * block needs: backward recomputes each block's before its own
@@ -230,10 +310,9 @@ static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     r->features = visc_arena_floats(a, (size_t)N * r->feature_dim);
     r->dfeatures = visc_arena_floats(a, (size_t)N * r->feature_dim);
     r->logits = visc_arena_floats(a, (size_t)N * m->cfg.num_classes);
-    r->g0 = take_act(r, a, r->max_act);
-    r->g1 = take_act(r, a, r->max_act);
-    r->t1 = take_act(r, a, r->max_act);
-    r->t2 = take_act(r, a, r->max_act);
+    /* recomputing blocks (--grad-checkpointing) rewrites the memory behind
+     * a run: there every set is at the end */
+    plan_scratch(r, a, m->cfg.grad_checkpointing ? 0 : blocks_end);
 }
 
 /* ---- initialization: torchvision's ---- */
@@ -328,7 +407,6 @@ static void add_relu(visc_model *m, float *out, const float *identity, size_t n)
 }
 
 static void block_forward(visc_model *m, block *b, int mode) {
-    const resnet *r = m->impl;
     conv_fwd(m, &b->conv1, b->c1, b->in);
     bn_fwd(m, &b->bn1, b->b1, b->c1, mode);
     conv_fwd(m, &b->conv2, b->c2, b->b1);
@@ -344,8 +422,8 @@ static void block_forward(visc_model *m, block *b, int mode) {
         /* into backward's scratch, free in forward (and where backward
          * recomputes a block, between two blocks' backward) */
         conv_fwd(m, &b->down_conv, b->dc, b->in);
-        bn_fwd(m, &b->down_bn, r->t1, b->dc, mode);
-        identity = r->t1;
+        bn_fwd(m, &b->down_bn, b->scratch->t1, b->dc, mode);
+        identity = b->scratch->t1;
     }
     add_relu(m, b->out, identity, b->out_size);
 }
@@ -414,6 +492,11 @@ static void bn_bwd(visc_model *m, bn_layer *b, float *din, const float *dout, co
     visc_model_grad_ready(m, G(b->beta), m->params.entries[b->beta].numel);
 }
 
+/* dst = src, n activation values in their form */
+static void act_copy(visc_model *m, float *dst, const float *src, size_t n) {
+    md_copy(m, dst, src, act_of(m) == VISC_GPU_BF16_NHWC ? (n + 1) / 2 : n);
+}
+
 /* out = a + b and ReLU's backward, on the activations in their form */
 static void act_add(visc_model *m, float *out, const float *a, const float *b, size_t n) {
     if (m->cuda) visc_gpu_cnn_add(m->cuda, act_of(m), out, a, b, n);
@@ -431,7 +514,7 @@ static void act_relu_backward(visc_model *m, float *din, const float *dout, cons
 static void block_backward(visc_model *m, resnet *r, block *b, float *din, float *dout) {
     /* through the final relu: its output is b->out */
     act_relu_backward(m, dout, dout, b->out, b->out_size);
-    float *t1 = r->t1, *t2 = r->t2;
+    float *t1 = b->scratch->t1, *t2 = b->scratch->t2;
     if (b->bottleneck) {
         bn_bwd(m, &b->bn3, t1, dout, b->c3, NULL);
         conv_bwd(m, &b->conv3, t2, t1, b->b2);
@@ -476,7 +559,8 @@ static void fc_backward(visc_model *m, resnet *r, float *dfeatures, const float 
 /* From r->dfeatures (the gradient at the pooled features) to the input. */
 static void trunk_backward(visc_model *m, resnet *r) {
     int N = m->cfg.batch;
-    float *dout = r->g0, *din = r->g1;
+    const scratch *s = r->blocks[r->num_blocks - 1].scratch;
+    float *dout = s->g0, *din = s->g1;
     if (m->cuda)
         visc_gpu_global_avgpool_backward(m->cuda, r->act, dout, r->dfeatures, N, r->feature_dim,
                                          r->final_hw);
@@ -487,6 +571,12 @@ static void trunk_backward(visc_model *m, resnet *r) {
          * still there) */
         if (m->cfg.grad_checkpointing && i < r->num_blocks - 1)
             block_forward(m, &r->blocks[i], r->trained ? FWD_RECOMPUTE : FWD_EVAL);
+        if (r->blocks[i].scratch->g0 != s->g0) {
+            /* a run of larger blocks, its scratch in the blocks behind it */
+            s = r->blocks[i].scratch;
+            act_copy(m, s->g0, dout, r->blocks[i].out_size);
+            dout = s->g0, din = s->g1;
+        }
         block_backward(m, r, &r->blocks[i], din, dout);
         float *swap = dout;
         dout = din;
@@ -564,6 +654,7 @@ static void resnet_destroy(visc_model *m) {
         }
     }
     free(r->blocks);
+    free(r->scratches);
     free(r->bns);
     free(m->bn_names);
     if (m->cuda) {
@@ -630,6 +721,7 @@ visc_model *visc_resnet_create(const visc_model_config *cfg, uint64_t seed) {
     int stages = spec->cifar ? 3 : 4;
     for (int s = 0; s < stages; s++) r->num_blocks += spec->layers[s];
     r->blocks = visc_calloc((size_t)r->num_blocks, sizeof *r->blocks, "resnet blocks");
+    r->scratches = visc_calloc((size_t)r->num_blocks, sizeof *r->scratches, "resnet scratch");
     int C = base, bi = 0, expansion = spec->bottleneck ? 4 : 1;
     for (int s = 0; s < stages; s++) {
         int planes = base << s;
