@@ -11,8 +11,8 @@
  * with policy local (a counted step with the peer's own gradient), a peer
  * joining late (it downloads the swarm's parameters, optimizer state and
  * step, then averages with the others), a free-running peer that fell a
- * step behind and joins the next round at once with no gradient (a
- * newcomer), and the state blob's parser. */
+ * step behind and joins the swarm's round with no gradient before it
+ * downloads the state (a newcomer), and the state blob's parser. */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -449,11 +449,12 @@ static void *batches_until_step(void *arg) {
     return NULL;
 }
 
-/* A newcomer: C, a step behind A and B, catches up by download after a
- * batch, and with the swarm due within its matchmaking time it joins the
- * round of A and B at once with no gradient (weight 0): it steps with the
- * group's mean gradient, a mean of A's and B's alone, and ends with the
- * same parameters as they do, instead of a step behind again. */
+/* A newcomer: C, a step behind A and B, finds so after a batch, and with
+ * the swarm due within its matchmaking time it joins the round of A and B
+ * first, with no gradient (weight 0), then downloads the state of that
+ * step: it steps with the group's mean gradient, a mean of A's and B's
+ * alone, and ends with the same parameters as they do, instead of a step
+ * behind again. */
 TEST(collab_newcomer_joins_the_round_at_once_and_steps_with_it) {
     static peer ps[3];
     int ok = swarm_open(ps, 0, 3, "collab-newcomer") == 0;

@@ -58,8 +58,9 @@ typedef struct {
      * shortcut's BN output is not kept: backward needs only its input dc) */
     float *in, *c1, *b1, *c2, *b2, *c3, *dc, *out;
     size_t in_size, out_size;
-    size_t start;           /* arena offset of out, where the block's memory begins */
-    const scratch *scratch; /* one of resnet.scratches */
+    size_t start;       /* arena offset of out, where the block's memory begins */
+    scratch scratch;    /* its run's set (plan_scratch) */
+    int scratch_behind; /* the set lies in the blocks behind its run, not at the end */
 } block;
 
 typedef struct {
@@ -78,11 +79,7 @@ typedef struct {
     visc_gpu_act act;
     float *xh;
     float *dlogits; /* on a GPU: the uploaded dlogits (NULL on the CPU) */
-    /* backward scratch (plan_scratch): one set per run of blocks of one
-     * size, in the memory of the blocks behind the run (dead when backward
-     * reaches it) where they leave room, else in one set at the arena's
-     * end, as large as the largest run placed there */
-    scratch *scratches; /* num_blocks of them (a run uses its first block's) */
+    /* backward scratch: in each block (plan_scratch) */
     float *dfeatures;
     bn_layer **bns;
     int num_bns;
@@ -228,7 +225,6 @@ static scratch take_scratch(const resnet *r, visc_arena *a, size_t count) {
 static void plan_scratch(resnet *r, visc_arena *a, size_t blocks_end) {
     const int B = r->num_blocks;
     size_t shared = 0;
-    for (int i = 0; i < B; i++) r->blocks[i].scratch = NULL; /* NULL: in the set at the end */
     size_t behind_begin = SIZE_MAX; /* where the scratch of the run behind this one starts */
     for (int last = B - 1; last >= 0;) {
         int first = last;
@@ -243,13 +239,11 @@ static void plan_scratch(resnet *r, visc_arena *a, size_t blocks_end) {
             placed = a->used <= blocks_end && a->used <= behind_begin;
             if (placed) {
                 behind_begin = r->blocks[last + 1].start;
-                for (int i = first; i <= last; i++) {
-                    r->scratches[i] = s;
-                    r->blocks[i].scratch = &r->scratches[i];
-                }
+                for (int i = first; i <= last; i++) r->blocks[i].scratch = s;
             }
             a->used = mark;
         }
+        for (int i = first; i <= last; i++) r->blocks[i].scratch_behind = placed;
         if (!placed) {
             behind_begin = SIZE_MAX; /* the set at the end lies past every block */
             if (size > shared) shared = size;
@@ -258,10 +252,7 @@ static void plan_scratch(resnet *r, visc_arena *a, size_t blocks_end) {
     }
     scratch s = take_scratch(r, a, shared);
     for (int i = 0; i < B; i++)
-        if (!r->blocks[i].scratch) {
-            r->scratches[i] = s;
-            r->blocks[i].scratch = &r->scratches[i];
-        }
+        if (!r->blocks[i].scratch_behind) r->blocks[i].scratch = s;
 }
 
 static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
@@ -422,8 +413,8 @@ static void block_forward(visc_model *m, block *b, int mode) {
         /* into backward's scratch, free in forward (and where backward
          * recomputes a block, between two blocks' backward) */
         conv_fwd(m, &b->down_conv, b->dc, b->in);
-        bn_fwd(m, &b->down_bn, b->scratch->t1, b->dc, mode);
-        identity = b->scratch->t1;
+        bn_fwd(m, &b->down_bn, b->scratch.t1, b->dc, mode);
+        identity = b->scratch.t1;
     }
     add_relu(m, b->out, identity, b->out_size);
 }
@@ -514,7 +505,7 @@ static void act_relu_backward(visc_model *m, float *din, const float *dout, cons
 static void block_backward(visc_model *m, resnet *r, block *b, float *din, float *dout) {
     /* through the final relu: its output is b->out */
     act_relu_backward(m, dout, dout, b->out, b->out_size);
-    float *t1 = b->scratch->t1, *t2 = b->scratch->t2;
+    float *t1 = b->scratch.t1, *t2 = b->scratch.t2;
     if (b->bottleneck) {
         bn_bwd(m, &b->bn3, t1, dout, b->c3, NULL);
         conv_bwd(m, &b->conv3, t2, t1, b->b2);
@@ -559,7 +550,7 @@ static void fc_backward(visc_model *m, resnet *r, float *dfeatures, const float 
 /* From r->dfeatures (the gradient at the pooled features) to the input. */
 static void trunk_backward(visc_model *m, resnet *r) {
     int N = m->cfg.batch;
-    const scratch *s = r->blocks[r->num_blocks - 1].scratch;
+    const scratch *s = &r->blocks[r->num_blocks - 1].scratch;
     float *dout = s->g0, *din = s->g1;
     if (m->cuda)
         visc_gpu_global_avgpool_backward(m->cuda, r->act, dout, r->dfeatures, N, r->feature_dim,
@@ -571,9 +562,9 @@ static void trunk_backward(visc_model *m, resnet *r) {
          * still there) */
         if (m->cfg.grad_checkpointing && i < r->num_blocks - 1)
             block_forward(m, &r->blocks[i], r->trained ? FWD_RECOMPUTE : FWD_EVAL);
-        if (r->blocks[i].scratch->g0 != s->g0) {
+        if (r->blocks[i].scratch.g0 != s->g0) {
             /* a run of larger blocks, its scratch in the blocks behind it */
-            s = r->blocks[i].scratch;
+            s = &r->blocks[i].scratch;
             act_copy(m, s->g0, dout, r->blocks[i].out_size);
             dout = s->g0, din = s->g1;
         }
@@ -654,7 +645,6 @@ static void resnet_destroy(visc_model *m) {
         }
     }
     free(r->blocks);
-    free(r->scratches);
     free(r->bns);
     free(m->bn_names);
     if (m->cuda) {
@@ -721,7 +711,6 @@ visc_model *visc_resnet_create(const visc_model_config *cfg, uint64_t seed) {
     int stages = spec->cifar ? 3 : 4;
     for (int s = 0; s < stages; s++) r->num_blocks += spec->layers[s];
     r->blocks = visc_calloc((size_t)r->num_blocks, sizeof *r->blocks, "resnet blocks");
-    r->scratches = visc_calloc((size_t)r->num_blocks, sizeof *r->scratches, "resnet scratch");
     int C = base, bi = 0, expansion = spec->bottleneck ? 4 : 1;
     for (int s = 0; s < stages; s++) {
         int planes = base << s;

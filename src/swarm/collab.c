@@ -57,7 +57,7 @@ struct visc_collab {
                              other's records yet (so no stepping alone, and no
                              group closed at the size of the view) */
     uint64_t downloads_tried;
-    int took_state;    /* this epoch's state came by download (free_running_ready) */
+    int took_state;    /* this epoch's state came by download (joining_late) */
     double batch_s;    /* a batch's time here (a running mean; 0: not measured yet) */
     double hooks_left; /* monotonic time the trainer last got control back */
     /* The served states: the blobs of this peer's last SNAPSHOTS epochs, a
@@ -570,7 +570,7 @@ static round_outcome attempt_on(visc_collab *c, uint64_t round, group_sizes size
     visc_group g;
     double t0 = visc_now();
     c->stats.rounds++;
-    /* weight 0: a newcomer that has just taken the state (newcomer_round) */
+    /* weight 0: a peer behind the swarm, joining with no gradient (newcomer_round) */
     mc.newcomer = weight == 0;
     int mm = visc_matchmake(c->cfg.node, &mc, &g);
     if (mm != 0) {
@@ -615,14 +615,13 @@ static round_outcome attempt_on(visc_collab *c, uint64_t round, group_sizes size
     return ROUND_FAILED;
 }
 
-/* This step's attempt, from the training thread; matchmaking_time_s: the
- * configured one but for a newcomer's (newcomer_round). */
-static round_outcome attempt(visc_collab *c, double matchmaking_time_s, char *why, size_t cap) {
+/* This step's attempt, from the training thread. */
+static round_outcome attempt(visc_collab *c, char *why, size_t cap) {
     uint8_t schema[32];
     round_schema(c, schema);
     pack(c, c->vec);
     return attempt_on(c, c->epoch, group_sizes_of(c, c->epoch, 0), schema, c->vec,
-                      (double)c->samples, matchmaking_time_s, why, cap);
+                      (double)c->samples, c->cfg.matchmaking_time_s, why, cap);
 }
 
 static void nap(double s) {
@@ -670,7 +669,7 @@ static round_outcome run_round(visc_collab *c, char *why, size_t cap) {
             out = ROUND_ALONE;
             break;
         }
-        out = attempt(c, c->cfg.matchmaking_time_s, why, cap);
+        out = attempt(c, why, cap);
         if (out == ROUND_DONE) break;
         if (out == ROUND_MISSED && await_step_past(c, deadline)) {
             fprintf(stderr,
