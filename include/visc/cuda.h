@@ -540,6 +540,18 @@ int visc_cuda_batchnorm_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *
 int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
                                      const void *in, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var);
+/* The same, then out = ReLU(y + residual) (relu = 1) or y + residual,
+ * with y the norm's output in its stored form: the bits of the two passes
+ * (visc_cuda_add_relu* after the norm) in one. */
+int visc_cuda_batchnorm_forward_train_add(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                                          float *save_mean, float *save_rstd, const void *in,
+                                          const void *residual, const float *gamma,
+                                          const float *beta, float *running_mean,
+                                          float *running_var);
+int visc_cuda_batchnorm_forward_eval_add(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                                         const void *in, const void *residual, const float *gamma,
+                                         const float *beta, const float *running_mean,
+                                         const float *running_var);
 /* din may be NULL (parameter gradients only) or alias dout. */
 int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *din,
                                  float *dgamma, float *dbeta, const void *dout, const void *in,

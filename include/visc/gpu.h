@@ -178,6 +178,19 @@ void visc_gpu_batchnorm2d_forward_eval(visc_cuda *ctx, const visc_batchnorm2d *b
                                        void *out, const void *in, const float *gamma,
                                        const float *beta, const float *running_mean,
                                        const float *running_var);
+/* out = relu(bn(in) + identity), a residual block's end, in one pass over
+ * out (b without its own ReLU) */
+void visc_gpu_batchnorm2d_forward_train_add_relu(visc_cuda *ctx, const visc_batchnorm2d *b,
+                                                 visc_gpu_act act, void *out, float *save_mean,
+                                                 float *save_rstd, const void *in,
+                                                 const void *identity, const float *gamma,
+                                                 const float *beta, float *running_mean,
+                                                 float *running_var);
+void visc_gpu_batchnorm2d_forward_eval_add_relu(visc_cuda *ctx, const visc_batchnorm2d *b,
+                                                visc_gpu_act act, void *out, const void *in,
+                                                const void *identity, const float *gamma,
+                                                const float *beta, const float *running_mean,
+                                                const float *running_var);
 void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, visc_gpu_act act,
                                    void *din, float *dgamma, float *dbeta, const void *dout,
                                    const void *in, const void *out, const float *gamma,

@@ -9,16 +9,20 @@
  * partial, and one thread per channel adds its S partials in range order,
  * so the statistics do not depend on timing. In channels-last a block
  * takes 32 neighbouring channels instead, a warp reading them side by side
- * at one position, so that every pass reads whole cache lines. The passes are SyncBN's
- * (visc_batchnorm2d_sync_*) with their sums in `acc` on the device: the
- * sums, the mean; the squared deviations around its float rounding; then
- * the statistics and the output. A process alone runs them back to back;
- * with SyncBN the host reduces acc over the processes between them. The
- * arithmetic is the CPU's: the mean in double, rounded to float for
- * centring; the variance around that float mean with its rounding error
- * folded out; the element formulas in float with the CPU's operation
- * order, written with __fmul_rn / __fadd_rn so that nvcc does not contract
- * them into FMAs (the CPU, compiled as ISO C11, does not either). */
+ * at one position, so that every pass reads whole cache lines. SyncBN's
+ * passes (visc_batchnorm2d_sync_*) keep their sums in `acc` on the device:
+ * the sums, the mean; the squared deviations around its float rounding;
+ * then the statistics and the output, the host reducing acc over the
+ * processes between them. A process alone fills acc with the same values
+ * in one pass instead (bn_moments: sums of the values and their squares
+ * shifted by one of them), so its forward reads the input twice, not
+ * three times. The arithmetic is the CPU's: the mean in double, rounded
+ * to float for centring; the variance around that float mean with its
+ * rounding error folded out; the element formulas in float with the CPU's
+ * operation order, written with __fmul_rn / __fadd_rn so that nvcc does
+ * not contract them into FMAs (the CPU, compiled as ISO C11, does not
+ * either). A ResNet block's last norm may also add the block's residual
+ * and apply the ReLU in its output pass (visc_cuda_batchnorm_*_add). */
 #include <cuda_bf16.h>
 
 #include "common.cuh"
@@ -115,11 +119,23 @@ __device__ double bn_block_sum(const visc_cuda_bn_shape &s, double v, double *bu
     return r;
 }
 
-/* (x - mean) * scale + shift, optionally through the ReLU, uncontracted. */
-__device__ __forceinline__ float bn_affine(float x, float mean, float scale, float shift,
-                                           int relu) {
-    const float y = __fadd_rn(__fmul_rn(__fsub_rn(x, mean), scale), shift);
-    return relu ? (y > 0 ? y : 0.0f) : y;
+/* (x - mean) * scale + shift, uncontracted. */
+__device__ __forceinline__ float bn_affine(float x, float mean, float scale, float shift) {
+    return __fadd_rn(__fmul_rn(__fsub_rn(x, mean), scale), shift);
+}
+
+/* Element a of the output from y = bn(x): y through the fused ReLU; with a
+ * residual r (a ResNet block's last norm), y in its stored form plus r,
+ * then the ReLU: the bits of the norm's output followed by the residual
+ * add + ReLU pass (visc_cuda_add_relu*), without writing y and reading it
+ * back. */
+__device__ __forceinline__ void bn_out(const visc_cuda_bn_shape &s, void *out,
+                                       const void *residual, size_t a, float y) {
+    if (residual) {
+        const float stored = s.bf16 ? __bfloat162float(__float2bfloat16_rn(y)) : y;
+        y = __fadd_rn(stored, act_ld(residual, a, s.bf16));
+    }
+    act_st(out, a, s.relu ? (y > 0 ? y : 0.0f) : y, s.bf16);
 }
 
 /* dout masked by the fused ReLU: the gradient reaching bn's output. */
@@ -140,6 +156,36 @@ __global__ void __launch_bounds__(BN_THREADS)
     for (BN_RANGE(s, L, w)) acc += act_ld(in, w.a, s.bf16);
     acc = bn_block_sum(s, acc, buf);
     if (L.writer) part[(size_t)L.c * gridDim.y + blockIdx.y] = acc;
+}
+
+/* Where channel c's first value lies (image 0, position 0). */
+__device__ __forceinline__ size_t bn_first(const visc_cuda_bn_shape &s, int c) {
+    return s.nchw ? (size_t)c * s.HW : (size_t)c;
+}
+
+/* The values and their squares in one pass, shifted by the channel's first
+ * value K: sums of x - K and (x - K)^2 (each difference exact in double).
+ * With a shift inside the data the squares cannot cancel (|x - K| is a few
+ * standard deviations whatever the mean), so the deviations around the
+ * mean follow from them (bn_combine_kernel) to double's precision, where
+ * the unshifted E[x^2] - mean^2 would lose digits to a large mean. */
+__global__ void __launch_bounds__(BN_THREADS)
+    bn_moments_kernel(visc_cuda_bn_shape s, double *part, const void *in) {
+    __shared__ double buf[BN_THREADS];
+    const bn_lane L = bn_lane_of(s);
+    const double K = act_ld(in, bn_first(s, L.c), s.bf16);
+    double a1 = 0, a2 = 0;
+    for (BN_RANGE(s, L, w)) {
+        const double d = (double)act_ld(in, w.a, s.bf16) - K;
+        a1 += d;
+        a2 += d * d;
+    }
+    a1 = bn_block_sum(s, a1, buf);
+    a2 = bn_block_sum(s, a2, buf);
+    if (L.writer) {
+        double *p = part + ((size_t)L.c * gridDim.y + blockIdx.y) * 2;
+        p[0] = a1, p[1] = a2;
+    }
 }
 
 /* the squared deviations around the float rounding of the mean acc[c] / acc[C] */
@@ -179,15 +225,15 @@ __global__ void __launch_bounds__(BN_THREADS)
 }
 
 /* ---- each channel's partials added in range order, into acc ---- */
-enum { BN_SUMS, BN_SQDEV, BN_GRADS };
+enum { BN_SUMS, BN_SQDEV, BN_MOMENTS, BN_GRADS };
 
 __global__ void bn_combine_kernel(visc_cuda_bn_shape s, int what, int S, const double *part,
                                   double *acc, float *save_mean, float *dgamma, float *dbeta,
-                                  const float *save_rstd) {
+                                  const float *save_rstd, const void *in) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= s.C) return;
     const double Md = (double)s.N * s.HW;
-    const int width = what == BN_GRADS ? 2 : 1;
+    const int width = what == BN_GRADS || what == BN_MOMENTS ? 2 : 1;
     double a = 0, b = 0;
     for (int k = 0; k < S; k++) {
         a += part[((size_t)c * S + k) * width];
@@ -199,6 +245,17 @@ __global__ void bn_combine_kernel(visc_cuda_bn_shape s, int what, int S, const d
     } else if (what == BN_SQDEV) {
         acc[s.C + 1 + c] = a;
         save_mean[c] = (float)(acc[c] / acc[s.C]);
+    } else if (what == BN_MOMENTS) {
+        /* acc as the two passes leave it: the sum, the count and the
+         * squared deviations around the float mean f, moved from the shift
+         * K: sum (x - f)^2 = sum (x - K)^2 - 2 e sum (x - K) + M e^2, e = f - K */
+        const double K = act_ld(in, bn_first(s, c), s.bf16), sum = K * Md + a;
+        const float fmean = (float)(sum / Md);
+        const double e = (double)fmean - K;
+        acc[c] = sum;
+        if (c == 0) acc[s.C] = Md;
+        acc[s.C + 1 + c] = b - 2 * e * a + Md * e * e;
+        save_mean[c] = fmean;
     } else {
         acc[c] = a;
         acc[s.C + c] = b;
@@ -215,8 +272,8 @@ __global__ void bn_combine_kernel(visc_cuda_bn_shape s, int what, int S, const d
  * first range's thread 0), then the block's range of out. */
 __global__ void __launch_bounds__(BN_THREADS)
     bn_finish_kernel(visc_cuda_bn_shape s, const double *acc, void *out, float *save_mean,
-                     float *save_rstd, const void *in, const float *gamma, const float *beta,
-                     float *running_mean, float *running_var) {
+                     float *save_rstd, const void *in, const void *residual, const float *gamma,
+                     const float *beta, float *running_mean, float *running_var) {
     const bn_lane L = bn_lane_of(s);
     const int c = L.c;
     const double Md = acc[s.C], mean = acc[c] / Md, ss = acc[s.C + 1 + c];
@@ -236,7 +293,7 @@ __global__ void __launch_bounds__(BN_THREADS)
     }
     const float scale = (float)(gamma[c] * rstd), shift = beta[c];
     for (BN_RANGE(s, L, w))
-        act_st(out, w.a, bn_affine(act_ld(in, w.a, s.bf16), fmean, scale, shift, s.relu), s.bf16);
+        bn_out(s, out, residual, w.a, bn_affine(act_ld(in, w.a, s.bf16), fmean, scale, shift));
 }
 
 /* din = k (dy - mean(dy) - (x - mean) c2) over the block's range, from the
@@ -262,17 +319,17 @@ __global__ void __launch_bounds__(BN_THREADS)
 }
 
 __global__ void bn_forward_eval_kernel(visc_cuda_bn_shape s, void *out, const void *in,
-                                       const float *gamma, const float *beta,
-                                       const float *running_mean, const float *running_var) {
+                                       const void *residual, const float *gamma,
+                                       const float *beta, const float *running_mean,
+                                       const float *running_var) {
     const size_t n = (size_t)s.N * s.C * s.HW;
     for (size_t a = blockIdx.x * (size_t)blockDim.x + threadIdx.x; a < n;
          a += (size_t)gridDim.x * blockDim.x) {
         const int c = s.nchw ? (int)(a / (size_t)s.HW % (size_t)s.C) : (int)(a % (size_t)s.C);
         const double rstd = 1.0 / sqrt((double)running_var[c] + (double)s.eps);
-        act_st(out, a,
-               bn_affine(act_ld(in, a, s.bf16), running_mean[c], (float)(gamma[c] * rstd), beta[c],
-                         s.relu),
-               s.bf16);
+        bn_out(s, out, residual, a,
+               bn_affine(act_ld(in, a, s.bf16), running_mean[c], (float)(gamma[c] * rstd),
+                         beta[c]));
     }
 }
 
@@ -319,9 +376,10 @@ static dim3 bn_grid(const visc_cuda_bn_shape *s, int S) {
 }
 
 static int bn_combine(visc_cuda *ctx, const visc_cuda_bn_shape *s, int what, int S, double *acc,
-                      float *save_mean, float *dgamma, float *dbeta, const float *save_rstd) {
+                      float *save_mean, float *dgamma, float *dbeta, const float *save_rstd,
+                      const void *in) {
     bn_combine_kernel<<<(s->C + 255) / 256, 256, 0, ctx->stream>>>(
-        *s, what, S, bn_partials(acc, s), acc, save_mean, dgamma, dbeta, save_rstd);
+        *s, what, S, bn_partials(acc, s), acc, save_mean, dgamma, dbeta, save_rstd, in);
     return visc_cuda_launched("batchnorm sums");
 }
 
@@ -330,7 +388,7 @@ static int bn_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, double *a
                    const void *in) {
     bn_sum_kernel<<<bn_grid(s, S), BN_THREADS, 0, ctx->stream>>>(*s, bn_partials(acc, s), in);
     if (visc_cuda_launched("batchnorm sums")) return -1;
-    return bn_combine(ctx, s, BN_SUMS, S, acc, NULL, NULL, NULL, NULL);
+    return bn_combine(ctx, s, BN_SUMS, S, acc, NULL, NULL, NULL, NULL, NULL);
 }
 
 /* The squared deviations into acc[C + 1, 2C + 1), the float mean into save_mean. */
@@ -339,15 +397,24 @@ static int bn_sqdev(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, double *
     bn_sqdev_kernel<<<bn_grid(s, S), BN_THREADS, 0, ctx->stream>>>(*s, bn_partials(acc, s), acc,
                                                                    in);
     if (visc_cuda_launched("batchnorm squared deviations")) return -1;
-    return bn_combine(ctx, s, BN_SQDEV, S, acc, save_mean, NULL, NULL, NULL);
+    return bn_combine(ctx, s, BN_SQDEV, S, acc, save_mean, NULL, NULL, NULL, NULL);
+}
+
+/* What bn_sums and bn_sqdev leave in acc (and save_mean), from one pass
+ * over `in`: a process alone needs no mean before the deviations. */
+static int bn_moments(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, double *acc,
+                      float *save_mean, const void *in) {
+    bn_moments_kernel<<<bn_grid(s, S), BN_THREADS, 0, ctx->stream>>>(*s, bn_partials(acc, s), in);
+    if (visc_cuda_launched("batchnorm moments")) return -1;
+    return bn_combine(ctx, s, BN_MOMENTS, S, acc, save_mean, NULL, NULL, NULL, in);
 }
 
 static int bn_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, const double *acc,
                      void *out, float *save_mean, float *save_rstd, const void *in,
-                     const float *gamma, const float *beta, float *running_mean,
-                     float *running_var) {
+                     const void *residual, const float *gamma, const float *beta,
+                     float *running_mean, float *running_var) {
     bn_finish_kernel<<<bn_grid(s, S), BN_THREADS, 0, ctx->stream>>>(
-        *s, acc, out, save_mean, save_rstd, in, gamma, beta, running_mean, running_var);
+        *s, acc, out, save_mean, save_rstd, in, residual, gamma, beta, running_mean, running_var);
     return visc_cuda_launched("batchnorm forward (training)");
 }
 
@@ -360,7 +427,7 @@ static int bn_grad_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, doub
     bn_grad_sums_kernel<<<bn_grid(s, S), BN_THREADS, 0, ctx->stream>>>(*s, bn_partials(acc, s),
                                                                        dout, in, out, save_mean);
     if (visc_cuda_launched("batchnorm gradient sums")) return -1;
-    return bn_combine(ctx, s, BN_GRADS, S, acc, NULL, dgamma, dbeta, save_rstd);
+    return bn_combine(ctx, s, BN_GRADS, S, acc, NULL, dgamma, dbeta, save_rstd, NULL);
 }
 
 static int bn_grad_input(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, const double *acc,
@@ -371,27 +438,60 @@ static int bn_grad_input(visc_cuda *ctx, const visc_cuda_bn_shape *s, int S, con
     return visc_cuda_launched("batchnorm backward");
 }
 
+/* Two passes over the input: its moments, then the output. */
+static int bn_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                            float *save_mean, float *save_rstd, const void *in,
+                            const void *residual, const float *gamma, const float *beta,
+                            float *running_mean, float *running_var) {
+    if (bn_check(s)) return -1;
+    const int S = bn_splits(s);
+    double *acc = bn_acc(ctx, s, S);
+    if (!acc || bn_moments(ctx, s, S, acc, save_mean, in)) return -1;
+    return bn_finish(ctx, s, S, acc, out, save_mean, save_rstd, in, residual, gamma, beta,
+                     running_mean, running_var);
+}
+
+static int bn_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                           const void *in, const void *residual, const float *gamma,
+                           const float *beta, const float *running_mean,
+                           const float *running_var) {
+    if (bn_check(s)) return -1;
+    const size_t n = (size_t)s->N * s->C * s->HW;
+    bn_forward_eval_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(
+        *s, out, in, residual, gamma, beta, running_mean, running_var);
+    return visc_cuda_launched("batchnorm forward (eval)");
+}
+
 int visc_cuda_batchnorm_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
                                       float *save_mean, float *save_rstd, const void *in,
                                       const float *gamma, const float *beta, float *running_mean,
                                       float *running_var) {
-    if (bn_check(s)) return -1;
-    const int S = bn_splits(s);
-    double *acc = bn_acc(ctx, s, S);
-    if (!acc || bn_sums(ctx, s, S, acc, in) || bn_sqdev(ctx, s, S, acc, save_mean, in)) return -1;
-    return bn_finish(ctx, s, S, acc, out, save_mean, save_rstd, in, gamma, beta, running_mean,
-                     running_var);
+    return bn_forward_train(ctx, s, out, save_mean, save_rstd, in, NULL, gamma, beta,
+                            running_mean, running_var);
 }
 
 int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
                                      const void *in, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var) {
-    if (bn_check(s)) return -1;
-    const size_t n = (size_t)s->N * s->C * s->HW;
-    bn_forward_eval_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(*s, out, in, gamma,
-                                                                              beta, running_mean,
-                                                                              running_var);
-    return visc_cuda_launched("batchnorm forward (eval)");
+    return bn_forward_eval(ctx, s, out, in, NULL, gamma, beta, running_mean, running_var);
+}
+
+int visc_cuda_batchnorm_forward_train_add(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                                          float *save_mean, float *save_rstd, const void *in,
+                                          const void *residual, const float *gamma,
+                                          const float *beta, float *running_mean,
+                                          float *running_var) {
+    if (!residual) return visc_set_error("batchnorm + residual: no residual");
+    return bn_forward_train(ctx, s, out, save_mean, save_rstd, in, residual, gamma, beta,
+                            running_mean, running_var);
+}
+
+int visc_cuda_batchnorm_forward_eval_add(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                                         const void *in, const void *residual, const float *gamma,
+                                         const float *beta, const float *running_mean,
+                                         const float *running_var) {
+    if (!residual) return visc_set_error("batchnorm + residual: no residual");
+    return bn_forward_eval(ctx, s, out, in, residual, gamma, beta, running_mean, running_var);
 }
 
 int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *din,
@@ -451,7 +551,7 @@ int visc_cuda_bn_sync_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, const 
     const int S = bn_splits(s);
     double *d = bn_acc(ctx, s, S);
     if (!d || acc_copy(ctx, d, acc, 2 * s->C + 1, cudaMemcpyHostToDevice)) return -1;
-    return bn_finish(ctx, s, S, d, out, save_mean, save_rstd, in, gamma, beta, running_mean,
+    return bn_finish(ctx, s, S, d, out, save_mean, save_rstd, in, NULL, gamma, beta, running_mean,
                      running_var);
 }
 

@@ -192,6 +192,41 @@ void visc_gpu_batchnorm2d_forward_eval(visc_cuda *ctx, const visc_batchnorm2d *b
     RUN(visc_cuda_batchnorm_forward_eval(ctx, &s, out, in, gamma, beta, running_mean, running_var));
 }
 
+/* The norm's own ReLU comes before the sum: a block's last norm has none. */
+static visc_cuda_bn_shape block_end_shape(const visc_batchnorm2d *b, visc_gpu_act act) {
+    visc_cuda_bn_shape s = bn_shape(b, act);
+    VISC_ASSERT(!b->relu);
+    s.relu = 1;
+    return s;
+}
+
+void visc_gpu_batchnorm2d_forward_train_add_relu(visc_cuda *ctx, const visc_batchnorm2d *b,
+                                                 visc_gpu_act act, void *out, float *save_mean,
+                                                 float *save_rstd, const void *in,
+                                                 const void *identity, const float *gamma,
+                                                 const float *beta, float *running_mean,
+                                                 float *running_var) {
+    const visc_cuda_bn_shape s = block_end_shape(b, act);
+    if (b->sync) { /* SyncBN's passes, then the sum */
+        visc_gpu_batchnorm2d_forward_train(ctx, b, act, out, save_mean, save_rstd, in, gamma, beta,
+                                           running_mean, running_var);
+        visc_gpu_add_relu(ctx, act, out, identity, (size_t)b->N * b->C * b->HW);
+        return;
+    }
+    RUN(visc_cuda_batchnorm_forward_train_add(ctx, &s, out, save_mean, save_rstd, in, identity,
+                                              gamma, beta, running_mean, running_var));
+}
+
+void visc_gpu_batchnorm2d_forward_eval_add_relu(visc_cuda *ctx, const visc_batchnorm2d *b,
+                                                visc_gpu_act act, void *out, const void *in,
+                                                const void *identity, const float *gamma,
+                                                const float *beta, const float *running_mean,
+                                                const float *running_var) {
+    const visc_cuda_bn_shape s = block_end_shape(b, act);
+    RUN(visc_cuda_batchnorm_forward_eval_add(ctx, &s, out, in, identity, gamma, beta, running_mean,
+                                             running_var));
+}
+
 void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, visc_gpu_act act,
                                    void *din, float *dgamma, float *dbeta, const void *dout,
                                    const void *in, const void *out, const float *gamma,

@@ -384,12 +384,24 @@ static void bn_fwd(visc_model *m, bn_layer *b, float *out, const float *in, int 
                                       B(b->var));
 }
 
-/* out = relu(out + identity) */
-static void add_relu(visc_model *m, float *out, const float *identity, size_t n) {
-    if (m->cuda) {
-        visc_gpu_add_relu(m->cuda, act_of(m), out, identity, n);
+/* out = relu(bn(in) + identity): a block's last norm and its residual sum
+ * (on a GPU in the norm's output pass, with the bits of the two passes) */
+static void bn_add_relu_fwd(visc_model *m, bn_layer *b, float *out, const float *in,
+                            const float *identity, size_t n, int mode) {
+    if (m->cuda && mode == FWD_EVAL) {
+        visc_gpu_batchnorm2d_forward_eval_add_relu(m->cuda, &b->op, act_of(m), out, in, identity,
+                                                   P(b->gamma), P(b->beta), B(b->mean), B(b->var));
         return;
     }
+    if (m->cuda) {
+        visc_gpu_batchnorm2d_forward_train_add_relu(m->cuda, &b->op, act_of(m), out, b->save_mean,
+                                                    b->save_rstd, in, identity, P(b->gamma),
+                                                    P(b->beta),
+                                                    mode == FWD_TRAIN ? B(b->mean) : NULL,
+                                                    mode == FWD_TRAIN ? B(b->var) : NULL);
+        return;
+    }
+    bn_fwd(m, b, out, in, mode);
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) {
         float v = out[i] + identity[i];
@@ -398,16 +410,7 @@ static void add_relu(visc_model *m, float *out, const float *identity, size_t n)
 }
 
 static void block_forward(visc_model *m, block *b, int mode) {
-    conv_fwd(m, &b->conv1, b->c1, b->in);
-    bn_fwd(m, &b->bn1, b->b1, b->c1, mode);
-    conv_fwd(m, &b->conv2, b->c2, b->b1);
-    if (b->bottleneck) {
-        bn_fwd(m, &b->bn2, b->b2, b->c2, mode);
-        conv_fwd(m, &b->conv3, b->c3, b->b2);
-        bn_fwd(m, &b->bn3, b->out, b->c3, mode);
-    } else {
-        bn_fwd(m, &b->bn2, b->out, b->c2, mode);
-    }
+    /* the shortcut first, so that the last norm can add it */
     const float *identity = b->in;
     if (b->has_down) {
         /* into backward's scratch, free in forward (and where backward
@@ -416,7 +419,16 @@ static void block_forward(visc_model *m, block *b, int mode) {
         bn_fwd(m, &b->down_bn, b->scratch.t1, b->dc, mode);
         identity = b->scratch.t1;
     }
-    add_relu(m, b->out, identity, b->out_size);
+    conv_fwd(m, &b->conv1, b->c1, b->in);
+    bn_fwd(m, &b->bn1, b->b1, b->c1, mode);
+    conv_fwd(m, &b->conv2, b->c2, b->b1);
+    if (b->bottleneck) {
+        bn_fwd(m, &b->bn2, b->b2, b->c2, mode);
+        conv_fwd(m, &b->conv3, b->c3, b->b2);
+        bn_add_relu_fwd(m, &b->bn3, b->out, b->c3, identity, b->out_size, mode);
+    } else {
+        bn_add_relu_fwd(m, &b->bn2, b->out, b->c2, identity, b->out_size, mode);
+    }
 }
 
 static void maxpool_fwd(visc_model *m, resnet *r) {

@@ -571,6 +571,43 @@ int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s
     return 0;
 }
 
+/* The residual sum after the norm, as the model's two passes did it. */
+static int bn_add_residual(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                           const void *residual) {
+    const size_t n = (size_t)s->N * s->C * s->HW;
+    if (s->bf16 && s->relu) return visc_cuda_add_relu_bf16(ctx, out, residual, n);
+    if (s->bf16) return visc_cuda_add_bf16(ctx, out, out, residual, n);
+    if (s->relu) return visc_cuda_add_relu(ctx, out, residual, n);
+    return visc_cuda_add(ctx, out, out, residual, n);
+}
+
+int visc_cuda_batchnorm_forward_train_add(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                                          float *save_mean, float *save_rstd, const void *in,
+                                          const void *residual, const float *gamma,
+                                          const float *beta, float *running_mean,
+                                          float *running_var) {
+    visc_cuda_bn_shape norm = *s;
+    norm.relu = 0;
+    return visc_cuda_batchnorm_forward_train(ctx, &norm, out, save_mean, save_rstd, in, gamma, beta,
+                                             running_mean, running_var) ||
+                   bn_add_residual(ctx, s, out, residual)
+               ? -1
+               : 0;
+}
+
+int visc_cuda_batchnorm_forward_eval_add(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                                         const void *in, const void *residual, const float *gamma,
+                                         const float *beta, const float *running_mean,
+                                         const float *running_var) {
+    visc_cuda_bn_shape norm = *s;
+    norm.relu = 0;
+    return visc_cuda_batchnorm_forward_eval(ctx, &norm, out, in, gamma, beta, running_mean,
+                                            running_var) ||
+                   bn_add_residual(ctx, s, out, residual)
+               ? -1
+               : 0;
+}
+
 int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *din,
                                  float *dgamma, float *dbeta, const void *dout, const void *in,
                                  const void *out, const float *gamma, const float *save_mean,

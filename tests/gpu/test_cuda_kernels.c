@@ -1660,6 +1660,115 @@ static void check_batchnorm_sync(int N, int C, int HW, int relu, int bf16) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* The statistics of values around a mean far larger than their spread
+ * (1e6 +- 1.5 in fp32), against a two-pass long double reference: the
+ * forward's one pass sums them shifted by one of them, where E[x^2] -
+ * mean^2 in double would be off by about 1e-4 of the variance. */
+static void check_batchnorm_moments(int N, int C, int HW, int nchw) {
+    char name[160];
+    const size_t n = (size_t)N * C * HW, M = (size_t)N * HW;
+    float *x = random_floats(n, 1e6f - 1.5f, 1e6f + 1.5f);
+    float *ones = malloc(sizeof(float) * C), *zeros = calloc((size_t)C, sizeof(float));
+    for (int c = 0; c < C; c++) ones[c] = 1.0f;
+    float *want_mean = malloc(sizeof(float) * C), *want_rstd = malloc(sizeof(float) * C);
+    for (int c = 0; c < C; c++) {
+        long double sum = 0, ss = 0;
+        for (size_t m = 0; m < M; m++) sum += x[nchw ? (m / HW * C + c) * HW + m % HW : m * C + c];
+        const long double mean = sum / M;
+        for (size_t m = 0; m < M; m++) {
+            const long double d = x[nchw ? (m / HW * C + c) * HW + m % HW : m * C + c] - mean;
+            ss += d * d;
+        }
+        want_mean[c] = (float)mean;
+        want_rstd[c] = (float)(1.0L / sqrtl(ss / M + 1e-5L));
+    }
+    const visc_cuda_bn_shape s = {N, C, HW, nchw, 0, 1e-5f, 0.1f, 0};
+    float *d_x = up(x, sizeof(float) * n), *d_y = dev(sizeof(float) * n);
+    float *d_g = up(ones, sizeof(float) * C), *d_b = up(zeros, sizeof(float) * C);
+    float *d_mean = dev(sizeof(float) * C), *d_rstd = dev(sizeof(float) * C);
+    launched(visc_cuda_batchnorm_forward_train(ctx, &s, d_y, d_mean, d_rstd, d_x, d_g, d_b, NULL,
+                                               NULL),
+             "batchnorm forward (training)");
+    float *h_mean = down(d_mean, (size_t)C), *h_rstd = down(d_rstd, (size_t)C);
+    snprintf(name, sizeof name, "batchnorm moments at mean 1e6 %s: mean, rstd against long double",
+             nchw ? "NCHW" : "NHWC");
+    expect_close(name, h_mean, want_mean, (size_t)C, 0.0, 1e-7);
+    expect_close(name, h_rstd, want_rstd, (size_t)C, 0.0, 1e-6);
+    void *dfree[] = {d_x, d_y, d_g, d_b, d_mean, d_rstd};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x, ones, zeros, want_mean, want_rstd, h_mean, h_rstd};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* A ResNet block's last norm with its residual sum (and ReLU) in the
+ * output pass: the bits of the norm's own output, stored, then the sum
+ * (as visc_cuda_add_relu* computes it), in training and in evaluation;
+ * the same statistics, saved and running, as the norm alone. */
+static void check_batchnorm_residual(int N, int C, int HW, int nchw, int relu, int bf16) {
+    char name[200];
+    const size_t n = (size_t)N * C * HW, elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+    float *x = random_floats(n, 2.0f, 5.0f), *r = random_floats(n, -3, 3);
+    float *gamma = random_floats((size_t)C, 0.5f, 1.5f), *beta = random_floats((size_t)C, -1, 1);
+    float *rm = random_floats((size_t)C, -0.5f, 0.5f), *rv = random_floats((size_t)C, 0.5f, 2);
+    void *d_x = bf16 ? up_bf16(x, n) : up(x, sizeof(float) * n);
+    void *d_r = bf16 ? up_bf16(r, n) : up(r, sizeof(float) * n);
+    float *d_g = up(gamma, sizeof(float) * C), *d_b = up(beta, sizeof(float) * C);
+    float *d_rm[2], *d_rv[2], *d_mean[2], *d_rstd[2];
+    for (int k = 0; k < 2; k++) {
+        d_rm[k] = up(rm, sizeof(float) * C), d_rv[k] = up(rv, sizeof(float) * C);
+        d_mean[k] = dev(sizeof(float) * C), d_rstd[k] = dev(sizeof(float) * C);
+    }
+    void *d_y = dev(elem * n), *d_ye = dev(elem * n), *d_z = dev(elem * n), *d_ze = dev(elem * n);
+    const visc_cuda_bn_shape alone = {N, C, HW, nchw, 0, 1e-5f, 0.1f, bf16};
+    visc_cuda_bn_shape fused = alone;
+    fused.relu = relu;
+    launched(visc_cuda_batchnorm_forward_train(ctx, &alone, d_y, d_mean[0], d_rstd[0], d_x, d_g,
+                                               d_b, d_rm[0], d_rv[0]),
+             "batchnorm forward (training)");
+    launched(visc_cuda_batchnorm_forward_eval(ctx, &alone, d_ye, d_x, d_g, d_b, d_rm[1], d_rv[1]),
+             "batchnorm forward (eval)");
+    launched(visc_cuda_batchnorm_forward_eval_add(ctx, &fused, d_ze, d_x, d_r, d_g, d_b, d_rm[1],
+                                                  d_rv[1]),
+             "batchnorm + residual forward (eval)");
+    launched(visc_cuda_batchnorm_forward_train_add(ctx, &fused, d_z, d_mean[1], d_rstd[1], d_x, d_r,
+                                                   d_g, d_b, d_rm[1], d_rv[1]),
+             "batchnorm + residual forward (training)");
+    float *h_y = bf16 ? down_bf16(d_y, n) : down(d_y, n);
+    float *h_ye = bf16 ? down_bf16(d_ye, n) : down(d_ye, n);
+    float *h_z = bf16 ? down_bf16(d_z, n) : down(d_z, n);
+    float *h_ze = bf16 ? down_bf16(d_ze, n) : down(d_ze, n);
+    float *rr = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) rr[i] = bf16 ? bf16_round(r[i]) : r[i];
+    float *want[2] = {h_y, h_ye}, *got[2] = {h_z, h_ze};
+    const char *mode[2] = {"training", "eval"};
+    char tag[96];
+    snprintf(tag, sizeof tag, "batchnorm + residual%s N %d C %d HW %d %s%s", relu ? " + relu" : "",
+             N, C, HW, nchw ? "NCHW" : "NHWC", bf16 ? " bf16" : "");
+    for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; i < n; i++) { /* models/resnet.c's add_relu on the stored output */
+            const float v = want[k][i] + rr[i];
+            want[k][i] = relu && !(v > 0.0f) ? 0.0f : bf16 ? bf16_round(v) : v;
+        }
+        snprintf(name, sizeof name, "%s: %s output, bit-identical to the two passes", tag, mode[k]);
+        expect_bits(name, got[k], want[k], n, sizeof(float));
+    }
+    float *stats[2][4];
+    for (int k = 0; k < 2; k++) {
+        stats[k][0] = down(d_mean[k], (size_t)C), stats[k][1] = down(d_rstd[k], (size_t)C);
+        stats[k][2] = down(d_rm[k], (size_t)C), stats[k][3] = down(d_rv[k], (size_t)C);
+    }
+    snprintf(name, sizeof name, "%s: saved and running statistics, bit-identical", tag);
+    for (int j = 0; j < 4; j++)
+        expect_bits(name, stats[1][j], stats[0][j], (size_t)C, sizeof(float));
+    void *dfree[] = {d_x,       d_r,       d_g,       d_b,       d_rm[0], d_rm[1], d_rv[0], d_rv[1],
+                     d_mean[0], d_mean[1], d_rstd[0], d_rstd[1], d_y,     d_ye,    d_z,     d_ze};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x, r, gamma, beta, rm, rv, h_y, h_ye, h_z, h_ze, rr};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 4; j++) free(stats[k][j]);
+}
+
 /* ---- pooling and ReLU: bit-identical ---- */
 /* Inputs from {0, 1, 2, 3} make ties in nearly every window, so the
  * first-maximum rule shows; nan_every > 0 puts a NaN at every such index. */
@@ -3262,6 +3371,11 @@ static void group_batchnorm(void) {
     check_batchnorm(32, 256, 2 * 2, 0, 0, 0.0f, 0);  /* small planes, channels-last */
     check_batchnorm(4, 32, 17 * 17, 0, 1, 50.0f, 0); /* |mean| >> std: the centred variance */
     check_batchnorm_sync(8, 64, 28 * 28, 1, 0);      /* SyncBN over two halves */
+    check_batchnorm_moments(4, 32, 17 * 17, 1);
+    check_batchnorm_moments(4, 40, 17 * 17, 0);
+    check_batchnorm_residual(4, 64, 14 * 14, 1, 1, 0); /* a block's end, fp32 NCHW */
+    check_batchnorm_residual(4, 64, 14 * 14, 1, 0, 0); /* without the ReLU */
+    check_batchnorm_residual(4, 96, 14 * 14, 0, 1, 1); /* bf16 channels-last */
     check_batchnorm_sync(16, 128, 7 * 7, 0, 0);
     /* each channel's values cut into ranges (src/cuda/batchnorm.cu's
      * bn_splits: 4096 values each at least): 17 ranges of a ResNet's first
