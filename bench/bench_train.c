@@ -16,6 +16,10 @@
  *                    [--classes 10] [--in-channels 3] [--small-stem]
  *                    [--warmup 3] [--steps 10] [--seconds 0] [--threads 0]
  *                    [--no-peak] [--quiet] [--precision fp32|bf16]
+ *                    [--device cpu|cuda|cuda:N] [--profile N]
+ * --profile N (GPU): after the timed steps, N more under the CUDA backend's
+ * profiler, then its table: GPU time per kind of work (each kernel, cuDNN
+ * convolution and cuBLASLt product), per step.
  * --seconds S: run timed steps until S seconds have passed (at least
  * --steps of them). --precision bf16: the linear layers' matmuls take bf16
  * operands (fp32 accumulation; nn.h), fp32 where the CPU lacks avx512_bf16.
@@ -42,7 +46,7 @@
 
 typedef struct {
     visc_model_config model;
-    int warmup, steps, threads, peak, quiet;
+    int warmup, steps, threads, peak, quiet, profile;
     double seconds;
     visc_precision precision;
     char device[16]; /* cpu | cuda | cuda:N */
@@ -52,7 +56,7 @@ static void usage(void) {
     fprintf(stderr, "usage: bench_train [--model NAME] [--batch N] [--image-size PX] "
                     "[--classes K] [--in-channels C] [--small-stem] [--warmup N] [--steps N] "
                     "[--seconds S] [--threads N] [--no-peak] [--quiet] [--precision fp32|bf16] "
-                    "[--device cpu|cuda|cuda:N]\n");
+                    "[--device cpu|cuda|cuda:N] [--profile N]\n");
     exit(2);
 }
 
@@ -87,6 +91,7 @@ static options parse(int argc, char **argv) {
         else if (!strcmp(a, "--seconds") && i + 1 < argc) o.seconds = atof(argv[++i]);
         else if (!strcmp(a, "--no-peak")) o.peak = 0;
         else if (!strcmp(a, "--quiet")) o.quiet = 1;
+        else if (!strcmp(a, "--profile")) o.profile = int_arg(argc, argv, &i);
         else if (!strcmp(a, "--device") && i + 1 < argc)
             snprintf(o.device, sizeof o.device, "%s", argv[++i]);
         else if (!strcmp(a, "--precision") && i + 1 < argc) {
@@ -129,6 +134,51 @@ static double cpu_seconds(void) {
 
 enum { PH_FWD, PH_LOSS, PH_BWD, PH_OPT, PH_COUNT };
 static const char *const phase_names[PH_COUNT] = {"forward", "loss", "backward", "optimizer"};
+
+/* What one step works on: the model, its optimizer, the batch (on the GPU
+ * too, with the loss and its gradient there). */
+typedef struct {
+    visc_model *m;
+    visc_cuda *gpu;
+    visc_optimizer *opt;
+    visc_gpu_optim *gopt;
+    const float *x;
+    const int32_t *y;
+    float *probs, *dlogits;
+    float *dev_x, *dev_probs, *dev_dlogits, *dev_loss;
+    int32_t *dev_y;
+    float loss; /* the CPU's; the GPU's stays in dev_loss */
+} bench_step;
+
+/* One training step; the end of each phase into t[0..PH_COUNT] (t[0] its start). */
+static void train_step(bench_step *b, double t[PH_COUNT + 1]) {
+    visc_model *m = b->m;
+    const int B = m->cfg.batch, K = m->cfg.num_classes;
+    const float lr = 0.01f;
+    t[0] = visc_now();
+    m->forward(m, b->gpu ? b->dev_x : b->x, 1);
+    t[1] = visc_now();
+    if (b->gpu) {
+        visc_gpu_softmax_xent(b->gpu, b->dev_loss, b->dev_probs, b->dev_dlogits, m->dev_logits,
+                              b->dev_y, B, K, 0.0f);
+    } else {
+        b->loss = visc_softmax_xent_forward(b->probs, m->logits, b->y, B, K, 0.0f);
+        visc_softmax_xent_backward(b->dlogits, b->probs, b->y, B, K, 0.0f);
+    }
+    t[2] = visc_now();
+    m->backward(m, b->gpu ? b->dev_dlogits : b->dlogits);
+    /* the GPU's work is queued: the phases are timed to its end */
+    if (b->gpu && visc_gpu_sync(b->gpu)) visc_die("%s", visc_last_error());
+    t[3] = visc_now();
+    if (b->gopt) {
+        if (visc_gpu_optim_step(b->gopt, b->opt, m->dev_params, m->dev_grads, lr) ||
+            visc_gpu_sync(b->gpu))
+            visc_die("%s", visc_last_error());
+    } else {
+        visc_optimizer_step(b->opt, m->params.data, m->grads, lr);
+    }
+    t[4] = visc_now();
+}
 
 int main(int argc, char **argv) {
     options o = parse(argc, argv);
@@ -187,7 +237,9 @@ int main(int argc, char **argv) {
     visc_optimizer_init(&opt, &oc, &m->params);
     visc_gpu_optim *gopt = gpu ? visc_gpu_optim_create(gpu, &opt) : NULL;
     if (gpu && !gopt) visc_die("%s", visc_last_error());
-    const float lr = 0.01f;
+    if (o.profile && !gpu) visc_die("--profile times the GPU's work: it needs --device cuda");
+    bench_step bs = {m,       gpu,   &opt,      gopt,        x,        y,     probs,
+                     dlogits, dev_x, dev_probs, dev_dlogits, dev_loss, dev_y, 0.0f};
 
     if (!o.quiet)
         printf("visc %s batch %d %dpx %d classes%s, %d threads, %s matmuls, %.2fM params, "
@@ -203,38 +255,16 @@ int main(int argc, char **argv) {
     for (int step = 0;; step++) {
         int warm = step < o.warmup;
         if (!warm && timed >= o.steps && t_timed >= o.seconds) break;
-        double c0 = cpu_seconds(), t0 = visc_now();
-        m->forward(m, gpu ? dev_x : x, 1);
-        double t1 = visc_now();
-        if (gpu) {
-            visc_gpu_softmax_xent(gpu, dev_loss, dev_probs, dev_dlogits, m->dev_logits, dev_y, B, K,
-                                  0.0f);
-        } else {
-            loss = visc_softmax_xent_forward(probs, m->logits, y, B, K, 0.0f);
-            visc_softmax_xent_backward(dlogits, probs, y, B, K, 0.0f);
-        }
-        double t2 = visc_now();
-        m->backward(m, gpu ? dev_dlogits : dlogits);
-        /* the GPU's work is queued: the phases are timed to its end */
-        if (gpu && visc_gpu_sync(gpu)) visc_die("%s", visc_last_error());
-        double t3 = visc_now();
-        if (gopt) {
-            if (visc_gpu_optim_step(gopt, &opt, m->dev_params, m->dev_grads, lr) ||
-                visc_gpu_sync(gpu))
-                visc_die("%s", visc_last_error());
-        } else {
-            visc_optimizer_step(&opt, m->params.data, m->grads, lr);
-        }
-        double t4 = visc_now();
-        if (step == 0) t_first = t4 - t0;
+        double c0 = cpu_seconds(), t[PH_COUNT + 1];
+        train_step(&bs, t);
+        if (step == 0) t_first = t[PH_COUNT] - t[0];
         if (warm) continue;
-        phase[PH_FWD] += t1 - t0, phase[PH_LOSS] += t2 - t1;
-        phase[PH_BWD] += t3 - t2, phase[PH_OPT] += t4 - t3;
-        t_timed += t4 - t0;
+        for (int p = 0; p < PH_COUNT; p++) phase[p] += t[p + 1] - t[p];
+        t_timed += t[PH_COUNT] - t[0];
         cpu_timed += cpu_seconds() - c0;
         timed++;
     }
-
+    loss = bs.loss;
     if (gpu) visc_gpu_download(gpu, &loss, dev_loss, sizeof loss);
     double ips = timed * B / t_timed;
     double gflops = 3.0 * m->flops_per_image * ips * 1e-9;
@@ -253,6 +283,12 @@ int main(int argc, char **argv) {
                "(%.1f GFLOP/s)\n",
                cpu_timed / timed * 1e3, visc_num_threads(), cpu_ips,
                3.0 * m->flops_per_image * cpu_ips * 1e-9);
+    }
+    if (o.profile) { /* after the timed steps: the profiler's waits do not slow those */
+        double t[PH_COUNT + 1];
+        if (visc_gpu_profile_start(gpu)) visc_die("%s", visc_last_error());
+        for (int step = 0; step < o.profile; step++) train_step(&bs, t);
+        if (visc_gpu_profile_report(gpu, stdout, o.profile)) visc_die("%s", visc_last_error());
     }
     /* device memory: what the run added to what the device held before the model */
     if (gpu && visc_gpu_memory_used(gpu, &mem1)) visc_die("%s", visc_last_error());

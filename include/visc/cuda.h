@@ -45,6 +45,7 @@
  *                 and sums (models/transformer_common.c, nn/token_ops.c, droppath.c)
  * comm.cu         gradients between GPUs: copies for the process group's
  *                 thread, and NCCL (opened with dlopen when a run asks for it)
+ * profile.cu      GPU time per kind of work, from events after every call
  *
  * C++ (the .cu files) includes this through src/cuda/common.cuh, which
  * makes core.h's C11 _Noreturn readable to nvcc.
@@ -74,6 +75,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -116,6 +118,15 @@ void visc_cuda_free(visc_cuda *ctx, void *p);
 /* Copies that wait for the stream (host memory may be pageable). */
 int visc_cuda_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes);
 int visc_cuda_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes);
+/* Profiling: where a step's GPU time goes (profile.cu). From _start on,
+ * every kernel and cuDNN / cuBLASLt call on the context's stream is timed
+ * by an event after it, the interval since the previous one charged to
+ * its name; _report stops it and prints the time per kind of work divided
+ * by `steps`, longest first. One context at a time; it costs the host a
+ * few microseconds a call and a wait every 1024 calls, so measure speed
+ * with it off. */
+int visc_cuda_profile_start(visc_cuda *ctx);
+int visc_cuda_profile_report(visc_cuda *ctx, FILE *f, int steps);
 /* Copies beside the kernels. A batch can cross the bus while the previous
  * step computes: visc_cuda_upload_async queues it on the context's second
  * stream (the copy engine's), ordered against the kernels by events. An

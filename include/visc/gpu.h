@@ -36,6 +36,7 @@
 #define VISC_GPU_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "dist.h"
@@ -71,6 +72,10 @@ void visc_gpu_set_precision(visc_cuda *ctx, visc_precision p);
 int visc_gpu_sync(visc_cuda *ctx);
 /* Device memory in use on the device, in bytes (-1 with the error). */
 int visc_gpu_memory_used(visc_cuda *ctx, size_t *used);
+/* GPU time per kind of work (cuda.h's profiler): start, run some steps,
+ * then report prints the table per step to f and stops. -1 with the error. */
+int visc_gpu_profile_start(visc_cuda *ctx);
+int visc_gpu_profile_report(visc_cuda *ctx, FILE *f, int steps);
 /* Prints one line: the device memory the run holds, in use now less `base`
  * (in use when the GPU was opened). A run frees nothing on the device
  * before it ends (the arena is planned once, workspaces only grow), so

@@ -34,9 +34,12 @@ struct visc_cuda {
     struct visc_nccl_state *nccl; /* NCCL's communicator and stream (comm.cu), or NULL */
     void *bn_acc; /* SyncBN's sums between the passes (batchnorm.cu), or NULL */
     size_t bn_acc_bytes;
+    struct visc_cuda_profile *profile; /* the profiler's events and table (profile.cu), or NULL */
 };
+typedef struct visc_cuda_profile visc_cuda_profile;
 /* Frees ctx->conv (conv.cu), ctx->attn (attention.cu), ctx->comm_stream and ctx->nccl (comm.cu),
- * ctx->lt_plans (matmul.cu). */
+ * ctx->lt_plans (matmul.cu), ctx->profile (profile.cu). */
+void visc_cuda_profile_free(visc_cuda *ctx);
 void visc_conv_state_free(visc_cuda *ctx);
 void visc_attn_state_free(visc_cuda *ctx);
 void visc_comm_state_free(visc_cuda *ctx);
@@ -76,9 +79,18 @@ cublasLtHandle_t visc_cuda_lt(visc_cuda *ctx);
 /* 0 if ok, else -1 with "<what>: <CUDA's message>" as the error. */
 int visc_cuda_check(cudaError_t e, const char *what);
 int visc_cublas_check(cublasStatus_t s, const char *what);
+/* The profiled context, or NULL (profile.cu): then every call below marks
+ * the end of a piece of GPU work, named. */
+extern visc_cuda *visc_cuda_profiled;
+void visc_cuda_profile_mark(const char *what);
+static inline void visc_cuda_profile_point(const char *what) {
+    if (visc_cuda_profiled) visc_cuda_profile_mark(what);
+}
 /* After a launch: the launch's own error, if any. */
 static inline int visc_cuda_launched(const char *kernel) {
-    return visc_cuda_check(cudaGetLastError(), kernel);
+    const int rc = visc_cuda_check(cudaGetLastError(), kernel);
+    visc_cuda_profile_point(kernel);
+    return rc;
 }
 /* At least `bytes` of device scratch (kept for the next call); NULL with the error set. */
 void *visc_cuda_scratch(visc_cuda *ctx, size_t bytes);

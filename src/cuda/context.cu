@@ -93,6 +93,7 @@ void visc_cuda_close(visc_cuda *ctx) {
         cudaStreamDestroy(ctx->copy_stream);
     }
     visc_comm_state_free(ctx);
+    visc_cuda_profile_free(ctx);
     visc_conv_state_free(ctx);
     visc_attn_state_free(ctx);
     cudaFree(ctx->scratch);

@@ -295,10 +295,12 @@ int visc_cuda_conv_forward(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *
     conv_plan *p = prepare(ctx, s, FWD, &st);
     if (!p) return -1;
     const float one = 1.0f, zero = 0.0f;
-    return visc_dnn_check(visc_dnn.fwd(st->handle, &one, p->x, x, p->w, w, p->conv,
-                                       (cudnnConvolutionFwdAlgo_t)p->algo[FWD], st->ws, p->ws[FWD],
-                                       &zero, p->y, y),
-                          "cudnnConvolutionForward");
+    const int rc = visc_dnn_check(visc_dnn.fwd(st->handle, &one, p->x, x, p->w, w, p->conv,
+                                               (cudnnConvolutionFwdAlgo_t)p->algo[FWD], st->ws,
+                                               p->ws[FWD], &zero, p->y, y),
+                                  "cudnnConvolutionForward");
+    visc_cuda_profile_point("cuDNN convolution forward");
+    return rc;
 }
 
 int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dx,
@@ -309,10 +311,13 @@ int visc_cuda_conv_backward_data(visc_cuda *ctx, const visc_cuda_conv_shape *s, 
     conv_plan *p = prepare(ctx, s, BWD_DATA, &st);
     if (!p) return -1;
     const float one = 1.0f, zero = 0.0f;
-    return visc_dnn_check(visc_dnn.bwd_data(st->handle, &one, p->w, w, p->y, dy, p->conv,
-                                            (cudnnConvolutionBwdDataAlgo_t)p->algo[BWD_DATA],
-                                            st->ws, p->ws[BWD_DATA], &zero, p->x, dx),
-                          "cudnnConvolutionBackwardData");
+    const int rc =
+        visc_dnn_check(visc_dnn.bwd_data(st->handle, &one, p->w, w, p->y, dy, p->conv,
+                                         (cudnnConvolutionBwdDataAlgo_t)p->algo[BWD_DATA], st->ws,
+                                         p->ws[BWD_DATA], &zero, p->x, dx),
+                       "cudnnConvolutionBackwardData");
+    visc_cuda_profile_point("cuDNN convolution backward data");
+    return rc;
 }
 
 int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *s, void *dw,
@@ -323,10 +328,13 @@ int visc_cuda_conv_backward_weights(visc_cuda *ctx, const visc_cuda_conv_shape *
     conv_plan *p = prepare(ctx, s, BWD_FILTER, &st);
     if (!p) return -1;
     const float one = 1.0f;
-    return visc_dnn_check(visc_dnn.bwd_filter(st->handle, &one, p->x, x, p->y, dy, p->conv,
-                                              (cudnnConvolutionBwdFilterAlgo_t)p->algo[BWD_FILTER],
-                                              st->ws, p->ws[BWD_FILTER], &beta, p->w, dw),
-                          "cudnnConvolutionBackwardFilter");
+    const int rc =
+        visc_dnn_check(visc_dnn.bwd_filter(st->handle, &one, p->x, x, p->y, dy, p->conv,
+                                           (cudnnConvolutionBwdFilterAlgo_t)p->algo[BWD_FILTER],
+                                           st->ws, p->ws[BWD_FILTER], &beta, p->w, dw),
+                       "cudnnConvolutionBackwardFilter");
+    visc_cuda_profile_point("cuDNN convolution backward weights");
+    return rc;
 }
 
 #else /* built where cuDNN's headers are missing: each call says so */

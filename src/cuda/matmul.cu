@@ -265,6 +265,9 @@ static int matmul(visc_cuda *ctx, const product *x) {
                                               &x->beta, x->D, p->d, x->D, p->d, &p->algo,
                                               ctx->workspace, VISC_CUDA_WORKSPACE, ctx->stream),
                                "cublasLtMatmul");
+    visc_cuda_profile_point(x->ab == CUDA_R_32F   ? "cuBLASLt matmul (fp32)"
+                            : x->d == CUDA_R_16BF ? "cuBLASLt matmul (bf16, bf16 out)"
+                                                  : "cuBLASLt matmul (bf16)");
     if (owned) plan_free(&made);
     return rc;
 }

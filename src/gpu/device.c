@@ -85,6 +85,10 @@ void visc_gpu_close(visc_cuda *ctx) {
 void *visc_gpu_alloc(visc_cuda *ctx, size_t bytes) { return visc_cuda_alloc(ctx, bytes); }
 int visc_gpu_sync(visc_cuda *ctx) { return visc_cuda_sync(ctx); }
 int visc_gpu_memory_used(visc_cuda *ctx, size_t *used) { return visc_cuda_memory_used(ctx, used); }
+int visc_gpu_profile_start(visc_cuda *ctx) { return visc_cuda_profile_start(ctx); }
+int visc_gpu_profile_report(visc_cuda *ctx, FILE *f, int steps) {
+    return visc_cuda_profile_report(ctx, f, steps);
+}
 void visc_gpu_free(visc_cuda *ctx, void *p) {
     if (p) visc_cuda_free(ctx, p);
 }
@@ -107,6 +111,14 @@ int visc_gpu_sync(visc_cuda *ctx) {
 int visc_gpu_memory_used(visc_cuda *ctx, size_t *used) {
     (void)ctx;
     *used = 0;
+    return visc_set_error("no GPU in a visc without the CUDA backend");
+}
+int visc_gpu_profile_start(visc_cuda *ctx) {
+    (void)ctx;
+    return visc_set_error("no GPU in a visc without the CUDA backend");
+}
+int visc_gpu_profile_report(visc_cuda *ctx, FILE *f, int steps) {
+    (void)ctx, (void)f, (void)steps;
     return visc_set_error("no GPU in a visc without the CUDA backend");
 }
 void visc_gpu_free(visc_cuda *ctx, void *p) {

@@ -181,6 +181,17 @@ int visc_cuda_memory_used(visc_cuda *ctx, size_t *used) {
     return 0;
 }
 
+/* No profiler: its layers are the CPU's, timed by the CPU's tools. */
+int visc_cuda_profile_start(visc_cuda *ctx) {
+    (void)ctx;
+    return visc_set_error("the stand-in GPU has no profiler");
+}
+
+int visc_cuda_profile_report(visc_cuda *ctx, FILE *f, int steps) {
+    (void)ctx, (void)f, (void)steps;
+    return visc_set_error("the stand-in GPU has no profiler");
+}
+
 /* "Device" memory is host memory that starts out as NaNs, so that a read
  * of anything never written shows (cudaMalloc's memory holds leftovers). */
 void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes) {

@@ -3178,6 +3178,81 @@ static void check_normalize_bytes(size_t images, size_t plane, const float mean[
 
 /* The checks in groups, each runnable alone (`test_cuda_kernels matmul`),
  * so that a kernel that breaks the context cannot hide the others. */
+/* The profiler's table parsed back from its text: per name, calls per
+ * step; the shares' and the times' sums against the total line. */
+typedef struct {
+    int entries;
+    double add, add_relu, matmul, shares, ms, total;
+} profile_read;
+
+static profile_read read_profile(const char *text) {
+    profile_read r = {0, 0, 0, 0, 0, 0, -1};
+    const char *line = text;
+    while (line && *line) {
+        double ms, share, calls;
+        char name[128];
+        if (sscanf(line, " %lf %lf%% %lf %127[^\n]", &ms, &share, &calls, name) == 4) {
+            r.entries++;
+            r.shares += share, r.ms += ms;
+            if (!strcmp(name, "add")) r.add = calls;
+            if (!strcmp(name, "add + relu")) r.add_relu = calls;
+            if (!strcmp(name, "cuBLASLt matmul (fp32)")) r.matmul = calls;
+        } else if (sscanf(line, " %lf %lf%% total", &ms, &share) == 2) {
+            r.total = ms;
+        }
+        line = strchr(line, '\n');
+        if (line) line++;
+    }
+    return r;
+}
+
+/* Runs `steps` steps of three sums, one sum + ReLU and one product under
+ * the profiler (only the sums when `sums_only`); its report, parsed. */
+static profile_read profiled_steps(int steps, int sums_only, float *d_out, const float *d_a,
+                                   const float *d_b, size_t n) {
+    launched(visc_cuda_profile_start(ctx), "profile start");
+    for (int step = 0; step < steps; step++) {
+        for (int k = 0; k < 3; k++) launched(visc_cuda_add(ctx, d_out, d_a, d_b, n), "add");
+        if (sums_only) continue;
+        launched(visc_cuda_add_relu(ctx, d_out, d_a, n), "add + relu");
+        launched(visc_cuda_matmul_f32(ctx, d_out, d_a, d_b, NULL, 64, 64, 64, 0, 0, 0.0f),
+                 "matmul");
+    }
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f || visc_cuda_profile_report(ctx, f, steps)) {
+        printf("FAIL profile report: %s\n", visc_last_error());
+        failed++;
+    }
+    if (f) fclose(f);
+    profile_read r = read_profile(text ? text : "");
+    free(text);
+    return r;
+}
+
+/* The profiler: each launch and product charged to its name, counted per
+ * step; the shares make 100% and the rows the total; a second profile
+ * starts from an empty table. */
+static void check_profile(void) {
+    const size_t n = 64 * 64;
+    float *a = random_floats(n, -1, 1);
+    float *d_a = up(a, sizeof(float) * n), *d_b = up(a, sizeof(float) * n);
+    float *d_out = dev(sizeof(float) * n);
+    const profile_read r = profiled_steps(2, 0, d_out, d_a, d_b, n);
+    launched(visc_cuda_add(ctx, d_out, d_a, d_b, n), "add after the report");
+    const profile_read again = profiled_steps(1, 1, d_out, d_a, d_b, n);
+    const float got[] = {(float)r.entries,     (float)r.add,    (float)r.add_relu,
+                         (float)r.matmul,      (float)r.shares, (float)(r.ms - r.total),
+                         (float)again.entries, (float)again.add};
+    const float want[] = {3, 3, 1, 1, 100, 0, 1, 3};
+    expect_close("profile: 3 kinds of work, their calls per step, shares and times adding up; "
+                 "a new profile's table empty",
+                 got, want, sizeof got / sizeof *got, 0.2, 0.0);
+    visc_cuda_free(ctx, d_a), visc_cuda_free(ctx, d_b), visc_cuda_free(ctx, d_out);
+    free(a);
+}
+
 static void group_layernorm(void) {
     check_layernorm(1000, 192, 1, 0.0f, 2.0f);
     check_layernorm(997, 768, 1, 100.0f, 2.0f); /* a large mean: the centred statistics */
@@ -3313,6 +3388,7 @@ static void group_eltwise(void) {
     check_add(9);                     /* fewer elements than one block */
     check_add_bf16(((size_t)1 << 20) + 5);
     check_add_bf16(9);
+    check_profile();
 }
 static void group_input(void) {
     const float imagenet_mean[3] = {0.485f, 0.456f, 0.406f},

@@ -10,6 +10,9 @@
 # bus. Writes $OUT/bench.md (the table, with the command and the
 # machine) and prints it. Every run is bounded by the time left (BENCH_BUDGET
 # seconds, default 420); a run that does not finish is marked as such.
+# After its timed steps each visc run profiles 3 more (bench_train
+# --profile: GPU time per kernel, convolution and product), printed with
+# every run's other output to standard error (device_check's bench.log).
 #
 # visc runs with --precision bf16: its linear layers' products take bf16
 # operands, and the ResNets keep their activations in bf16 channels-last
@@ -40,11 +43,15 @@ have_torch=1
 
 # result FIELD LINE: the value of FIELD= in a RESULT line
 field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$2"; }
-# run SECONDS COMMAND...: the RESULT line of COMMAND, or "timeout"/"failed"
+# run COMMAND...: the RESULT line of COMMAND, or "not run"/"failed"; the
+# rest of its output (visc's profile) to this script's standard error
 run() {
-    local left=$((deadline - $(date +%s))) out
+    local left=$((deadline - $(date +%s))) out rc
     [ "$left" -gt 20 ] || { echo "not run"; return; }
-    out=$(timeout "$left" "$@") || { echo "failed"; return; }
+    out=$(timeout "$left" "$@")
+    rc=$?
+    { echo "== $*"; grep -v '^RESULT' <<<"$out"; } >&2
+    [ $rc -eq 0 ] || { echo "failed"; return; }
     grep '^RESULT' <<<"$out" | tail -1
 }
 # ratio A B: A / B as "1.23x", or "-" when either is missing
@@ -70,8 +77,9 @@ for s in "${settings[@]}"; do
     read -r model batch res classes small <<<"$s"
     flags=(--model "$model" --batch "$batch" --image-size "$res" --classes "$classes")
     [ -n "${small:-}" ] && flags+=(--small-stem)
+    # the timed steps, then 3 under the profiler (GPU time per kind of work, into the log)
     v=$(run "$BUILD/bench/bench_train" "${flags[@]}" --device cuda --precision bf16 --warmup 3 \
-        --steps 10 --quiet)
+        --steps 10 --quiet --profile 3)
     e=failed c=failed
     if [ $have_torch -eq 1 ]; then
         e=$(run "$PY" bench/torch_train_gpu.py "${flags[@]}")

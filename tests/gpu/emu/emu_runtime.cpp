@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <ucontext.h>
 
 #include <iterator>
@@ -700,8 +701,12 @@ cudaError_t cudaFreeHost(void *p) {
     return cudaSuccess;
 }
 
-/* Streams and events: handles only (everything ran when it was asked). */
-static char stream_token, event_token;
+/* Streams: handles only (everything ran when it was asked). Events: the
+ * host's clock when recorded, which is when the work before them ended. */
+static char stream_token;
+struct CUevent_st {
+    double ms;
+};
 cudaError_t cudaStreamCreate(cudaStream_t *s) {
     *s = (cudaStream_t)&stream_token;
     return cudaSuccess;
@@ -711,13 +716,25 @@ cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return status(cudaSuccess); }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return status(cudaSuccess); }
 cudaError_t cudaEventCreate(cudaEvent_t *e) {
-    *e = (cudaEvent_t)&event_token;
-    return cudaSuccess;
+    *e = (cudaEvent_t)calloc(1, sizeof(CUevent_st));
+    return *e ? cudaSuccess : status(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
-cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return status(cudaSuccess); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    free(e);
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    e->ms = t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+    return status(cudaSuccess);
+}
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return status(cudaSuccess); }
 cudaError_t cudaEventQuery(cudaEvent_t) { return status(cudaSuccess); }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+    *ms = (float)(end->ms - start->ms);
+    return status(cudaSuccess);
+}
 
 } // extern "C"
