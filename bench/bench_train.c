@@ -5,7 +5,9 @@
  * so nothing but the engine is measured: no data loading, no augmentation.
  * Warm-up steps first (oneDNN creates its kernels and touches every buffer),
  * then timed steps; the clock is read between the phases, which costs a few
- * microseconds per step, so the per-phase breakdown is always printed.
+ * microseconds per step, so the per-phase breakdown is always printed (on a
+ * CPU: a GPU's timed steps are queued back to back, as PyTorch's are, and
+ * --profile breaks its step down).
  *
  * Achieved GFLOP/s counts a training step as 3 x the forward FLOPs (the
  * backward is a data gradient plus a weight gradient, each about one
@@ -31,6 +33,7 @@
  * measures the neighbours as much as the program; CPU time does not, as
  * long as idle threads sleep instead of spinning (OMP_WAIT_POLICY=passive,
  * which bench/train_vs_pytorch.sh sets for both engines). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,8 +153,10 @@ typedef struct {
     float loss; /* the CPU's; the GPU's stays in dev_loss */
 } bench_step;
 
-/* One training step; the end of each phase into t[0..PH_COUNT] (t[0] its start). */
-static void train_step(bench_step *b, double t[PH_COUNT + 1]) {
+/* One training step; the end of each phase into t[0..PH_COUNT] (t[0] its
+ * start). On a GPU the phases end when its work is done if `wait`, else
+ * when the host has queued it. */
+static void train_step(bench_step *b, double t[PH_COUNT + 1], int wait) {
     visc_model *m = b->m;
     const int B = m->cfg.batch, K = m->cfg.num_classes;
     const float lr = 0.01f;
@@ -167,12 +172,11 @@ static void train_step(bench_step *b, double t[PH_COUNT + 1]) {
     }
     t[2] = visc_now();
     m->backward(m, b->gpu ? b->dev_dlogits : b->dlogits);
-    /* the GPU's work is queued: the phases are timed to its end */
-    if (b->gpu && visc_gpu_sync(b->gpu)) visc_die("%s", visc_last_error());
+    if (b->gpu && wait && visc_gpu_sync(b->gpu)) visc_die("%s", visc_last_error());
     t[3] = visc_now();
     if (b->gopt) {
         if (visc_gpu_optim_step(b->gopt, b->opt, m->dev_params, m->dev_grads, lr) ||
-            visc_gpu_sync(b->gpu))
+            (wait && visc_gpu_sync(b->gpu)))
             visc_die("%s", visc_last_error());
     } else {
         visc_optimizer_step(b->opt, m->params.data, m->grads, lr);
@@ -251,18 +255,27 @@ int main(int argc, char **argv) {
     double phase[PH_COUNT] = {0};
     float loss = 0;
     int timed = 0;
-    double t_timed = 0, t_first = 0, cpu_timed = 0;
+    double t_timed = 0, t_first = 0, cpu_timed = 0, t_start = 0;
     for (int step = 0;; step++) {
         int warm = step < o.warmup;
         if (!warm && timed >= o.steps && t_timed >= o.seconds) break;
+        if (!warm && timed == 0) t_start = visc_now(); /* the warm-up waited: the GPU is idle */
         double c0 = cpu_seconds(), t[PH_COUNT + 1];
-        train_step(&bs, t);
+        /* On a GPU the timed steps are queued back to back, as PyTorch's
+         * benchmark runs them (torch_train_gpu.py): the clock stops when
+         * the last one is done, and the phases are not timed (--profile
+         * says where the time goes). */
+        train_step(&bs, t, !gpu || warm);
         if (step == 0) t_first = t[PH_COUNT] - t[0];
         if (warm) continue;
         for (int p = 0; p < PH_COUNT; p++) phase[p] += t[p + 1] - t[p];
-        t_timed += t[PH_COUNT] - t[0];
+        t_timed = gpu ? visc_now() - t_start : t_timed + t[PH_COUNT] - t[0];
         cpu_timed += cpu_seconds() - c0;
         timed++;
+    }
+    if (gpu) {
+        if (visc_gpu_sync(gpu)) visc_die("%s", visc_last_error());
+        t_timed = visc_now() - t_start;
     }
     loss = bs.loss;
     if (gpu) visc_gpu_download(gpu, &loss, dev_loss, sizeof loss);
@@ -272,10 +285,12 @@ int main(int argc, char **argv) {
     if (!o.quiet) {
         printf("first step %.2f s (kernel creation), %d timed steps, loss %.4f\n", t_first, timed,
                loss);
-        printf("  %-10s %9s %7s\n", "phase", "ms/step", "share");
-        for (int p = 0; p < PH_COUNT; p++)
-            printf("  %-10s %9.2f %6.1f%%\n", phase_names[p], phase[p] / timed * 1e3,
-                   100.0 * phase[p] / t_timed);
+        if (!gpu) {
+            printf("  %-10s %9s %7s\n", "phase", "ms/step", "share");
+            for (int p = 0; p < PH_COUNT; p++)
+                printf("  %-10s %9.2f %6.1f%%\n", phase_names[p], phase[p] / timed * 1e3,
+                       100.0 * phase[p] / t_timed);
+        }
         printf("%.1f img/s, %.1f ms/step, %.1f GFLOP/s", ips, t_timed / timed * 1e3, gflops);
         if (peak > 0) printf(" = %.0f%% of sgemm peak %.1f GFLOP/s", 100 * gflops / peak, peak);
         printf("\n");
@@ -287,7 +302,7 @@ int main(int argc, char **argv) {
     if (o.profile) { /* after the timed steps: the profiler's waits do not slow those */
         double t[PH_COUNT + 1];
         if (visc_gpu_profile_start(gpu)) visc_die("%s", visc_last_error());
-        for (int step = 0; step < o.profile; step++) train_step(&bs, t);
+        for (int step = 0; step < o.profile; step++) train_step(&bs, t, 0);
         if (visc_gpu_profile_report(gpu, stdout, o.profile)) visc_die("%s", visc_last_error());
     }
     /* device memory: what the run added to what the device held before the model */
@@ -298,8 +313,9 @@ int main(int argc, char **argv) {
            "peak=%.1f cpu_img_s=%.2f threads=%d fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f steps=%d "
            "precision=%s device=%s mem_mib=%.0f\n",
            mc->arch, B, mc->image_size, ips, t_timed / timed * 1e3, gflops, peak, cpu_ips,
-           visc_num_threads(), phase[PH_FWD] / timed * 1e3, phase[PH_BWD] / timed * 1e3,
-           phase[PH_OPT] / timed * 1e3, timed, visc_precision_name(o.precision), o.device, mem_mib);
+           visc_num_threads(), gpu ? NAN : phase[PH_FWD] / timed * 1e3,
+           gpu ? NAN : phase[PH_BWD] / timed * 1e3, gpu ? NAN : phase[PH_OPT] / timed * 1e3, timed,
+           visc_precision_name(o.precision), o.device, mem_mib);
 
     visc_gpu_optim_free(gopt);
     visc_gpu_free(gpu, dev_x), visc_gpu_free(gpu, dev_y), visc_gpu_free(gpu, dev_probs);

@@ -8,6 +8,7 @@
 #define VISC_CUDA_COMMON_CUH
 
 #include <cublasLt.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 /* core.h declares its no-return functions with C11's _Noreturn, which the
@@ -92,6 +93,20 @@ static inline int visc_cuda_launched(const char *kernel) {
     visc_cuda_profile_point(kernel);
     return rc;
 }
+/* Two bf16 in a 32-bit word (the lower one first in memory) as floats,
+ * and two floats rounded to nearest even into one: the halves of a
+ * 16-byte access of 8 bf16 (uint4), which the memory-bound kernels use
+ * where one value a thread moves too few bytes per instruction. */
+__device__ __forceinline__ void bf16_unpack2(uint32_t w, float *x) {
+    x[0] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(w & 0xffffu)));
+    x[1] = __bfloat162float(__ushort_as_bfloat16((unsigned short)(w >> 16)));
+}
+__device__ __forceinline__ uint32_t bf16_pack2(const float *x) {
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(x[0])) |
+           (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(x[1])) << 16;
+}
+static inline int visc_cuda_aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 /* At least `bytes` of device scratch (kept for the next call); NULL with the error set. */
 void *visc_cuda_scratch(visc_cuda *ctx, size_t bytes);
 /* A device buffer *buf of *have bytes grown to at least `bytes` (a larger

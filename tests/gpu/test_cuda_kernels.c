@@ -3148,9 +3148,17 @@ static void check_add_bf16(size_t n) {
     expect_bits(name, h_dx, dx, n, sizeof(float));
     snprintf(name, sizeof name, "relu backward bf16 in place [%zu]: bit-identical", n);
     expect_bits(name, h_dx_inplace, dx, n, sizeof(float));
-    void *dfree[] = {d_a, d_b, d_g, d_out};
+    /* tensors that start 2 bytes past a 16-byte boundary: one value a
+     * thread (the kernels take 8 where every tensor is aligned) */
+    uint16_t *d_a1 = up_bf16(a, n), *d_b1 = up_bf16(b, n);
+    launched(visc_cuda_add_bf16(ctx, (uint16_t *)d_out + 1, d_a1 + 1, d_b1 + 1, n - 1),
+             "add (bf16), unaligned");
+    float *h_sum1 = down_bf16(d_out, n);
+    snprintf(name, sizeof name, "add bf16 unaligned [%zu]: bit-identical", n - 1);
+    expect_bits(name, h_sum1 + 1, sum + 1, n - 1, sizeof(float));
+    void *dfree[] = {d_a, d_b, d_g, d_out, d_a1, d_b1};
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
-    void *hfree[] = {a, b, g, sum, res, dx, h_sum, h_dx, h_dx_inplace, h_res};
+    void *hfree[] = {a, b, g, sum, res, dx, h_sum, h_dx, h_dx_inplace, h_res, h_sum1};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
@@ -3468,14 +3476,19 @@ static void group_batchnorm(void) {
     check_batchnorm(16, 16, 32 * 32, 1, 1, 0.0f, 0);
     check_batchnorm(16, 16, 32 * 32, 0, 1, 0.0f, 0);
     check_batchnorm(16, 32, 16 * 16, 1, 1, 0.0f, 0);
-    /* bf16 channels-last activations (a ResNet under bf16): a first stage,
-     * small planes, a channel mean far from 0, and channel counts that are
-     * not multiples of the 32 a block takes (ResNet-20's first stage: 16) */
+    /* bf16 channels-last activations (a ResNet under bf16), 8 channels a
+     * thread (C a multiple of 8): a first stage, small planes, a channel
+     * mean far from 0, channel counts under the 32 lanes of a block
+     * (ResNet-20's first stage: 16) or not a power of two (40: a second
+     * group with one active lane), ResNet-50's last stage (2048: 8
+     * groups); and one channel a thread (C = 12) */
     check_batchnorm(16, 64, 56 * 56, 1, 0, 0.0f, 1);
     check_batchnorm(32, 256, 2 * 2, 0, 0, 0.0f, 1);
     check_batchnorm(4, 32, 17 * 17, 0, 0, 50.0f, 1);
     check_batchnorm(16, 16, 32 * 32, 1, 0, 0.0f, 1);
     check_batchnorm(8, 40, 7 * 7, 0, 0, 0.0f, 1);
+    check_batchnorm(8, 2048, 7 * 7, 1, 0, 0.0f, 1);
+    check_batchnorm(8, 12, 7 * 7, 1, 0, 0.0f, 1);
     check_batchnorm(8, 40, 7 * 7, 1, 0, 0.0f, 0);
     check_batchnorm_sync(8, 40, 14 * 14, 1, 1);
 }

@@ -6,8 +6,9 @@
 # for the CNNs) for ResNet-50 (batch 256, 224 px), ViT-S/16 (256), Swin-T
 # (256) and ResNet-18 with the CIFAR stem (512, 32 px), with each engine's
 # device memory. Both engines keep their fixed batch, labels and loss on the
-# device (bench_train: m->io_on_device), so the step is measured, not the
-# bus. Writes $OUT/bench.md (the table, with the command and the
+# device (bench_train: m->io_on_device) and queue their timed steps back
+# to back with one wait at the end, so the step is measured, not the bus
+# or the host's waits. Writes $OUT/bench.md (the table, with the command and the
 # machine) and prints it. Every run is bounded by the time left (BENCH_BUDGET
 # seconds, default 420); a run that does not finish is marked as such.
 # After its timed steps each visc run profiles 3 more (bench_train
