@@ -177,6 +177,27 @@ TEST(layernorm_backward_din_null) {
     CHECK(memcmp(db1, db2, sizeof db1) == 0);
 }
 
+/* _add: din += the input's gradient, the parameter gradients as without */
+TEST(layernorm_backward_add_accumulates) {
+    enum { R = 7, C = 37 };
+    double xd[R * C], gd[R * C], sd[R * C];
+    float x[R * C], g[R * C], stream[R * C], gamma[C], beta[C], y[R * C], mean[R], rstd[R];
+    float dg1[C], db1[C], dg2[C], db2[C], dx[R * C], sum[R * C], want[R * C];
+    fill(xd, x, R * C, -1, 1, 10);
+    fill(gd, g, R * C, -1, 1, 11);
+    fill(sd, stream, R * C, -2, 2, 12);
+    for (int i = 0; i < C; i++) gamma[i] = 0.7f + 0.02f * (float)i, beta[i] = 0.1f;
+    visc_layernorm_forward(y, mean, rstd, x, gamma, beta, R, C, 1e-5f);
+    visc_layernorm_backward(dx, dg1, db1, g, x, gamma, mean, rstd, R, C);
+    memcpy(sum, stream, sizeof sum);
+    visc_layernorm_backward_add(sum, dg2, db2, g, x, gamma, mean, rstd, R, C);
+    for (int i = 0; i < R * C; i++) want[i] = stream[i] + dx[i];
+    /* one rounding apart at most (the sum may be fused with dx's product) */
+    CHECK_ARRAYS("layernorm din added", sum, want, R * C, 1e-6, 1e-6);
+    CHECK(memcmp(dg1, dg2, sizeof dg1) == 0);
+    CHECK(memcmp(db1, db2, sizeof db1) == 0);
+}
+
 /* ---- gelu ---- */
 
 static double gelu_ref(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }

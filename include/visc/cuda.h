@@ -218,6 +218,11 @@ int visc_cuda_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, floa
                                  const float *dout, const float *in, const float *gamma,
                                  const float *save_mean, const float *save_rstd, int64_t rows,
                                  int C);
+/* as visc_layernorm_backward_add: din += the input's gradient */
+int visc_cuda_layernorm_backward_add(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                     const float *dout, const float *in, const float *gamma,
+                                     const float *save_mean, const float *save_rstd, int64_t rows,
+                                     int C);
 
 /* ---- softmax_xent.cu: as visc_softmax_xent_forward/backward ----
  * The mean loss is written to *loss (one device float), not returned, so
@@ -482,16 +487,17 @@ int visc_cuda_droppath_add_from_windows(visc_cuda *ctx, float *out, const float 
  * `in`, each output row written at its windowed place (out as
  * visc_cuda_swin_partition would make it); the statistics stay in token
  * order. And its backward: dout in windowed order, visc_cuda_swin_reverse
- * then visc_cuda_layernorm_backward (din, the statistics in token order). */
+ * then visc_cuda_layernorm_backward_add (din, the residual stream's
+ * gradient, takes the branch's; it and the statistics in token order). */
 int visc_cuda_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *save_mean,
                                            float *save_rstd, const float *in, const float *gamma,
                                            const float *beta, const visc_cuda_swin_grid *g, int B,
                                            int C, float eps);
-int visc_cuda_layernorm_backward_from_windows(visc_cuda *ctx, float *din, float *dgamma,
-                                              float *dbeta, const float *dout, const float *in,
-                                              const float *gamma, const float *save_mean,
-                                              const float *save_rstd, const visc_cuda_swin_grid *g,
-                                              int B, int C);
+int visc_cuda_layernorm_backward_from_windows_add(visc_cuda *ctx, float *din, float *dgamma,
+                                                  float *dbeta, const float *dout, const float *in,
+                                                  const float *gamma, const float *save_mean,
+                                                  const float *save_rstd,
+                                                  const visc_cuda_swin_grid *g, int B, int C);
 
 /* ---- conv.cu: cuDNN convolutions (dilation 1, groups 1, no bias: ResNets) ----
  * Two forms: fp32 in NCHW (x [N, C, H, W], w [K, C, R, S], y [N, K, P, Q],

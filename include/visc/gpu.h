@@ -235,6 +235,10 @@ void visc_gpu_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, floa
                                  const float *dout, const float *in, const float *gamma,
                                  const float *save_mean, const float *save_rstd, int64_t rows,
                                  int C);
+void visc_gpu_layernorm_backward_add(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                     const float *dout, const float *in, const float *gamma,
+                                     const float *save_mean, const float *save_rstd, int64_t rows,
+                                     int C);
 void visc_gpu_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n);
 void visc_gpu_gelu_backward(visc_cuda *ctx, float *din, const float *dout, const float *in,
                             size_t n);
@@ -336,11 +340,11 @@ void visc_gpu_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *sa
                                            float *save_rstd, const float *in, const float *gamma,
                                            const float *beta, int H, int W, int wh, int ww, int sh,
                                            int sw, int B, int C, float eps);
-void visc_gpu_layernorm_backward_from_windows(visc_cuda *ctx, float *din, float *dgamma,
-                                              float *dbeta, const float *dout, const float *in,
-                                              const float *gamma, const float *save_mean,
-                                              const float *save_rstd, int H, int W, int wh, int ww,
-                                              int sh, int sw, int B, int C);
+void visc_gpu_layernorm_backward_from_windows_add(visc_cuda *ctx, float *din, float *dgamma,
+                                                  float *dbeta, const float *dout, const float *in,
+                                                  const float *gamma, const float *save_mean,
+                                                  const float *save_rstd, int H, int W, int wh,
+                                                  int ww, int sh, int sw, int B, int C);
 void visc_gpu_swin_gather_bias(visc_cuda *ctx, float *bias, const float *table, const int32_t *rel,
                                int H, int N, int sigmoid16);
 void visc_gpu_swin_scatter_bias(visc_cuda *ctx, float *dtable, const float *dbias,

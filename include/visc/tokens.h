@@ -32,6 +32,11 @@ void visc_layernorm_forward(float *out, float *save_mean, float *save_rstd, cons
 void visc_layernorm_backward(float *din, float *dgamma, float *dbeta, const float *dout,
                              const float *in, const float *gamma, const float *save_mean,
                              const float *save_rstd, int64_t rows, int C);
+/* The same with din += the input's gradient: a residual stream's gradient
+ * takes the norm's branch in the pass that computes it. */
+void visc_layernorm_backward_add(float *din, float *dgamma, float *dbeta, const float *dout,
+                                 const float *in, const float *gamma, const float *save_mean,
+                                 const float *save_rstd, int64_t rows, int C);
 
 /* ---- gelu.c ---- 0.5 x (1 + erf(x / sqrt 2)); din may alias dout. */
 void visc_gelu_forward(float *out, const float *in, size_t n);

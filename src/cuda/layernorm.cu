@@ -92,7 +92,9 @@ int visc_cuda_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *sa
                       eps, ctx->bf16, ln_rows{*g, 1});
 }
 
-__global__ void ln_backward_kernel(float *din, const float *dout, const float *in,
+/* din = the input's gradient, or with acc din += it (a residual stream's
+ * gradient, which takes the norm's branch in this pass) */
+__global__ void ln_backward_kernel(float *din, int acc, const float *dout, const float *in,
                                    const float *gamma, const float *save_mean,
                                    const float *save_rstd, int64_t rows, int C, ln_rows map) {
     const int lane = threadIdx.x & 31;
@@ -111,7 +113,8 @@ __global__ void ln_backward_kernel(float *din, const float *dout, const float *i
     const float mg = visc_warp_sum(sg) / (float)C, mgx = visc_warp_sum(sgx) * rstd / (float)C;
     for (int c = lane; c < C; c += 32) {
         const float g = gamma ? dy[c] * gamma[c] : dy[c];
-        dx[c] = rstd * (g - mg - (x[c] - mean) * rstd * mgx);
+        const float v = rstd * (g - mg - (x[c] - mean) * rstd * mgx);
+        dx[c] = acc ? __fadd_rn(dx[c], v) : v; /* not fused into v's product: din's bits, added */
     }
 }
 
@@ -135,15 +138,16 @@ __global__ void ln_param_partials_kernel(float *part, const float *dout, const f
     p[C + c] = sb;
 }
 
-static int ln_backward(visc_cuda *ctx, float *din, float *dgamma, float *dbeta, const float *dout,
-                       const float *in, const float *gamma, const float *save_mean,
-                       const float *save_rstd, int64_t rows, int C, ln_rows map) {
+static int ln_backward(visc_cuda *ctx, float *din, int acc, float *dgamma, float *dbeta,
+                       const float *dout, const float *in, const float *gamma,
+                       const float *save_mean, const float *save_rstd, int64_t rows, int C,
+                       ln_rows map) {
     if (rows < 0 || C <= 0)
         return visc_set_error("layernorm: bad shape [%lld, %d]", (long long)rows, C);
     if (din && rows > 0) {
         const int64_t blocks = (rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK;
         ln_backward_kernel<<<(unsigned)blocks, 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(
-            din, dout, in, gamma, save_mean, save_rstd, rows, C, map);
+            din, acc, dout, in, gamma, save_mean, save_rstd, rows, C, map);
         if (visc_cuda_launched("layernorm backward")) return -1;
     }
     if (!gamma || !dgamma) return 0; /* no affine: nothing to learn */
@@ -170,16 +174,24 @@ int visc_cuda_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, floa
                                  const float *dout, const float *in, const float *gamma,
                                  const float *save_mean, const float *save_rstd, int64_t rows,
                                  int C) {
-    return ln_backward(ctx, din, dgamma, dbeta, dout, in, gamma, save_mean, save_rstd, rows, C,
+    return ln_backward(ctx, din, 0, dgamma, dbeta, dout, in, gamma, save_mean, save_rstd, rows, C,
                        tokens_in_order);
 }
 
-int visc_cuda_layernorm_backward_from_windows(visc_cuda *ctx, float *din, float *dgamma,
-                                              float *dbeta, const float *dout, const float *in,
-                                              const float *gamma, const float *save_mean,
-                                              const float *save_rstd,
-                                              const visc_cuda_swin_grid *g, int B, int C) {
+int visc_cuda_layernorm_backward_add(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                     const float *dout, const float *in, const float *gamma,
+                                     const float *save_mean, const float *save_rstd, int64_t rows,
+                                     int C) {
+    return ln_backward(ctx, din, 1, dgamma, dbeta, dout, in, gamma, save_mean, save_rstd, rows, C,
+                       tokens_in_order);
+}
+
+int visc_cuda_layernorm_backward_from_windows_add(visc_cuda *ctx, float *din, float *dgamma,
+                                                  float *dbeta, const float *dout, const float *in,
+                                                  const float *gamma, const float *save_mean,
+                                                  const float *save_rstd,
+                                                  const visc_cuda_swin_grid *g, int B, int C) {
     if (visc_swin_grid_check(g, B, C)) return -1;
-    return ln_backward(ctx, din, dgamma, dbeta, dout, in, gamma, save_mean, save_rstd,
+    return ln_backward(ctx, din, 1, dgamma, dbeta, dout, in, gamma, save_mean, save_rstd,
                        (int64_t)B * g->H * g->W, C, ln_rows{*g, 1});
 }

@@ -346,6 +346,14 @@ void visc_gpu_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, floa
                                      rows, C));
 }
 
+void visc_gpu_layernorm_backward_add(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                     const float *dout, const float *in, const float *gamma,
+                                     const float *save_mean, const float *save_rstd, int64_t rows,
+                                     int C) {
+    RUN(visc_cuda_layernorm_backward_add(ctx, din, dgamma, dbeta, dout, in, gamma, save_mean,
+                                         save_rstd, rows, C));
+}
+
 void visc_gpu_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n) {
     RUN(visc_cuda_gelu_forward(ctx, out, in, n));
 }
@@ -540,14 +548,14 @@ void visc_gpu_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *sa
                                                B, C, eps));
 }
 
-void visc_gpu_layernorm_backward_from_windows(visc_cuda *ctx, float *din, float *dgamma,
-                                              float *dbeta, const float *dout, const float *in,
-                                              const float *gamma, const float *save_mean,
-                                              const float *save_rstd, int H, int W, int wh, int ww,
-                                              int sh, int sw, int B, int C) {
+void visc_gpu_layernorm_backward_from_windows_add(visc_cuda *ctx, float *din, float *dgamma,
+                                                  float *dbeta, const float *dout, const float *in,
+                                                  const float *gamma, const float *save_mean,
+                                                  const float *save_rstd, int H, int W, int wh,
+                                                  int ww, int sh, int sw, int B, int C) {
     const visc_cuda_swin_grid g = {H, W, wh, ww, sh, sw};
-    RUN(visc_cuda_layernorm_backward_from_windows(ctx, din, dgamma, dbeta, dout, in, gamma,
-                                                  save_mean, save_rstd, &g, B, C));
+    RUN(visc_cuda_layernorm_backward_from_windows_add(ctx, din, dgamma, dbeta, dout, in, gamma,
+                                                      save_mean, save_rstd, &g, B, C));
 }
 
 void visc_gpu_swin_gather_bias(visc_cuda *ctx, float *bias, const float *table, const int32_t *rel,

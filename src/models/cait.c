@@ -428,8 +428,8 @@ static void class_block_backward(visc_model *m, cait *c, class_block *b) {
     float *dcls = c->dcls, *dt = c->dcls_tmp;
     layerscale_backward(m, dt, G(b->gamma_2), dcls, b->m_out, P(b->gamma_2), B, C);
     visc_tf_mlp_backward(m, &b->mlp, c->dq, dt, b->ln2, b->h, c->hid, c->dhid, B);
-    visc_tf_norm_backward(m, &b->norm2, dt, c->dq, b->cls_mid, b->mean2, b->rstd2, B);
-    md_add_in(m, dcls, dt, BC); /* gradient w.r.t. cls_mid */
+    /* dcls becomes the gradient w.r.t. cls_mid */
+    visc_tf_norm_backward_add(m, &b->norm2, dcls, c->dq, b->cls_mid, b->mean2, b->rstd2, B);
     layerscale_backward(m, dt, G(b->gamma_1), dcls, b->a_out, P(b->gamma_1), B, C);
     visc_tf_linear_operand_backward(m, &b->proj, c->dq, dt, b->att, B);
     md_copy(m, dt, c->dq, BC); /* d(att) */
@@ -451,22 +451,20 @@ static void class_block_backward(visc_model *m, cait *c, class_block *b) {
 static void block_backward(visc_model *m, cait *c, cait_block *b) {
     const int B = m->cfg.batch, C = c->embed;
     const int64_t R = (int64_t)B * c->tokens;
-    const size_t per_sample = (size_t)c->tokens * C, RC = (size_t)R * C;
+    const size_t per_sample = (size_t)c->tokens * C;
     const th_dims d = dims(m, c);
     const int could_drop = c->trained && m->cfg.drop_path_rate > 0.0f;
     const float *dbranch =
         md_droppath_branch_grad(m, c->branch, c->dx, b->keep2, could_drop, B, per_sample);
     layerscale_backward(m, c->datt, G(b->gamma_2), dbranch, b->m_out, P(b->gamma_2), R, C);
     visc_tf_mlp_backward(m, &b->mlp, c->dln, c->datt, b->ln2, b->h, c->hid, c->dhid, R);
-    visc_tf_norm_backward(m, &b->norm2, c->dtmp, c->dln, b->x_mid, b->mean2, b->rstd2, R);
-    md_add_in(m, c->dx, c->dtmp, RC);
+    visc_tf_norm_backward_add(m, &b->norm2, c->dx, c->dln, b->x_mid, b->mean2, b->rstd2, R);
     dbranch = md_droppath_branch_grad(m, c->branch, c->dx, b->keep1, could_drop, B, per_sample);
     layerscale_backward(m, c->dln, G(b->gamma_1), dbranch, b->a_out, P(b->gamma_1), R, C);
     visc_tf_linear_backward(m, &b->proj, c->datt, c->dln, b->att, R);
     th_backward(m, b, c->dqkv, c->datt, c->mix, c->dmix, c->dmix2, &d);
     visc_tf_linear_operand_backward(m, &b->qkv, c->dln, c->dqkv, b->ln1, R);
-    visc_tf_norm_backward(m, &b->norm1, c->dtmp, c->dln, b->x, b->mean1, b->rstd1, R);
-    md_add_in(m, c->dx, c->dtmp, RC);
+    visc_tf_norm_backward_add(m, &b->norm1, c->dx, c->dln, b->x, b->mean1, b->rstd1, R);
 }
 
 /* From c->dfeat (the gradient at the features) to the input. */

@@ -141,6 +141,17 @@ static inline void md_layernorm_backward(visc_model *m, float *din, float *dgamm
     else visc_layernorm_backward(din, dgamma, dbeta, dout, in, gamma, mean, rstd, rows, C);
 }
 
+/* din += the input's gradient (a residual stream's gradient takes the branch's) */
+static inline void md_layernorm_backward_add(visc_model *m, float *din, float *dgamma, float *dbeta,
+                                             const float *dout, const float *in, const float *gamma,
+                                             const float *mean, const float *rstd, int64_t rows,
+                                             int C) {
+    if (m->cuda)
+        visc_gpu_layernorm_backward_add(m->cuda, din, dgamma, dbeta, dout, in, gamma, mean, rstd,
+                                        rows, C);
+    else visc_layernorm_backward_add(din, dgamma, dbeta, dout, in, gamma, mean, rstd, rows, C);
+}
+
 /* GELU then a linear layer (act keeps GELU(h)); on a GPU the two separate
  * layers, which give the fused CPU layer's results in fp32 (tokens.h). */
 static inline void md_gelu_linear_forward(visc_model *m, float *out, float *act, const float *h,

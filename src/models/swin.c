@@ -391,22 +391,21 @@ static void norm1_to_windows(visc_model *m, swin_block *b, float *scratch, int B
 }
 
 /* Its backward: dwin, the gradient w.r.t. xw (windowed order), to the
- * gradient w.r.t. the block input, returned: in `spare` on the GPU (one
- * pass); on the CPU in dwin, after the rows went through `spare` back to
- * token order. */
-static float *norm1_backward_from_windows(visc_model *m, swin_block *b, float *dwin, float *spare,
-                                          int B) {
+ * gradient w.r.t. the block input, added to gx (the residual stream's): on
+ * the GPU in one pass; on the CPU after the rows went through `spare` back
+ * to token order. */
+static void norm1_backward_from_windows_add(visc_model *m, swin_block *b, float *gx,
+                                            const float *dwin, float *spare, int B) {
     const visc_swin_grid *g = &b->g;
     if (m->cuda) {
-        visc_gpu_layernorm_backward_from_windows(m->cuda, spare, G(b->n1w), G(b->n1b), dwin, b->in,
-                                                 P(b->n1w), b->mean1, b->rstd1, g->H, g->W, g->wh,
-                                                 g->ww, g->sh, g->sw, B, b->C);
-        return spare;
+        visc_gpu_layernorm_backward_from_windows_add(m->cuda, gx, G(b->n1w), G(b->n1b), dwin, b->in,
+                                                     P(b->n1w), b->mean1, b->rstd1, g->H, g->W,
+                                                     g->wh, g->ww, g->sh, g->sw, B, b->C);
+        return;
     }
     visc_swin_reverse(spare, dwin, g, B, b->C);
-    visc_layernorm_backward(dwin, G(b->n1w), G(b->n1b), spare, b->in, P(b->n1w), b->mean1, b->rstd1,
-                            (int64_t)B * g->H * g->W, b->C);
-    return dwin;
+    visc_layernorm_backward_add(gx, G(b->n1w), G(b->n1b), spare, b->in, P(b->n1w), b->mean1,
+                                b->rstd1, (int64_t)B * g->H * g->W, b->C);
 }
 
 static void gather_bias(visc_model *m, float *bias, const float *table, const int32_t *rel, int H,
@@ -632,9 +631,8 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
         /* dm may be sa: fc2's products have read it before fc1's dX is written there */
         md_mlp_backward(m, sa, G(b->fc1w), G(b->fc1b), G(b->fc2w), G(b->fc2b), sh, dm, sb, b->h,
                         b->gl, P(b->fc1w), P(b->fc2w), (int)R, C, hid, C);
-        md_layernorm_backward(m, sb, G(b->n2w), G(b->n2b), sa, b->x1, P(b->n2w), b->mean2, b->rstd2,
-                              R, C);
-        md_add_in(m, gx, sb, RC);
+        md_layernorm_backward_add(m, gx, G(b->n2w), G(b->n2b), sa, b->x1, P(b->n2w), b->mean2,
+                                  b->rstd2, R, C);
         const float *dbr = branch_grad(m, s, b, sa, gx, b->keep1);
         partition(m, sb, dbr, &b->g, B, C);
         md_linear_operand_backward(m, sa, G(b->projw), G(b->projb), sb, b->ao, P(b->projw), (int)R,
@@ -645,7 +643,7 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
         scatter_bias(m, G(b->table), s->dbias, NULL, b->rel, b->T, H, b->g.N, 0);
         md_linear_operand_backward(m, sa, G(b->qkvw), G(b->qkvb), sh, b->xw, P(b->qkvw), (int)R, C,
                                    3 * C);
-        md_add_in(m, gx, norm1_backward_from_windows(m, b, sa, sb, B), RC);
+        norm1_backward_from_windows_add(m, b, gx, sa, sb, B);
         return;
     }
     const float *dn2 = branch_grad(m, s, b, sa, gx, b->keep2);

@@ -100,12 +100,24 @@ void visc_tf_head_backward(visc_model *m, const visc_tf_linear *l, const float *
     linear_grads_ready(m, l);
 }
 
+static void norm_grads_ready(visc_model *m, const visc_tf_norm *n) {
+    visc_model_grad_ready(m, G(n->weight), (size_t)n->C);
+    visc_model_grad_ready(m, G(n->bias), (size_t)n->C);
+}
+
 void visc_tf_norm_backward(visc_model *m, const visc_tf_norm *n, float *din, const float *dout,
                            const float *in, const float *mean, const float *rstd, int64_t rows) {
     md_layernorm_backward(m, din, G(n->weight), G(n->bias), dout, in, P(n->weight), mean, rstd,
                           rows, n->C);
-    visc_model_grad_ready(m, G(n->weight), (size_t)n->C);
-    visc_model_grad_ready(m, G(n->bias), (size_t)n->C);
+    norm_grads_ready(m, n);
+}
+
+void visc_tf_norm_backward_add(visc_model *m, const visc_tf_norm *n, float *din, const float *dout,
+                               const float *in, const float *mean, const float *rstd,
+                               int64_t rows) {
+    md_layernorm_backward_add(m, din, G(n->weight), G(n->bias), dout, in, P(n->weight), mean, rstd,
+                              rows, n->C);
+    norm_grads_ready(m, n);
 }
 
 /* ---- MLP ---- */

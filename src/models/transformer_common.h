@@ -49,6 +49,10 @@ void visc_tf_norm_forward(visc_model *m, const visc_tf_norm *n, float *out, floa
                           float *rstd, const float *in, int64_t rows);
 void visc_tf_norm_backward(visc_model *m, const visc_tf_norm *n, float *din, const float *dout,
                            const float *in, const float *mean, const float *rstd, int64_t rows);
+/* din += the input's gradient: a pre-norm block's residual stream takes
+ * the branch's gradient in the norm's backward pass. */
+void visc_tf_norm_backward_add(visc_model *m, const visc_tf_norm *n, float *din, const float *dout,
+                               const float *in, const float *mean, const float *rstd, int64_t rows);
 
 /* ---- a LayerNorm whose output only linear layers read, whole ----
  * The output is in the products' operand form (md_layernorm_operand_*:

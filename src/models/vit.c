@@ -91,7 +91,7 @@ typedef struct {
     int head_dropped; /* the last forward applied the head dropout */
     int trained;      /* the last forward was a training one (its noise drawn) */
     /* scratch shared by all blocks (forward and backward) */
-    float *branch, *hid, *dhid, *dx, *dtmp, *dln, *datt, *dqkv, *dfeat, *dcls;
+    float *branch, *hid, *dhid, *dx, *dln, *datt, *dqkv, *dfeat, *dcls;
     /* the logits in the arena: m->logits on the CPU; on a GPU m->logits and
      * m->features are host copies forward downloads */
     float *logits;
@@ -186,7 +186,6 @@ static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
     v->hid = md_take_operand(m, a, RH);
     v->dhid = visc_arena_floats(a, RH);
     v->dx = visc_arena_floats(a, RC);
-    v->dtmp = visc_arena_floats(a, RC);
     v->dln = visc_arena_floats(a, RC);
     v->datt = visc_arena_floats(a, RC);
     v->dqkv = visc_arena_floats(a, 3 * RC);
@@ -267,22 +266,19 @@ static void vit_forward(visc_model *m, const float *x, int train) {
 static void block_backward(visc_model *m, vit *v, vit_block *b) {
     const int B = m->cfg.batch;
     const int64_t R = (int64_t)B * v->tokens;
-    const size_t RC = (size_t)R * v->embed;
     const int C = v->embed;
     float *qkv = b->qkv_out;
     float *dqkv = v->dqkv;
     visc_tf_mlp_backward(m, &b->mlp, v->dln, droppath_backward(m, v, b, b->keep2), b->ln2, b->h,
                          v->hid, v->dhid, R);
-    visc_tf_norm_backward(m, &b->norm2, v->dtmp, v->dln, b->x_mid, b->mean2, b->rstd2, R);
-    md_add_in(m, v->dx, v->dtmp, RC);
+    visc_tf_norm_backward_add(m, &b->norm2, v->dx, v->dln, b->x_mid, b->mean2, b->rstd2, R);
     visc_tf_linear_operand_backward(m, &b->proj, v->datt, droppath_backward(m, v, b, b->keep1),
                                     b->att, R);
     md_attention_operand_backward(m, &b->attn, dqkv, dqkv + C, dqkv + 2 * C, NULL, NULL, v->datt,
                                   qkv, md_operand_at(m, qkv, C),
                                   md_operand_at(m, qkv, 2 * (size_t)C), b->att, b->lse);
     visc_tf_linear_operand_backward(m, &b->qkv, v->dln, dqkv, b->ln1, R);
-    visc_tf_norm_backward(m, &b->norm1, v->dtmp, v->dln, b->x, b->mean1, b->rstd1, R);
-    md_add_in(m, v->dx, v->dtmp, RC);
+    visc_tf_norm_backward_add(m, &b->norm1, v->dx, v->dln, b->x, b->mean1, b->rstd1, R);
 }
 
 /* From v->dfeat (the gradient at the features) to the input. */

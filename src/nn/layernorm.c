@@ -75,10 +75,11 @@ static float *partials(size_t floats) {
     return ln_part;
 }
 
-/* One row of din (when din) and its share of the dgamma / dbeta sums (when pg). */
+/* One row of din (when din; added to it with acc) and its share of the
+ * dgamma / dbeta sums (when pg). */
 __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
-backward_row(float *dx, float *pg, float *pb, const float *dy, const float *x, const float *gamma,
-             float mean, float rstd, int C) {
+backward_row(float *dx, int acc, float *pg, float *pb, const float *dy, const float *x,
+             const float *gamma, float mean, float rstd, int C) {
     if (dx) {
         /* Two row sums: mean(g) and mean(g * xhat). */
         float sg = 0.0f, sgx = 0.0f;
@@ -99,11 +100,16 @@ backward_row(float *dx, float *pg, float *pb, const float *dy, const float *x, c
         const float mg = sg / (float)C, mgx = sgx * rstd / (float)C;
         if (gamma) {
 #pragma omp simd
-            for (int c = 0; c < C; c++)
-                dx[c] = rstd * (dy[c] * gamma[c] - mg - (x[c] - mean) * rstd * mgx);
+            for (int c = 0; c < C; c++) {
+                const float v = rstd * (dy[c] * gamma[c] - mg - (x[c] - mean) * rstd * mgx);
+                dx[c] = acc ? dx[c] + v : v;
+            }
         } else {
 #pragma omp simd
-            for (int c = 0; c < C; c++) dx[c] = rstd * (dy[c] - mg - (x[c] - mean) * rstd * mgx);
+            for (int c = 0; c < C; c++) {
+                const float v = rstd * (dy[c] - mg - (x[c] - mean) * rstd * mgx);
+                dx[c] = acc ? dx[c] + v : v;
+            }
         }
     }
     if (pg) {
@@ -115,9 +121,9 @@ backward_row(float *dx, float *pg, float *pb, const float *dy, const float *x, c
     }
 }
 
-void visc_layernorm_backward(float *din, float *dgamma, float *dbeta, const float *dout,
-                             const float *in, const float *gamma, const float *save_mean,
-                             const float *save_rstd, int64_t rows, int C) {
+static void layernorm_backward(float *din, int acc, float *dgamma, float *dbeta, const float *dout,
+                               const float *in, const float *gamma, const float *save_mean,
+                               const float *save_rstd, int64_t rows, int C) {
     VISC_ASSERT(rows >= 0 && C > 0);
     const int want_params = gamma && dgamma; /* no affine: nothing to learn */
     if (rows == 0) {
@@ -137,7 +143,7 @@ void visc_layernorm_backward(float *din, float *dgamma, float *dbeta, const floa
         if (pg)
             for (int c = 0; c < 2 * C; c++) pg[c] = 0.0f;
         for (int64_t r = r0; r < r1; r++)
-            backward_row(din ? din + r * C : NULL, pg, pb, dout + r * C, in + r * C, gamma,
+            backward_row(din ? din + r * C : NULL, acc, pg, pb, dout + r * C, in + r * C, gamma,
                          save_mean[r], save_rstd[r], C);
     }
     if (!want_params) return;
@@ -151,4 +157,16 @@ void visc_layernorm_backward(float *din, float *dgamma, float *dbeta, const floa
         dgamma[c] = sg;
         if (dbeta) dbeta[c] = sb;
     }
+}
+
+void visc_layernorm_backward(float *din, float *dgamma, float *dbeta, const float *dout,
+                             const float *in, const float *gamma, const float *save_mean,
+                             const float *save_rstd, int64_t rows, int C) {
+    layernorm_backward(din, 0, dgamma, dbeta, dout, in, gamma, save_mean, save_rstd, rows, C);
+}
+
+void visc_layernorm_backward_add(float *din, float *dgamma, float *dbeta, const float *dout,
+                                 const float *in, const float *gamma, const float *save_mean,
+                                 const float *save_rstd, int64_t rows, int C) {
+    layernorm_backward(din, 1, dgamma, dbeta, dout, in, gamma, save_mean, save_rstd, rows, C);
 }

@@ -900,6 +900,15 @@ int visc_cuda_layernorm_backward(visc_cuda *ctx, float *din, float *dgamma, floa
     return 0;
 }
 
+int visc_cuda_layernorm_backward_add(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                     const float *dout, const float *in, const float *gamma,
+                                     const float *save_mean, const float *save_rstd, int64_t rows,
+                                     int C) {
+    (void)ctx;
+    visc_layernorm_backward_add(din, dgamma, dbeta, dout, in, gamma, save_mean, save_rstd, rows, C);
+    return 0;
+}
+
 int visc_cuda_gelu_forward(visc_cuda *ctx, float *out, const float *in, size_t n) {
     (void)ctx;
     visc_gelu_forward(out, in, n);
@@ -1190,16 +1199,17 @@ int visc_cuda_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *sa
     return 0;
 }
 
-int visc_cuda_layernorm_backward_from_windows(visc_cuda *ctx, float *din, float *dgamma,
-                                              float *dbeta, const float *dout, const float *in,
-                                              const float *gamma, const float *save_mean,
-                                              const float *save_rstd, const visc_cuda_swin_grid *g,
-                                              int B, int C) {
+int visc_cuda_layernorm_backward_from_windows_add(visc_cuda *ctx, float *din, float *dgamma,
+                                                  float *dbeta, const float *dout, const float *in,
+                                                  const float *gamma, const float *save_mean,
+                                                  const float *save_rstd,
+                                                  const visc_cuda_swin_grid *g, int B, int C) {
     const visc_swin_grid s = grid_of(g);
     const int64_t rows = (int64_t)B * g->H * g->W;
     float *tokens = visc_malloc(sizeof(float) * (size_t)(rows * C), "stand-in");
     visc_swin_reverse(tokens, dout, &s, B, C);
-    visc_layernorm_backward(din, dgamma, dbeta, tokens, in, gamma, save_mean, save_rstd, rows, C);
+    visc_layernorm_backward_add(din, dgamma, dbeta, tokens, in, gamma, save_mean, save_rstd, rows,
+                                C);
     free(tokens);
     (void)ctx;
     return 0;

@@ -282,6 +282,25 @@ static void check_layernorm(int64_t rows, int C, int affine, float offset, float
     expect_fp32(name, h_rstd, rstd, (size_t)rows);
     snprintf(name, sizeof name, "layernorm backward [%lld, %d] %s: din", (long long)rows, C, tag);
     expect_fp32(name, h_dx, dx, n);
+    /* added to a residual stream's gradient: the CPU's _add, and on the
+     * GPU the bits of din plus the stream (the sum of two passes) */
+    float *stream = random_floats(n, -1, 1), *sum = malloc(sizeof(float) * n);
+    memcpy(sum, stream, sizeof(float) * n);
+    visc_layernorm_backward_add(sum, NULL, NULL, dy, x, g, mean, rstd, rows, C);
+    float *d_sum = up(stream, sizeof(float) * n);
+    launched(visc_cuda_layernorm_backward_add(ctx, d_sum, NULL, NULL, d_dy, d_x,
+                                              affine ? d_g : NULL, d_mean, d_rstd, rows, C),
+             "layernorm backward, added");
+    float *h_sum = down(d_sum, n);
+    snprintf(name, sizeof name, "layernorm backward [%lld, %d] %s: din added, the CPU's",
+             (long long)rows, C, tag);
+    expect_fp32(name, h_sum, sum, n);
+    for (size_t i = 0; i < n; i++) stream[i] += h_dx[i];
+    snprintf(name, sizeof name, "layernorm backward [%lld, %d] %s: din added, as din + stream",
+             (long long)rows, C, tag);
+    expect_bits(name, h_sum, stream, n, sizeof(float));
+    visc_cuda_free(ctx, d_sum);
+    free(stream), free(sum), free(h_sum);
     if (affine) {
         float *h_dg = down(d_dg, (size_t)C), *h_db = down(d_db, (size_t)C);
         double *abs_g = calloc((size_t)C, sizeof(double)),
@@ -995,7 +1014,7 @@ static void check_swin(int B, int H, int W, int window, int shifted, int C) {
  * within fp32 (the parameter gradients' sums in their other order); under
  * bf16, each output value the CPU's rounded once. */
 static void check_swin_norm(int B, int H, int W, int window, int shifted, int C) {
-    char name[160];
+    char name[200];
     const swin_case sc = swin_case_make(B, H, W, window, shifted, C);
     const visc_swin_grid g = sc.g;
     const visc_cuda_swin_grid cg = sc.cg;
@@ -1006,17 +1025,20 @@ static void check_swin_norm(int B, int H, int W, int window, int shifted, int C)
     float *gamma = random_floats((size_t)C, 0.5f, 1.5f), *beta = random_floats((size_t)C, -1, 1);
     float *normed = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
     float *mean = malloc(sizeof(float) * rows), *rstd = malloc(sizeof(float) * rows);
-    float *dyt = malloc(sizeof(float) * n), *dx = malloc(sizeof(float) * n);
+    float *dyt = malloc(sizeof(float) * n);
     float *dg = malloc(sizeof(float) * C), *db = malloc(sizeof(float) * C);
+    /* backward adds the input's gradient to the residual stream's, dx */
+    float *dx0 = random_floats(n, -1, 1), *dx = malloc(sizeof(float) * n);
+    memcpy(dx, dx0, sizeof(float) * n);
     visc_layernorm_forward(normed, mean, rstd, x, gamma, beta, rows, C, 1e-5f);
     visc_swin_partition(want, normed, &g, B, C);
     visc_swin_reverse(dyt, dy, &g, B, C);
-    visc_layernorm_backward(dx, dg, db, dyt, x, gamma, mean, rstd, rows, C);
+    visc_layernorm_backward_add(dx, dg, db, dyt, x, gamma, mean, rstd, rows, C);
 
     float *d_x = up(x, sizeof(float) * n), *d_dy = up(dy, sizeof(float) * n);
     float *d_g = up(gamma, sizeof(float) * C), *d_b = up(beta, sizeof(float) * C);
     float *d_out = dev(sizeof(float) * n), *d_ref = dev(sizeof(float) * n);
-    float *d_tmp = dev(sizeof(float) * n), *d_dx = dev(sizeof(float) * n);
+    float *d_tmp = dev(sizeof(float) * n), *d_dx = up(dx0, sizeof(float) * n);
     float *d_mean = dev(sizeof(float) * rows), *d_rstd = dev(sizeof(float) * rows);
     float *d_m2 = dev(sizeof(float) * rows), *d_r2 = dev(sizeof(float) * rows);
     float *d_dg = dev(sizeof(float) * C), *d_db = dev(sizeof(float) * C);
@@ -1048,18 +1070,19 @@ static void check_swin_norm(int B, int H, int W, int window, int shifted, int C)
     expect_close(name, wide, want, n, 1e-5 * max_abs(want, n), 1.0 / 256);
 
     launched(visc_cuda_swin_reverse(ctx, d_tmp, d_dy, &cg, B, C), "swin reverse");
-    launched(visc_cuda_layernorm_backward(ctx, d_ref, NULL, NULL, d_tmp, d_x, d_g, d_mean, d_rstd,
-                                          rows, C),
-             "layernorm backward");
-    launched(visc_cuda_layernorm_backward_from_windows(ctx, d_dx, d_dg, d_db, d_dy, d_x, d_g,
-                                                       d_mean, d_rstd, &cg, B, C),
-             "layernorm backward from windows");
+    launched(visc_cuda_upload(ctx, d_ref, dx0, sizeof(float) * n), "upload");
+    launched(visc_cuda_layernorm_backward_add(ctx, d_ref, NULL, NULL, d_tmp, d_x, d_g, d_mean,
+                                              d_rstd, rows, C),
+             "layernorm backward, added");
+    launched(visc_cuda_layernorm_backward_from_windows_add(ctx, d_dx, d_dg, d_db, d_dy, d_x, d_g,
+                                                           d_mean, d_rstd, &cg, B, C),
+             "layernorm backward from windows, added");
     float *h_dx = down(d_dx, n), *h_dref = down(d_ref, n);
     float *h_dg = down(d_dg, (size_t)C), *h_db = down(d_db, (size_t)C);
-    snprintf(name, sizeof name, "layernorm backward from windows %s: din, as reverse + backward",
-             what);
+    snprintf(name, sizeof name,
+             "layernorm backward from windows %s: din added, as reverse + backward", what);
     expect_bits(name, h_dx, h_dref, n, sizeof(float));
-    snprintf(name, sizeof name, "layernorm backward from windows %s: din, the CPU's", what);
+    snprintf(name, sizeof name, "layernorm backward from windows %s: din added, the CPU's", what);
     expect_fp32(name, h_dx, dx, n);
     double *abs_g = calloc((size_t)C, sizeof(double)), *abs_b = calloc((size_t)C, sizeof(double));
     for (int64_t r = 0; r < rows; r++)
@@ -1075,9 +1098,9 @@ static void check_swin_norm(int B, int H, int W, int window, int shifted, int C)
     float *dfree[] = {d_x,  d_dy,   d_g,    d_b,  d_out, d_ref, d_tmp,
                       d_dx, d_mean, d_rstd, d_m2, d_r2,  d_dg,  d_db};
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
-    void *hfree[] = {x,  dy,   gamma, beta,   normed, want,   mean,   rstd, dyt,
-                     dx, dg,   db,    h_out,  h_ref,  h_mean, h_rstd, h_m2, h_r2,
-                     op, wide, h_dx,  h_dref, h_dg,   h_db,   abs_g,  abs_b};
+    void *hfree[] = {x,  dy,   gamma, beta,   normed, want,   mean,   rstd,  dyt,
+                     dx, dg,   db,    h_out,  h_ref,  h_mean, h_rstd, h_m2,  h_r2,
+                     op, wide, h_dx,  h_dref, h_dg,   h_db,   abs_g,  abs_b, dx0};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
