@@ -81,7 +81,7 @@ for s in "${settings[@]}"; do
     # the timed steps, then 3 under the profiler (GPU time per kind of work, into the log)
     v=$(run "$BUILD/bench/bench_train" "${flags[@]}" --device cuda --precision bf16 --warmup 3 \
         --steps 10 --quiet --profile 3)
-    e=failed c=failed
+    e="no torch" c="no torch"
     if [ $have_torch -eq 1 ]; then
         e=$(run "$PY" bench/torch_train_gpu.py "${flags[@]}")
         c=$(run "$PY" bench/torch_train_gpu.py "${flags[@]}" --compile)

@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
 # tools/gpu/device_check.sh: the one script a session with a GPU machine
-# runs (an H200 for ~15 minutes, once). It records the machine, builds the
-# CUDA backend and the GPU test program, runs `make test-gpu` (every kernel
-# against its CPU twin), then, where the machine has oneDNN and the other
-# CPU libraries, the whole build, the models on the GPU against the CPU
-# (tests/gpu/test_cuda_model.c) and the CUDA end-to-end check. Each part
+# runs (an H200 for ~15 minutes, once). It records the machine in
+# summary.txt, builds the CUDA backend and the GPU test program, runs `make
+# test-gpu` (every kernel against its CPU twin), then, with oneDNN and the
+# other CPU libraries (the machine's, or the Debian packages that
+# tools/gpu/pack_deps.sh puts in build-gpu/deps: the GPU image has none),
+# the whole build and the models on the GPU against the CPU
+# (tests/gpu/test_cuda_model.c), the benchmark (tools/gpu/bench.sh), the
+# CUDA end-to-end check, and last compute-sanitizer's memcheck. Each part
 # runs whatever happened before it and writes its own log to $OUT, so one
 # failure never hides the others; summary.txt has one line per part.
 #
-#   bash tools/gpu/device_check.sh            # logs in $OUT (default build-gpu/device-out)
+#   here:  bash tools/gpu/pack_deps.sh && bash tools/gpu/prepare_data.sh
+#   there: bash tools/gpu/device_check.sh   (carry build-gpu/deps, build-gpu/data)
 #   JOBS=16 BUILD=build-gpu bash tools/gpu/device_check.sh
 #
-# Exit status: 0 when the GPU build and test-gpu passed (the rest is
-# informational: the device image may lack oneDNN), 1 otherwise. The
-# benchmark joins as one more part: tools/gpu/bench.sh, run when present.
-# Every part is bounded so the whole stays inside BUDGET seconds (default
-# 540, under the device tool's 600 s per command); a part with no time
-# left is reported as not run. At most 8 files land in $OUT (the tool
-# returns no more).
+# Exit status: 0 when the GPU build and test-gpu passed and, where the
+# whole program builds, the models and the end-to-end check too; 1
+# otherwise (the benchmark and memcheck inform). Every part is bounded so
+# the whole stays inside BUDGET seconds (default 540, under the device
+# tool's 600 s per command); a part with no time left is reported as not
+# run. At most 8 files land in $OUT (the tool returns no more): summary,
+# build-gpu, test-gpu (or its groups, after a failure), models, bench,
+# bench.md, e2e, memcheck.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 BUILD=${BUILD:-build-gpu}
@@ -81,10 +86,74 @@ find_cublaslt() {
     fi
 }
 
+# cuDNN and NCCL where the toolkit lacks them: the headers that
+# tools/gpu/pack_deps.sh carried (build-gpu/deps/cuda-include, searched after
+# the toolkit's), and the libraries of PyTorch's wheels, found by name, for
+# dlopen.
+find_dnn_nccl() {
+    local nvcc_path home lib path dir sp deps=$PWD/$BUILD/deps
+    nvcc_path=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+    home=${CUDA_HOME:-${nvcc_path%/bin/nvcc}}
+    if { [ ! -f "$home/include/cudnn.h" ] || [ ! -f "$home/include/nccl.h" ]; } &&
+        [ -d "$deps/cuda-include" ]; then
+        export NVCC_EXTRA="${NVCC_EXTRA:+$NVCC_EXTRA }-I$deps/cuda-include"
+        echo "cuDNN / NCCL headers from $deps/cuda-include" | tee -a "$summary"
+    fi
+    sp=$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || true)
+    for lib in libcudnn.so.9 libnccl.so.2; do
+        ldconfig -p | grep -q "$lib" && continue
+        [ -e "$home/lib64/$lib" ] && continue
+        path=""
+        for dir in ${sp:+"$sp/nvidia"} /usr/local /usr/lib /opt; do
+            [ -d "$dir" ] && path=$(find "$dir" -name "$lib" -print -quit 2>/dev/null)
+            [ -n "$path" ] && break
+        done
+        if [ -z "$path" ]; then
+            echo "$lib: not found on this machine" | tee -a "$summary"
+            continue
+        fi
+        export LD_LIBRARY_PATH="${path%/*}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        echo "$lib from ${path%/*}" | tee -a "$summary"
+    done
+}
+
+# The engine's Debian libraries (oneDNN, libjpeg-turbo, libpng, zlib's
+# headers) that tools/gpu/pack_deps.sh carried as packages: unpacked into
+# a prefix of their own (never into /), which CPATH, LIBRARY_PATH and
+# LD_LIBRARY_PATH then name. The image has none of them; without them only
+# the kernels' test builds.
+use_deps() {
+    local deps=$PWD/$BUILD/deps root deb inc lib
+    [ -d "$deps/debs" ] || return 0
+    root=$deps/root
+    rm -rf "$root"
+    mkdir -p "$root"
+    for deb in "$deps"/debs/*.deb; do
+        if command -v dpkg-deb >/dev/null; then
+            dpkg-deb -x "$deb" "$root"
+        else # Debian 12's packages hold data.tar.xz
+            ar p "$deb" data.tar.xz | tar -xJ -C "$root"
+        fi || { echo "deps: could not unpack $deb" | tee -a "$summary"; return 1; }
+    done
+    inc=$root/usr/include
+    lib=$root/usr/lib/x86_64-linux-gnu
+    export CPATH="$inc:$inc/x86_64-linux-gnu${CPATH:+:$CPATH}"
+    export LIBRARY_PATH="$lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "Debian libraries from $deps: $(ls "$deps/debs" | wc -l) packages" | tee -a "$summary"
+}
+
+# oneDNN's header, the system's or the carried one's
+have_dnnl() {
+    [ -f /usr/include/oneapi/dnnl/dnnl.h ] || [ -f "$PWD/$BUILD/deps/root/usr/include/oneapi/dnnl/dnnl.h" ]
+}
+
 # The parts run in child shells (under timeout): they see these.
 export BUILD JOBS gpu_test OUT
-part environment 0 show_environment
+show_environment >>"$summary" 2>&1
 find_cublaslt
+find_dnn_nccl
+use_deps
 gpu_targets=("$BUILD/libvisc_cuda.a" "$BUILD/tests/gpu/test_cuda_kernels")
 # Each group of checks in a process of its own: a kernel that breaks the
 # CUDA context in one group cannot hide the results of the others.
@@ -106,45 +175,57 @@ run_memcheck() {
     [ -n "$cs" ] || { echo "no compute-sanitizer here"; return 1; }
     "$cs" --tool memcheck --error-exitcode 9 "$gpu_test"
 }
+gpu_ok=0
 if part build-gpu 1 make -j"$JOBS" BUILD="$BUILD" CUDA=1 "${gpu_targets[@]}"; then
-    part test-gpu 1 make BUILD="$BUILD" CUDA=1 GPU_REQUIRED=1 test-gpu ||
+    if part test-gpu 1 make BUILD="$BUILD" CUDA=1 GPU_REQUIRED=1 test-gpu; then
+        gpu_ok=1
+    else
         part test-gpu-groups 0 run_groups
+    fi
     grep -hE '^(FAIL|[0-9]+ passed)' "$OUT"/test-gpu*.log | tee -a "$summary"
-    part memcheck 0 run_memcheck
-    tail -3 "$OUT/memcheck.log" 2>/dev/null | tee -a "$summary"
 else
     echo "test-gpu   not run: the GPU build failed" | tee -a "$summary"
     status=1
 fi
 
-# The whole program: the models on the GPU against the CPU, then the CUDA
-# end-to-end check, which trains one epoch of Fashion-MNIST on the GPU and
-# pretrains with MoCo v2 and SimCLR (1 and 2 processes) when the data came
-# along: prepare it first with tools/gpu/prepare_data.sh (Fashion-MNIST and
-# some CIFAR-10 JPEGs into build-gpu/data) and carry build-gpu/data (30 MB).
-# Needs oneDNN & co. on the machine.
-run_full() {
-    make -j"$JOBS" BUILD="$BUILD" CUDA=1 all "$BUILD/tests/gpu/test_cuda_model" || return 1
+# The whole program (needs oneDNN & co.: the machine's, or carried by
+# tools/gpu/pack_deps.sh), in the order that puts the benchmark before
+# what is slow and only informs: the models on the GPU against the CPU;
+# the benchmark (tools/gpu/bench.sh: $OUT/bench.md), with the time left
+# but E2E_RESERVE seconds; the CUDA end-to-end check, which trains one
+# epoch of Fashion-MNIST on the GPU and pretrains with MoCo v2 and SimCLR
+# (1 and 2 processes) when the data came along: prepare it first with
+# tools/gpu/prepare_data.sh (Fashion-MNIST and some CIFAR-10 JPEGs into
+# build-gpu/data) and carry build-gpu/data (30 MB).
+run_models() {
+    make -j"$JOBS" BUILD="$BUILD" CUDA=1 all "$BUILD/tests/gpu/test_cuda_model" \
+        "$BUILD/bench/bench_train" || return 1
     "$BUILD/visc" devices || return 1
-    "$BUILD/tests/gpu/test_cuda_model" || return 1
+    "$BUILD/tests/gpu/test_cuda_model"
+}
+run_e2e() {
     local images=$PWD/$BUILD/data/shared
     [ -d "$images" ] && export VISC_SHARED_DATA=$images
     VISC_GPU_MACHINE=1 VISC_FASHION_DIR=${VISC_FASHION_DIR:-$PWD/$BUILD/data} VISC="$BUILD/visc" \
         bash tests/e2e_cuda.sh
 }
-if [ -f /usr/include/oneapi/dnnl/dnnl.h ]; then
-    part full 1 run_full
-    grep -hE '^(FAIL|[0-9]+ passed|GPU[:,])' "$OUT/full.log" | tee -a "$summary"
+if have_dnnl; then
+    part models 1 run_models
+    grep -hE '^(FAIL|[0-9]+ passed)' "$OUT/models.log" | tee -a "$summary"
+    if [ -f tools/gpu/bench.sh ]; then
+        export BENCH_BUDGET=$((deadline - $(date +%s) - ${E2E_RESERVE:-120}))
+        part bench 0 bash tools/gpu/bench.sh "$BUILD"
+    fi
+    part e2e 1 run_e2e
+    grep -hE '^(FAIL|GPU[:,])' "$OUT/e2e.log" | tee -a "$summary"
 else
-    echo "build-all  not run: no oneDNN on this machine (only the GPU parts build here)" |
+    echo "build-all  not run: no oneDNN on this machine and none carried (tools/gpu/pack_deps.sh): only the GPU parts build here" |
         tee -a "$summary"
 fi
 
-# The benchmark with what time is left (tools/gpu/bench.sh: $OUT/bench.md).
-if [ -f tools/gpu/bench.sh ] && [ -f /usr/include/oneapi/dnnl/dnnl.h ]; then
-    export BENCH_BUDGET=$((deadline - $(date +%s) - 15))
-    part bench 0 bash tools/gpu/bench.sh "$BUILD"
-fi
+# Last, with whatever time is left (and only after a clean test-gpu: its
+# groups' log takes the place of this one among the files that come back).
+[ $gpu_ok -eq 1 ] && part memcheck 0 run_memcheck && tail -3 "$OUT/memcheck.log" | tee -a "$summary"
 
 echo "device check: $([ $status -eq 0 ] && echo passed || echo FAILED); logs in $OUT" |
     tee -a "$summary"
