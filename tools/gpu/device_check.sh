@@ -70,37 +70,25 @@ show_environment() {
     ls /usr/include/oneapi/dnnl/dnnl.h 2>&1
 }
 
-# cuBLASLt outside the toolkit (the nvidia-cublas wheel of PyTorch's
-# environment): its header for nvcc, its library for dlopen.
-find_cublaslt() {
-    local nvcc_path home dir
+# cuBLASLt, cuDNN and NCCL where the toolkit lacks them (the image's may
+# leave them to PyTorch's wheels): the headers that tools/gpu/pack_deps.sh
+# carried (build-gpu/deps/cuda-include, searched after the toolkit's), and
+# the libraries, found by name in the wheels or the usual places, for
+# dlopen (LD_LIBRARY_PATH).
+find_cuda_libraries() {
+    local nvcc_path home lib path dir sp h deps=$PWD/$BUILD/deps
     nvcc_path=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
     home=${CUDA_HOME:-${nvcc_path%/bin/nvcc}}
-    [ -f "$home/include/cublasLt.h" ] && return 0
-    dir=$(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__))' \
-        2>/dev/null) || return 0
-    if [ -f "$dir/include/cublasLt.h" ]; then
-        export NVCC_EXTRA="-I$dir/include"
-        export LD_LIBRARY_PATH="$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-        echo "cuBLASLt from $dir" | tee -a "$summary"
-    fi
-}
-
-# cuDNN and NCCL where the toolkit lacks them: the headers that
-# tools/gpu/pack_deps.sh carried (build-gpu/deps/cuda-include, searched after
-# the toolkit's), and the libraries of PyTorch's wheels, found by name, for
-# dlopen.
-find_dnn_nccl() {
-    local nvcc_path home lib path dir sp deps=$PWD/$BUILD/deps
-    nvcc_path=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-    home=${CUDA_HOME:-${nvcc_path%/bin/nvcc}}
-    if { [ ! -f "$home/include/cudnn.h" ] || [ ! -f "$home/include/nccl.h" ]; } &&
-        [ -d "$deps/cuda-include" ]; then
-        export NVCC_EXTRA="${NVCC_EXTRA:+$NVCC_EXTRA }-I$deps/cuda-include"
-        echo "cuDNN / NCCL headers from $deps/cuda-include" | tee -a "$summary"
-    fi
+    for h in cublasLt.h cudnn.h nccl.h; do
+        if [ ! -f "$home/include/$h" ] && [ -d "$deps/cuda-include" ]; then
+            export NVCC_EXTRA="${NVCC_EXTRA:+$NVCC_EXTRA }-I$deps/cuda-include"
+            echo "CUDA library headers from $deps/cuda-include (the toolkit has no $h)" |
+                tee -a "$summary"
+            break
+        fi
+    done
     sp=$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || true)
-    for lib in libcudnn.so.9 libnccl.so.2; do
+    for lib in libcublasLt.so.13 libcudnn.so.9 libnccl.so.2; do
         ldconfig -p | grep -q "$lib" && continue
         [ -e "$home/lib64/$lib" ] && continue
         path=""
@@ -151,8 +139,7 @@ have_dnnl() {
 # The parts run in child shells (under timeout): they see these.
 export BUILD JOBS gpu_test OUT
 show_environment >>"$summary" 2>&1
-find_cublaslt
-find_dnn_nccl
+find_cuda_libraries
 use_deps
 gpu_targets=("$BUILD/libvisc_cuda.a" "$BUILD/tests/gpu/test_cuda_kernels")
 # Each group of checks in a process of its own: a kernel that breaks the

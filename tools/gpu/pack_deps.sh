@@ -11,8 +11,9 @@
 #                  tools/gpu/device_check.sh into a prefix of their own
 #                  (dpkg-deb -x, never into /), named by CPATH, LIBRARY_PATH
 #                  and LD_LIBRARY_PATH
-#   cuda-include/  this toolkit's cuDNN and NCCL headers, for a toolkit there
-#                  without them (the libraries come from the PyTorch wheels)
+#   cuda-include/  this toolkit's cuBLASLt, cuDNN and NCCL headers, for a
+#                  toolkit there without them (the libraries come from the
+#                  PyTorch wheels)
 # Run it here, then call the device tool with carry ["build-gpu/deps",
 # "build-gpu/data"]:
 #
@@ -33,9 +34,10 @@ for f in "$dest"/debs/*%3a*; do # epochs ("1:2.1.5") come as %3a: plain names tr
 done
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 found=0
-for h in "$cuda_home"/include/cudnn*.h "$cuda_home"/include/nccl.h "$cuda_home"/include/nccl_device.h; do
+for h in "$cuda_home"/include/cublasLt.h "$cuda_home"/include/cublas_api.h \
+    "$cuda_home"/include/cudnn*.h "$cuda_home"/include/nccl.h "$cuda_home"/include/nccl_device.h; do
     [ -f "$h" ] && cp "$h" "$dest/cuda-include/" && found=1
 done
 [ -d "$cuda_home/include/nccl_device" ] && cp -r "$cuda_home/include/nccl_device" "$dest/cuda-include/"
-[ $found -eq 1 ] || echo "pack_deps: note: no cuDNN or NCCL headers in $cuda_home/include" >&2
+[ $found -eq 1 ] || echo "pack_deps: note: no cuBLASLt, cuDNN or NCCL headers in $cuda_home/include" >&2
 echo "pack_deps: $(ls "$dest/debs" | wc -l) packages, $(du -sh "$dest" | cut -f1) in $dest (carry it: \"$dest\")"
