@@ -305,17 +305,25 @@ int main(int argc, char **argv) {
         for (int step = 0; step < o.profile; step++) train_step(&bs, t, 0);
         if (visc_gpu_profile_report(gpu, stdout, o.profile)) visc_die("%s", visc_last_error());
     }
-    /* device memory: what the run added to what the device held before the model */
+    /* Device memory: the most the run's buffers held (PyTorch's
+     * max_memory_allocated measure, which torch_train_gpu.py reports), and
+     * what the run added to what the device held before the model (the
+     * libraries' code and the driver's rounding too). */
+    size_t held_peak = 0;
     if (gpu && visc_gpu_memory_used(gpu, &mem1)) visc_die("%s", visc_last_error());
-    const double mem_mib = gpu ? (double)(mem1 - mem0) / 1048576.0 : 0.0;
-    if (gpu && !o.quiet) printf("device memory: %.0f MiB for the model and its step\n", mem_mib);
+    if (gpu) visc_gpu_memory_allocated(gpu, NULL, &held_peak);
+    const double mem_mib = (double)held_peak / 1048576.0;
+    const double device_mib = gpu ? (double)(mem1 - mem0) / 1048576.0 : 0.0;
+    if (gpu && !o.quiet)
+        printf("device memory: %.0f MiB of buffers at most, %.0f MiB held in all\n", mem_mib,
+               device_mib);
     printf("RESULT engine=visc model=%s batch=%d res=%d img_s=%.2f ms_step=%.2f gflops=%.1f "
            "peak=%.1f cpu_img_s=%.2f threads=%d fwd_ms=%.2f bwd_ms=%.2f opt_ms=%.2f steps=%d "
-           "precision=%s device=%s mem_mib=%.0f\n",
+           "precision=%s device=%s mem_mib=%.0f device_mib=%.0f\n",
            mc->arch, B, mc->image_size, ips, t_timed / timed * 1e3, gflops, peak, cpu_ips,
            visc_num_threads(), gpu ? NAN : phase[PH_FWD] / timed * 1e3,
            gpu ? NAN : phase[PH_BWD] / timed * 1e3, gpu ? NAN : phase[PH_OPT] / timed * 1e3, timed,
-           visc_precision_name(o.precision), o.device, mem_mib);
+           visc_precision_name(o.precision), o.device, mem_mib, device_mib);
 
     visc_gpu_optim_free(gopt);
     visc_gpu_free(gpu, dev_x), visc_gpu_free(gpu, dev_y), visc_gpu_free(gpu, dev_probs);

@@ -114,6 +114,13 @@ int visc_cuda_operand_bytes(const visc_cuda *ctx);
 void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes); /* NULL with the error set */
 /* Device memory in use on the context's device (all processes), in bytes. */
 int visc_cuda_memory_used(visc_cuda *ctx, size_t *used);
+/* The bytes of device memory this context holds through visc_cuda_alloc
+ * (every buffer of the backend and of the models: weights, gradients,
+ * optimizer state, the arena, workspaces), now and at most since it was
+ * opened: the measure of PyTorch's torch.cuda.memory_allocated and
+ * max_memory_allocated (no CUDA context, no libraries' code, no rounding
+ * of the driver's). Either pointer may be NULL. */
+void visc_cuda_memory_allocated(visc_cuda *ctx, size_t *now, size_t *peak);
 void visc_cuda_free(visc_cuda *ctx, void *p);
 /* Copies that wait for the stream (host memory may be pageable). */
 int visc_cuda_upload(visc_cuda *ctx, void *dst, const void *src, size_t bytes);

@@ -72,6 +72,10 @@ void visc_gpu_set_precision(visc_cuda *ctx, visc_precision p);
 int visc_gpu_sync(visc_cuda *ctx);
 /* Device memory in use on the device, in bytes (-1 with the error). */
 int visc_gpu_memory_used(visc_cuda *ctx, size_t *used);
+/* Device memory the run's buffers hold (cuda.h's
+ * visc_cuda_memory_allocated: PyTorch's memory_allocated measure), now and
+ * at most so far; zeros without the backend. */
+void visc_gpu_memory_allocated(visc_cuda *ctx, size_t *now, size_t *peak);
 /* GPU time per kind of work (cuda.h's profiler): start, run some steps,
  * then report prints the table per step to f and stops. -1 with the error. */
 int visc_gpu_profile_start(visc_cuda *ctx);

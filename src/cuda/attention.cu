@@ -43,7 +43,7 @@ struct visc_attn_state {
 
 void visc_attn_state_free(visc_cuda *ctx) {
     if (!ctx->attn) return;
-    cudaFree(ctx->attn->buf);
+    visc_cuda_free(ctx, ctx->attn->buf);
     free(ctx->attn);
     ctx->attn = NULL;
 }

@@ -36,8 +36,14 @@ struct visc_cuda {
     void *bn_acc; /* SyncBN's sums between the passes (batchnorm.cu), or NULL */
     size_t bn_acc_bytes;
     struct visc_cuda_profile *profile; /* the profiler's events and table (profile.cu), or NULL */
+    /* what visc_cuda_alloc handed out and not yet freed (context.cu): the
+     * pointers and sizes, their sum and its high-water mark */
+    struct visc_cuda_block *blocks;
+    int num_blocks, cap_blocks;
+    size_t mem_now, mem_peak;
 };
 typedef struct visc_cuda_profile visc_cuda_profile;
+typedef struct visc_cuda_block visc_cuda_block;
 /* Frees ctx->conv (conv.cu), ctx->attn (attention.cu), ctx->comm_stream and ctx->nccl (comm.cu),
  * ctx->lt_plans (matmul.cu), ctx->profile (profile.cu). */
 void visc_cuda_profile_free(visc_cuda *ctx);

@@ -96,20 +96,20 @@ void visc_cuda_close(visc_cuda *ctx) {
     visc_cuda_profile_free(ctx);
     visc_conv_state_free(ctx);
     visc_attn_state_free(ctx);
-    cudaFree(ctx->scratch);
-    cudaFree(ctx->bn_acc);
-    cudaFree(ctx->workspace);
+    visc_cuda_free(ctx, ctx->scratch);
+    visc_cuda_free(ctx, ctx->bn_acc);
+    visc_cuda_free(ctx, ctx->workspace);
     visc_lt_plans_free(ctx);
     if (ctx->lt) visc_lt.destroy(ctx->lt);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
+    free(ctx->blocks);
     free(ctx);
 }
 
 cublasLtHandle_t visc_cuda_lt(visc_cuda *ctx) {
     if (ctx->lt) return ctx->lt;
     if (visc_lt_load()) return NULL;
-    if (!ctx->workspace &&
-        visc_cuda_check(cudaMalloc(&ctx->workspace, VISC_CUDA_WORKSPACE), "cuBLASLt workspace"))
+    if (!ctx->workspace && !(ctx->workspace = visc_cuda_alloc(ctx, VISC_CUDA_WORKSPACE)))
         return NULL;
     cublasLtHandle_t h = NULL;
     if (visc_cublas_check(visc_lt.create(&h), "cublasLtCreate")) return NULL;
@@ -121,9 +121,45 @@ int visc_cuda_sync(visc_cuda *ctx) {
     return visc_cuda_check(cudaStreamSynchronize(ctx->stream), "CUDA work");
 }
 
+/* The allocation table: visc_cuda_alloc's blocks, so that their sum is
+ * known (visc_cuda_memory_allocated). A run allocates a few hundred blocks,
+ * almost all before its first step, and frees few: a list will do. */
+struct visc_cuda_block {
+    void *p;
+    size_t bytes;
+};
+
+static int block_keep(visc_cuda *ctx, void *p, size_t bytes) {
+    if (ctx->num_blocks == ctx->cap_blocks) {
+        const int cap = ctx->cap_blocks ? 2 * ctx->cap_blocks : 256;
+        visc_cuda_block *grown =
+            (visc_cuda_block *)realloc(ctx->blocks, (size_t)cap * sizeof *grown);
+        if (!grown) return visc_set_error("out of memory for the device allocation table");
+        ctx->blocks = grown, ctx->cap_blocks = cap;
+    }
+    ctx->blocks[ctx->num_blocks].p = p;
+    ctx->blocks[ctx->num_blocks++].bytes = bytes;
+    ctx->mem_now += bytes;
+    if (ctx->mem_now > ctx->mem_peak) ctx->mem_peak = ctx->mem_now;
+    return 0;
+}
+
+static void block_drop(visc_cuda *ctx, void *p) {
+    for (int i = ctx->num_blocks - 1; i >= 0; i--)
+        if (ctx->blocks[i].p == p) {
+            ctx->mem_now -= ctx->blocks[i].bytes;
+            ctx->blocks[i] = ctx->blocks[--ctx->num_blocks];
+            return;
+        }
+}
+
+void visc_cuda_memory_allocated(visc_cuda *ctx, size_t *now, size_t *peak) {
+    if (now) *now = ctx->mem_now;
+    if (peak) *peak = ctx->mem_peak;
+}
+
 void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes) {
     void *p = NULL;
-    (void)ctx;
     const cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
         /* Out of memory is not sticky: clear it, or the next launch would
@@ -133,6 +169,10 @@ void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes) {
         if (e == cudaErrorMemoryAllocation)
             visc_set_error("out of device memory allocating %zu bytes", bytes);
         else visc_cuda_check(e, "allocating device memory");
+        return NULL;
+    }
+    if (block_keep(ctx, p, bytes)) {
+        cudaFree(p);
         return NULL;
     }
     return p;
@@ -147,7 +187,8 @@ int visc_cuda_memory_used(visc_cuda *ctx, size_t *used) {
 }
 
 void visc_cuda_free(visc_cuda *ctx, void *p) {
-    (void)ctx;
+    if (!p) return;
+    block_drop(ctx, p);
     cudaFree(p);
 }
 
@@ -229,7 +270,7 @@ int visc_cuda_download(visc_cuda *ctx, void *dst, const void *src, size_t bytes)
 void *visc_cuda_grow(visc_cuda *ctx, void **buf, size_t *have, size_t bytes) {
     if (*have >= bytes) return *buf;
     if (visc_cuda_sync(ctx)) return NULL; /* queued kernels may still read the old one */
-    cudaFree(*buf);
+    visc_cuda_free(ctx, *buf);
     *buf = visc_cuda_alloc(ctx, bytes);
     *have = *buf ? bytes : 0;
     return *buf;

@@ -60,7 +60,7 @@ void visc_conv_state_free(visc_cuda *ctx) {
     if (!st) return;
     for (int i = 0; i < VISC_CONV_PLANS; i++) plan_release(&st->plans[i]);
     if (st->handle) visc_dnn.destroy(st->handle);
-    cudaFree(st->ws);
+    visc_cuda_free(ctx, st->ws);
     free(st);
     ctx->conv = NULL;
 }
@@ -253,7 +253,7 @@ static conv_plan *prepare(visc_cuda *ctx, const visc_cuda_conv_shape *s, int dir
     if (p->ws[dir] > st->ws_bytes) {
         /* The old workspace may still be in use by queued work. */
         if (visc_cuda_sync(ctx)) return NULL;
-        cudaFree(st->ws);
+        visc_cuda_free(ctx, st->ws);
         st->ws = visc_cuda_alloc(ctx, p->ws[dir]);
         st->ws_bytes = st->ws ? p->ws[dir] : 0;
         if (!st->ws) return NULL;

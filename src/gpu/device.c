@@ -71,11 +71,12 @@ visc_cuda *visc_gpu_open(int index) {
 }
 
 void visc_gpu_print_memory(visc_cuda *ctx, size_t base) {
-    size_t used;
+    size_t used, peak;
     if (visc_gpu_memory_used(ctx, &used)) return;
+    visc_gpu_memory_allocated(ctx, NULL, &peak);
     printf("GPU memory: %.0f MiB held by this run (weights, optimizer state, activations, "
-           "workspaces)\n",
-           (double)(used > base ? used - base : 0) / (1 << 20));
+           "workspaces; %.0f MiB of buffers at most, PyTorch's max_memory_allocated measure)\n",
+           (double)(used > base ? used - base : 0) / (1 << 20), (double)peak / (1 << 20));
 }
 
 #ifdef VISC_WITH_CUDA
@@ -85,6 +86,9 @@ void visc_gpu_close(visc_cuda *ctx) {
 void *visc_gpu_alloc(visc_cuda *ctx, size_t bytes) { return visc_cuda_alloc(ctx, bytes); }
 int visc_gpu_sync(visc_cuda *ctx) { return visc_cuda_sync(ctx); }
 int visc_gpu_memory_used(visc_cuda *ctx, size_t *used) { return visc_cuda_memory_used(ctx, used); }
+void visc_gpu_memory_allocated(visc_cuda *ctx, size_t *now, size_t *peak) {
+    visc_cuda_memory_allocated(ctx, now, peak);
+}
 int visc_gpu_profile_start(visc_cuda *ctx) { return visc_cuda_profile_start(ctx); }
 int visc_gpu_profile_report(visc_cuda *ctx, FILE *f, int steps) {
     return visc_cuda_profile_report(ctx, f, steps);
@@ -112,6 +116,11 @@ int visc_gpu_memory_used(visc_cuda *ctx, size_t *used) {
     (void)ctx;
     *used = 0;
     return visc_set_error("no GPU in a visc without the CUDA backend");
+}
+void visc_gpu_memory_allocated(visc_cuda *ctx, size_t *now, size_t *peak) {
+    (void)ctx;
+    if (now) *now = 0;
+    if (peak) *peak = 0;
 }
 int visc_gpu_profile_start(visc_cuda *ctx) {
     (void)ctx;

@@ -88,6 +88,7 @@ struct visc_cuda {
         size_t bytes;
     } * allocs;
     int num_allocs, cap_allocs;
+    size_t mem_now, mem_peak; /* the allocations' sum and its high-water mark */
     /* the registries above: the process group's communication thread
      * copies gradients while the main thread computes (comm.cu's calls) */
     pthread_mutex_t mu;
@@ -181,6 +182,13 @@ int visc_cuda_memory_used(visc_cuda *ctx, size_t *used) {
     return 0;
 }
 
+void visc_cuda_memory_allocated(visc_cuda *ctx, size_t *now, size_t *peak) {
+    pthread_mutex_lock(&ctx->mu);
+    if (now) *now = ctx->mem_now;
+    if (peak) *peak = ctx->mem_peak;
+    pthread_mutex_unlock(&ctx->mu);
+}
+
 /* No profiler: its layers are the CPU's, timed by the CPU's tools. */
 int visc_cuda_profile_start(visc_cuda *ctx) {
     (void)ctx;
@@ -205,6 +213,8 @@ void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes) {
     }
     ctx->allocs[ctx->num_allocs].p = (const char *)p;
     ctx->allocs[ctx->num_allocs++].bytes = bytes;
+    ctx->mem_now += bytes;
+    if (ctx->mem_now > ctx->mem_peak) ctx->mem_peak = ctx->mem_now;
     pthread_mutex_unlock(&ctx->mu);
     return p;
 }
@@ -213,6 +223,7 @@ void visc_cuda_free(visc_cuda *ctx, void *p) {
     pthread_mutex_lock(&ctx->mu);
     for (int i = 0; i < ctx->num_allocs; i++)
         if (ctx->allocs[i].p == p) {
+            ctx->mem_now -= ctx->allocs[i].bytes;
             ctx->allocs[i] = ctx->allocs[--ctx->num_allocs];
             break;
         }

@@ -3284,6 +3284,28 @@ static void check_profile(void) {
     free(a);
 }
 
+/* The allocation table: visc_cuda_memory_allocated follows every block
+ * visc_cuda_alloc hands out and visc_cuda_free takes back, the peak its
+ * high-water mark. */
+static void check_memory_accounting(void) {
+    size_t now0, peak0, now1, peak1, now2, peak2;
+    visc_cuda_memory_allocated(ctx, &now0, &peak0);
+    void *a = dev(3 << 20), *b = dev(5 << 20);
+    visc_cuda_memory_allocated(ctx, &now1, &peak1);
+    visc_cuda_free(ctx, a);
+    void *c = dev(1 << 20);
+    visc_cuda_memory_allocated(ctx, &now2, &peak2);
+    visc_cuda_free(ctx, b), visc_cuda_free(ctx, c);
+    size_t now3;
+    visc_cuda_memory_allocated(ctx, &now3, NULL);
+    const float got[] = {(float)(now1 - now0), (float)(now2 - now0), (float)(now3 - now0),
+                         (float)(peak1 >= now0 + (8u << 20) && peak0 <= peak1),
+                         (float)(peak2 - peak1)};
+    const float want[] = {8 << 20, 6 << 20, 0, 1, 0};
+    expect_close("device memory allocated: 3 + 5 MiB, then 5 + 1, then none; the peak kept", got,
+                 want, sizeof got / sizeof *got, 0.0, 0.0);
+}
+
 static void group_layernorm(void) {
     check_layernorm(1000, 192, 1, 0.0f, 2.0f);
     check_layernorm(997, 768, 1, 100.0f, 2.0f); /* a large mean: the centred statistics */
@@ -3420,6 +3442,7 @@ static void group_eltwise(void) {
     check_add_bf16(((size_t)1 << 20) + 5);
     check_add_bf16(9);
     check_profile();
+    check_memory_accounting();
 }
 static void group_input(void) {
     const float imagenet_mean[3] = {0.485f, 0.456f, 0.406f},

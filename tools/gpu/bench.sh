@@ -22,9 +22,12 @@
 # with bf16 operands, and what only a linear layer reads is written in bf16
 # (the MLP's GELU, the norms before qkv and the MLP, attention's output),
 # but their residual stream and attention's q, k, v are still fp32, and
-# the table says so rather than compare unlike precisions silently. Memory: visc's is what
-# the device held after the run minus before the model (cudaMemGetInfo:
-# arena, weights, workspaces), PyTorch's torch.cuda.max_memory_allocated.
+# the table says so rather than compare unlike precisions silently. Memory,
+# one measure for both: the most the run's buffers held (visc: its
+# allocation table, visc_cuda_memory_allocated, which counts every buffer:
+# weights, gradients, optimizer state, the arena, workspaces; PyTorch:
+# torch.cuda.max_memory_allocated); visc's log also says what the device
+# held in all (cudaMemGetInfo, the libraries' code too).
 # Then ViT-S once more with its attention as cuBLASLt's products
 # (VISC_CUDA_ATTENTION=products), the fused kernels' own measure.
 set -u
