@@ -14,6 +14,8 @@
 # After its timed steps each visc run profiles 3 more (bench_train
 # --profile: GPU time per kernel, convolution and product), printed with
 # every run's other output to standard error (device_check's bench.log).
+# BENCH_MODELS (model names, space-separated) runs those rows alone: the
+# rows a first call had no time for, in a second.
 #
 # visc runs with --precision bf16: its linear layers' products take bf16
 # operands, and the ResNets keep their activations in bf16 channels-last
@@ -79,6 +81,8 @@ settings=(
 } >"$OUT/bench.md"
 for s in "${settings[@]}"; do
     read -r model batch res classes small <<<"$s"
+    # BENCH_MODELS="resnet50 swin...": those rows alone (a second call's)
+    if [ -n "${BENCH_MODELS:-}" ] && ! grep -qw -- "$model" <<<"$BENCH_MODELS"; then continue; fi
     flags=(--model "$model" --batch "$batch" --image-size "$res" --classes "$classes")
     [ -n "${small:-}" ] && flags+=(--small-stem)
     # the timed steps, then 3 under the profiler (GPU time per kind of work, into the log)
@@ -96,6 +100,7 @@ for s in "${settings[@]}"; do
         >>"$OUT/bench.md"
 done
 [ $have_torch -eq 1 ] || echo "(no PyTorch with CUDA and timm here: the torch columns are empty)" >>"$OUT/bench.md"
+[ -z "${BENCH_MODELS:-}" ] || grep -qw vit_small_patch16_224 <<<"$BENCH_MODELS" || exit 0
 p=$(VISC_CUDA_ATTENTION=products run "$BUILD/bench/bench_train" --model vit_small_patch16_224 \
     --batch 256 --image-size 224 --classes 1000 --device cuda --precision bf16 --warmup 3 \
     --steps 10 --quiet)

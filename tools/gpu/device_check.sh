@@ -15,6 +15,10 @@
 #   there: bash tools/gpu/device_check.sh   (carry build-gpu/deps, build-gpu/data)
 #   JOBS=16 BUILD=build-gpu bash tools/gpu/device_check.sh
 #
+# PARTS="bench" (any of test-gpu models bench e2e memcheck, space-separated)
+# runs those parts alone after the build: a second call on the same warm
+# machine, whose build is still there, e.g. PARTS=bench BENCH_MODELS="...".
+#
 # Exit status: 0 when the GPU build and test-gpu passed and, where the
 # whole program builds, the models and the end-to-end check too; 1
 # otherwise (the benchmark and memcheck inform). Every part is bounded so
@@ -32,6 +36,9 @@ BUDGET=${BUDGET:-540}
 deadline=$(($(date +%s) + BUDGET))
 mkdir -p "$OUT"
 summary=$OUT/summary.txt
+PARTS=${PARTS:-all}
+# wanted PART: whether PARTS names it
+wanted() { [ "$PARTS" = all ] || grep -qw -- "$1" <<<"$PARTS"; }
 gpu_test=$BUILD/tests/gpu/test_cuda_kernels
 : >"$summary"
 status=0
@@ -164,12 +171,14 @@ run_memcheck() {
 }
 gpu_ok=0
 if part build-gpu 1 make -j"$JOBS" BUILD="$BUILD" CUDA=1 "${gpu_targets[@]}"; then
-    if part test-gpu 1 make BUILD="$BUILD" CUDA=1 GPU_REQUIRED=1 test-gpu; then
+    if ! wanted test-gpu; then
+        gpu_ok=1
+    elif part test-gpu 1 make BUILD="$BUILD" CUDA=1 GPU_REQUIRED=1 test-gpu; then
         gpu_ok=1
     else
         part test-gpu-groups 0 run_groups
     fi
-    grep -hE '^(FAIL|[0-9]+ passed)' "$OUT"/test-gpu*.log | tee -a "$summary"
+    wanted test-gpu && grep -hE '^(FAIL|[0-9]+ passed)' "$OUT"/test-gpu*.log | tee -a "$summary"
 else
     echo "test-gpu   not run: the GPU build failed" | tee -a "$summary"
     status=1
@@ -197,14 +206,20 @@ run_e2e() {
         bash tests/e2e_cuda.sh
 }
 if have_dnnl; then
-    part models 1 run_models
-    grep -hE '^(FAIL|[0-9]+ passed)' "$OUT/models.log" | tee -a "$summary"
-    if [ -f tools/gpu/bench.sh ]; then
-        export BENCH_BUDGET=$((deadline - $(date +%s) - ${E2E_RESERVE:-120}))
+    if wanted models; then
+        part models 1 run_models
+        grep -hE '^(FAIL|[0-9]+ passed)' "$OUT/models.log" | tee -a "$summary"
+    fi
+    if wanted bench && [ -f tools/gpu/bench.sh ]; then
+        reserve=${E2E_RESERVE:-120}
+        wanted e2e || reserve=10
+        export BENCH_BUDGET=$((deadline - $(date +%s) - reserve))
         part bench 0 bash tools/gpu/bench.sh "$BUILD"
     fi
-    part e2e 1 run_e2e
-    grep -hE '^(FAIL|GPU[:,])' "$OUT/e2e.log" | tee -a "$summary"
+    if wanted e2e; then
+        part e2e 1 run_e2e
+        grep -hE '^(FAIL|GPU[:,])' "$OUT/e2e.log" | tee -a "$summary"
+    fi
 else
     echo "build-all  not run: no oneDNN on this machine and none carried (tools/gpu/pack_deps.sh): only the GPU parts build here" |
         tee -a "$summary"
@@ -212,7 +227,8 @@ fi
 
 # Last, with whatever time is left (and only after a clean test-gpu: its
 # groups' log takes the place of this one among the files that come back).
-[ $gpu_ok -eq 1 ] && part memcheck 0 run_memcheck && tail -3 "$OUT/memcheck.log" | tee -a "$summary"
+wanted memcheck && [ $gpu_ok -eq 1 ] && part memcheck 0 run_memcheck &&
+    tail -3 "$OUT/memcheck.log" | tee -a "$summary"
 
 echo "device check: $([ $status -eq 0 ] && echo passed || echo FAILED); logs in $OUT" |
     tee -a "$summary"
