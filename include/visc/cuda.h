@@ -112,6 +112,12 @@ int visc_cuda_bf16(const visc_cuda *ctx);
 int visc_cuda_operand_bytes(const visc_cuda *ctx);
 
 void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes); /* NULL with the error set */
+/* The memory-bound kernels (batch norm, the bf16 sums) move 16 bytes a
+ * thread where the tensors allow it; off, one value a thread (also
+ * VISC_CUDA_VECTOR=off when the context opens): the same formulas (batch
+ * norm's sums in another fixed order), a way round the wide accesses
+ * should they fail on a device. */
+void visc_cuda_set_vector_access(visc_cuda *ctx, int on);
 /* Device memory in use on the context's device (all processes), in bytes. */
 int visc_cuda_memory_used(visc_cuda *ctx, size_t *used);
 /* The bytes of device memory this context holds through visc_cuda_alloc

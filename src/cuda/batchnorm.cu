@@ -478,8 +478,9 @@ static int bn_splits(const visc_cuda_bn_shape *s, int V) {
 /* The plan of a pass over the tensors t[0..n) (NULL ones are absent):
  * BN_VEC channels a thread in bf16 channels-last where C is a multiple
  * and every tensor 16-byte aligned, else one. */
-static bn_plan bn_plan_for(const visc_cuda_bn_shape *s, const void *const *t, int n) {
-    int vec = !s->nchw && s->bf16 && s->C % BN_VEC == 0;
+static bn_plan bn_plan_for(const visc_cuda *ctx, const visc_cuda_bn_shape *s,
+                           const void *const *t, int n) {
+    int vec = !ctx->scalar_access && !s->nchw && s->bf16 && s->C % BN_VEC == 0;
     for (int i = 0; i < n; i++) vec = vec && visc_cuda_aligned16(t[i]);
     bn_plan p;
     p.V = vec ? BN_VEC : 1;
@@ -600,7 +601,7 @@ static int bn_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *o
                             float *running_mean, float *running_var) {
     if (bn_check(s)) return -1;
     const void *tensors[] = {in, out, residual};
-    const bn_plan p = bn_plan_for(s, tensors, 3);
+    const bn_plan p = bn_plan_for(ctx, s, tensors, 3);
     double *acc = bn_acc(ctx, s, p);
     if (!acc || bn_moments(ctx, s, p, acc, save_mean, in)) return -1;
     return bn_finish(ctx, s, p, acc, out, save_mean, save_rstd, in, residual, gamma, beta,
@@ -656,7 +657,7 @@ int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, vo
                                  const float *save_rstd) {
     if (bn_check(s)) return -1;
     const void *tensors[] = {din, dout, in, out};
-    const bn_plan p = bn_plan_for(s, tensors, 4);
+    const bn_plan p = bn_plan_for(ctx, s, tensors, 4);
     double *acc = bn_acc(ctx, s, p);
     if (!acc ||
         bn_grad_sums(ctx, s, p, acc, dgamma, dbeta, dout, in, out, save_mean, save_rstd))
@@ -706,7 +707,7 @@ int visc_cuda_bn_sync_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, const 
                              float *running_var) {
     if (bn_check(s)) return -1;
     const void *tensors[] = {in, out};
-    const bn_plan p = bn_plan_for(s, tensors, 2);
+    const bn_plan p = bn_plan_for(ctx, s, tensors, 2);
     double *d = bn_acc(ctx, s, p);
     if (!d || acc_copy(ctx, d, acc, 2 * s->C + 1, cudaMemcpyHostToDevice)) return -1;
     return bn_finish(ctx, s, p, d, out, save_mean, save_rstd, in, NULL, gamma, beta, running_mean,
@@ -718,7 +719,7 @@ int visc_cuda_bn_sync_grad_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, dou
                                 const void *out, const float *save_mean, const float *save_rstd) {
     if (bn_check(s)) return -1;
     const void *tensors[] = {dout, in, out};
-    const bn_plan p = bn_plan_for(s, tensors, 3);
+    const bn_plan p = bn_plan_for(ctx, s, tensors, 3);
     double *d = bn_acc(ctx, s, p);
     if (!d || bn_grad_sums(ctx, s, p, d, dgamma, dbeta, dout, in, out, save_mean, save_rstd) ||
         acc_copy(ctx, acc, d, 2 * s->C, cudaMemcpyDeviceToHost))
@@ -733,7 +734,7 @@ int visc_cuda_bn_sync_grad_input(visc_cuda *ctx, const visc_cuda_bn_shape *s, co
                                  const float *save_rstd) {
     if (bn_check(s)) return -1;
     const void *tensors[] = {din, dout, in, out};
-    const bn_plan p = bn_plan_for(s, tensors, 4);
+    const bn_plan p = bn_plan_for(ctx, s, tensors, 4);
     double *d = bn_acc(ctx, s, p);
     if (!d || acc_copy(ctx, d, acc, 2 * s->C + 1, cudaMemcpyHostToDevice)) return -1;
     return bn_grad_input(ctx, s, p, d, din, dout, in, out, gamma, save_mean, save_rstd);

@@ -32,6 +32,7 @@ struct visc_cuda {
     struct visc_attn_state *attn; /* attention's workspace (attention.cu), or NULL */
     size_t attn_chunk_bytes; /* attention's cap on N x N workspaces; 0: the defaults */
     int attn_unfused; /* 1: bf16 attention as products, not fused (attention_flash.cu) */
+    int scalar_access; /* 1: one value a thread in the memory-bound kernels (batchnorm.cu, eltwise.cu) */
     struct visc_nccl_state *nccl; /* NCCL's communicator and stream (comm.cu), or NULL */
     void *bn_acc; /* SyncBN's sums between the passes (batchnorm.cu), or NULL */
     size_t bn_acc_bytes;

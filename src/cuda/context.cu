@@ -76,6 +76,15 @@ visc_cuda *visc_cuda_open(int dev) {
         return NULL;
     }
     ctx->attn_unfused = attention && strcmp(attention, "products") == 0;
+    /* VISC_CUDA_VECTOR=off: the memory-bound kernels move one value a
+     * thread, not 16 bytes (a way round the wide accesses, as above) */
+    const char *vector = getenv("VISC_CUDA_VECTOR");
+    if (vector && strcmp(vector, "on") != 0 && strcmp(vector, "off") != 0) {
+        visc_set_error("VISC_CUDA_VECTOR='%s': expected on or off", vector);
+        free(ctx);
+        return NULL;
+    }
+    ctx->scalar_access = vector && strcmp(vector, "off") == 0;
     if (visc_cuda_check(cudaSetDevice(dev), "cudaSetDevice") ||
         visc_cuda_check(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking),
                         "cudaStreamCreate")) {
@@ -116,6 +125,8 @@ cublasLtHandle_t visc_cuda_lt(visc_cuda *ctx) {
     ctx->lt = h;
     return h;
 }
+
+void visc_cuda_set_vector_access(visc_cuda *ctx, int on) { ctx->scalar_access = !on; }
 
 int visc_cuda_sync(visc_cuda *ctx) {
     return visc_cuda_check(cudaStreamSynchronize(ctx->stream), "CUDA work");

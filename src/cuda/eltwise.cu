@@ -85,7 +85,8 @@ template <int OP>
 static int bf16_eltwise(visc_cuda *ctx, uint16_t *out, const uint16_t *x, const uint16_t *y,
                         size_t n, const char *what) {
     if (n == 0) return 0;
-    const int vec = visc_cuda_aligned16(out) && visc_cuda_aligned16(x) && visc_cuda_aligned16(y);
+    const int vec = !ctx->scalar_access && visc_cuda_aligned16(out) && visc_cuda_aligned16(x) &&
+                    visc_cuda_aligned16(y);
     const size_t threads_needed = vec ? n / 8 + n % 8 : n;
     bf16_eltwise_kernel<OP><<<visc_cuda_blocks(threads_needed, 256), 256, 0, ctx->stream>>>(
         out, x, y, n, vec);

@@ -182,6 +182,9 @@ int visc_cuda_memory_used(visc_cuda *ctx, size_t *used) {
     return 0;
 }
 
+/* The CPU's layers have no wide accesses to turn off. */
+void visc_cuda_set_vector_access(visc_cuda *ctx, int on) { (void)ctx, (void)on; }
+
 void visc_cuda_memory_allocated(visc_cuda *ctx, size_t *now, size_t *peak) {
     pthread_mutex_lock(&ctx->mu);
     if (now) *now = ctx->mem_now;

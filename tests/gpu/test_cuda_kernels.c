@@ -1464,6 +1464,14 @@ static void expect_bf16_of(const char *name, const float *g, const float *c, siz
     expect_close(name, g, c, n, 1.01e-5 * max_abs(c, n), 1.0 / 256 + 1e-5);
 }
 
+/* The context's vector access turned off (visc_cuda_set_vector_access):
+ * the checks below then run the kernels' one-value-a-thread forms. */
+static int scalar_access;
+static void set_scalar_access(int on) {
+    scalar_access = on;
+    visc_cuda_set_vector_access(ctx, !on);
+}
+
 /* The CPU's layer on NCHW; the GPU on NCHW or channels-last (inputs
  * transposed in, outputs back), fp32 or bf16 activations (bf16: the inputs
  * are bf16 values on both sides, the GPU's outputs its rounding of the
@@ -1534,9 +1542,10 @@ static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offs
     float *h_mean = down(d_mean, (size_t)C), *h_rstd = down(d_rstd, (size_t)C);
     float *h_rm = down(d_rm, (size_t)C), *h_rv = down(d_rv, (size_t)C);
     float *h_dg = down(d_dg, (size_t)C), *h_db = down(d_db, (size_t)C);
-    char tag[96];
-    snprintf(tag, sizeof tag, "batchnorm N %d C %d HW %d%s %s%s mean %g", N, C, HW,
-             relu ? " + relu" : "", nchw ? "NCHW" : "NHWC", bf16 ? " bf16" : "", offset);
+    char tag[160];
+    snprintf(tag, sizeof tag, "batchnorm N %d C %d HW %d%s %s%s mean %g%s", N, C, HW,
+             relu ? " + relu" : "", nchw ? "NCHW" : "NHWC", bf16 ? " bf16" : "", offset,
+             scalar_access ? ", a value a thread" : "");
     void (*expect_act)(const char *, const float *, const float *, size_t) =
         bf16 ? expect_bf16_of : expect_fp32;
     snprintf(name, sizeof name, "%s: eval forward", tag);
@@ -1728,7 +1737,7 @@ static void check_batchnorm_moments(int N, int C, int HW, int nchw) {
  * (as visc_cuda_add_relu* computes it), in training and in evaluation;
  * the same statistics, saved and running, as the norm alone. */
 static void check_batchnorm_residual(int N, int C, int HW, int nchw, int relu, int bf16) {
-    char name[200];
+    char name[260];
     const size_t n = (size_t)N * C * HW, elem = bf16 ? sizeof(uint16_t) : sizeof(float);
     float *x = random_floats(n, 2.0f, 5.0f), *r = random_floats(n, -3, 3);
     float *gamma = random_floats((size_t)C, 0.5f, 1.5f), *beta = random_floats((size_t)C, -1, 1);
@@ -1764,9 +1773,10 @@ static void check_batchnorm_residual(int N, int C, int HW, int nchw, int relu, i
     for (size_t i = 0; i < n; i++) rr[i] = bf16 ? bf16_round(r[i]) : r[i];
     float *want[2] = {h_y, h_ye}, *got[2] = {h_z, h_ze};
     const char *mode[2] = {"training", "eval"};
-    char tag[96];
-    snprintf(tag, sizeof tag, "batchnorm + residual%s N %d C %d HW %d %s%s", relu ? " + relu" : "",
-             N, C, HW, nchw ? "NCHW" : "NHWC", bf16 ? " bf16" : "");
+    char tag[160];
+    snprintf(tag, sizeof tag, "batchnorm + residual%s N %d C %d HW %d %s%s%s",
+             relu ? " + relu" : "", N, C, HW, nchw ? "NCHW" : "NHWC", bf16 ? " bf16" : "",
+             scalar_access ? ", a value a thread" : "");
     for (int k = 0; k < 2; k++) {
         for (size_t i = 0; i < n; i++) { /* models/resnet.c's add_relu on the stored output */
             const float v = want[k][i] + rr[i];
@@ -3535,6 +3545,12 @@ static void group_batchnorm(void) {
     check_batchnorm(8, 40, 7 * 7, 0, 0, 0.0f, 1);
     check_batchnorm(8, 2048, 7 * 7, 1, 0, 0.0f, 1);
     check_batchnorm(8, 12, 7 * 7, 1, 0, 0.0f, 1);
+    /* the same shapes one channel a thread (VISC_CUDA_VECTOR=off) */
+    set_scalar_access(1);
+    check_batchnorm(16, 64, 56 * 56, 1, 0, 0.0f, 1);
+    check_batchnorm(8, 2048, 7 * 7, 1, 0, 0.0f, 1);
+    check_batchnorm_residual(4, 96, 14 * 14, 0, 1, 1);
+    set_scalar_access(0);
     check_batchnorm(8, 40, 7 * 7, 1, 0, 0.0f, 0);
     check_batchnorm_sync(8, 40, 14 * 14, 1, 1);
 }
