@@ -118,6 +118,11 @@ void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes); /* NULL with the error set 
  * norm's sums in another fixed order), a way round the wide accesses
  * should they fail on a device. */
 void visc_cuda_set_vector_access(visc_cuda *ctx, int on);
+/* Products with a bias take it in cuBLASLt's epilogue; where cuBLASLt has
+ * no algorithm for that, the bias is added by a kernel (a note says so
+ * once). Off, always by the kernel: the kernel test's way to that path. A
+ * shape's choice is kept: set this before its first product. */
+void visc_cuda_set_bias_epilogue(visc_cuda *ctx, int on);
 /* Device memory in use on the context's device (all processes), in bytes. */
 int visc_cuda_memory_used(visc_cuda *ctx, size_t *used);
 /* The bytes of device memory this context holds through visc_cuda_alloc

@@ -108,6 +108,7 @@ void visc_cuda_close(visc_cuda *ctx) {
     visc_cuda_free(ctx, ctx->scratch);
     visc_cuda_free(ctx, ctx->bn_acc);
     visc_cuda_free(ctx, ctx->workspace);
+    visc_cuda_free(ctx, ctx->lt_sums);
     visc_lt_plans_free(ctx);
     if (ctx->lt) visc_lt.destroy(ctx->lt);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
@@ -127,6 +128,7 @@ cublasLtHandle_t visc_cuda_lt(visc_cuda *ctx) {
 }
 
 void visc_cuda_set_vector_access(visc_cuda *ctx, int on) { ctx->scalar_access = !on; }
+void visc_cuda_set_bias_epilogue(visc_cuda *ctx, int on) { ctx->lt_no_bias_epilogue = !on; }
 
 int visc_cuda_sync(visc_cuda *ctx) {
     return visc_cuda_check(cudaStreamSynchronize(ctx->stream), "CUDA work");

@@ -21,6 +21,7 @@ typedef struct {
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulPreference_t pref;
     cublasLtMatmulAlgo_t algo; /* the heuristic's first choice */
+    int bias_by_kernel;        /* no algorithm with the bias epilogue: see bias_by_kernel */
 } lt_plan;
 
 /* What a plan depends on: everything but the pointers themselves (and
@@ -194,6 +195,50 @@ static int plan_make(lt_plan *p, const product *x) {
     return 0;
 }
 
+static int matmul(visc_cuda *ctx, const product *x);
+
+/* fp32 sums plus a bf16 bias per column, rounded once to bf16 */
+__global__ void bias_round_kernel(__nv_bfloat16 *D, const float *sums, const __nv_bfloat16 *bias,
+                                  size_t n, int N) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        D[i] = __float2bfloat16_rn(__fadd_rn(sums[i], __bfloat162float(bias[i % (size_t)N])));
+}
+
+/* A product whose bias cuBLASLt has no epilogue algorithm for (none is
+ * known on Hopper; the bf16 output's had not run on a GPU when this was
+ * written): the product without the epilogue, then the bias added by a
+ * kernel. fp32 D in place; bf16 D through fp32 sums in a buffer of the
+ * context's, so that each value is still rounded once. Says so once. */
+static int bias_by_kernel(visc_cuda *ctx, const product *x) {
+    static int said;
+    if (!said && !ctx->lt_no_bias_epilogue) {
+        said = 1;
+        fprintf(stderr, "visc: note: cuBLASLt has no algorithm for a product of M %d, N %d, K %d "
+                        "with its bias epilogue: the bias is added by a kernel\n",
+                x->M, x->N, x->K);
+    }
+    if (x->batch != 1 || x->ldd != x->N)
+        return visc_set_error("matmul: a bias on a strided or batched product");
+    product plain = *x;
+    plain.bias = NULL;
+    if (x->d == CUDA_R_32F)
+        return matmul(ctx, &plain) ||
+                       visc_cuda_add_broadcast(ctx, (float *)x->D, (const float *)x->bias, x->M,
+                                               x->N)
+                   ? -1
+                   : 0;
+    const size_t n = (size_t)x->M * x->N;
+    float *sums = (float *)visc_cuda_grow(ctx, &ctx->lt_sums, &ctx->lt_sums_bytes,
+                                          n * sizeof(float));
+    if (!sums) return -1;
+    plain.d = CUDA_R_32F, plain.D = sums, plain.beta = 0.0f;
+    if (matmul(ctx, &plain)) return -1;
+    bias_round_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(
+        (__nv_bfloat16 *)x->D, sums, (const __nv_bfloat16 *)x->bias, n, x->N);
+    return visc_cuda_launched("bias + rounding to bf16");
+}
+
 static int matmul(visc_cuda *ctx, const product *x) {
     const int M = x->M, N = x->N, K = x->K;
     if (M <= 0 || N <= 0 || K <= 0 || x->batch <= 0)
@@ -229,6 +274,7 @@ static int matmul(visc_cuda *ctx, const product *x) {
     lt_plan made = {};
     lt_plan *p = plan_lookup(ctx, &key);
     int rc = 0, owned = 0;
+    if (p && p->bias_by_kernel) return bias_by_kernel(ctx, x);
     if (p) {
         /* The bias pointer is the one attribute a kept plan takes per call. */
         if (x->bias)
@@ -252,6 +298,14 @@ static int matmul(visc_cuda *ctx, const product *x) {
             rc = visc_set_error("matmul: cuBLASLt has no algorithm for M %d, N %d, K %d, batch "
                                 "%d%s",
                                 M, N, K, x->batch, x->bias ? " with a bias" : "");
+        if ((rc || ctx->lt_no_bias_epilogue) && x->bias) {
+            /* remembered for the shape: no heuristic per call */
+            plan_free(&made);
+            lt_plan marker = {};
+            marker.bias_by_kernel = 1;
+            plan_keep(ctx, &key, &marker);
+            return bias_by_kernel(ctx, x);
+        }
         if (rc) {
             plan_free(&made);
             return rc;

@@ -184,6 +184,8 @@ int visc_cuda_memory_used(visc_cuda *ctx, size_t *used) {
 
 /* The CPU's layers have no wide accesses to turn off. */
 void visc_cuda_set_vector_access(visc_cuda *ctx, int on) { (void)ctx, (void)on; }
+/* Nor an epilogue: the CPU's products add their bias themselves. */
+void visc_cuda_set_bias_epilogue(visc_cuda *ctx, int on) { (void)ctx, (void)on; }
 
 void visc_cuda_memory_allocated(visc_cuda *ctx, size_t *now, size_t *peak) {
     pthread_mutex_lock(&ctx->mu);

@@ -965,6 +965,49 @@ static void check_matmul(const char *what, int M, int N, int K, int trans_a, int
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+static void *up_bf16(const float *host, size_t n); /* (batch norm's helpers, below) */
+static float *down_bf16(const void *d, size_t n);
+
+/* bf16 X W^T + b with a bf16 output (a linear layer's operand form): the
+ * sums against double products of the same bf16 operands and bias, each
+ * value rounded once (half a bf16 step of it, plus 1e-4 of its terms). */
+static void check_matmul_bf16_out(const char *what, int M, int N, int K) {
+    char name[160];
+    float *a = random_floats((size_t)M * K, -1, 1), *b = random_floats((size_t)N * K, -1, 1);
+    float *bias = random_floats((size_t)N, -1, 1);
+    for (size_t i = 0; i < (size_t)M * K; i++) a[i] = bf16_round(a[i]);
+    for (size_t i = 0; i < (size_t)N * K; i++) b[i] = bf16_round(b[i]);
+    for (int j = 0; j < N; j++) bias[j] = bf16_round(bias[j]);
+    void *d_a = up_bf16(a, (size_t)M * K), *d_b = up_bf16(b, (size_t)N * K);
+    void *d_bias = up_bf16(bias, (size_t)N), *d_d = dev(sizeof(uint16_t) * M * N);
+    launched(visc_cuda_matmul_bf16_to_bf16(ctx, d_d, d_a, d_b, d_bias, M, N, K, 0, 1),
+             "matmul, bf16 out");
+    float *got = down_bf16(d_d, (size_t)M * N), *want = malloc(sizeof(float) * M * N);
+    double *mag = malloc(sizeof(double) * M * N);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double sum = bias[j], m = fabs(bias[j]);
+            for (int k = 0; k < K; k++) {
+                sum += (double)a[(size_t)i * K + k] * b[(size_t)j * K + k];
+                m += fabs((double)a[(size_t)i * K + k] * b[(size_t)j * K + k]);
+            }
+            want[(size_t)i * N + j] = (float)sum, mag[(size_t)i * N + j] = m;
+        }
+    size_t bad = 0, worst = 0;
+    double worst_ratio = 0;
+    for (size_t i = 0; i < (size_t)M * N; i++) {
+        const double tol = fabs(want[i]) / 256 + 1e-4 * mag[i];
+        const double ratio = fabs((double)got[i] - want[i]) / tol;
+        if (!(ratio <= 1.0)) bad++;
+        if (!(ratio <= worst_ratio)) worst_ratio = ratio, worst = i;
+    }
+    snprintf(name, sizeof name, "matmul bf16 out + bias %s: M %d N %d K %d", what, M, N, K);
+    report(name, bad, (size_t)M * N, worst, got[worst], want[worst], worst_ratio);
+    void *dfree[] = {d_a, d_b, d_bias, d_d};
+    for (size_t i = 0; i < 4; i++) visc_cuda_free(ctx, dfree[i]);
+    free(a), free(b), free(bias), free(got), free(want), free(mag);
+}
+
 /* ---- Swin windows ---- */
 /* A Swin test case's grid, on the host and as the GPU takes it, and its
  * description for the check names. */
@@ -3397,6 +3440,13 @@ static void group_matmul(void) {
      * fp32, 32 in bf16); shift 1: one element, the least there can be. */
     check_matmul("linear forward, table-aligned", 394, 192, 384, 0, 1, 1, 0.0f, 16);
     check_matmul("linear dW += dY^T X, element-aligned", 192, 384, 394, 1, 0, 0, 1.0f, 1);
+    check_matmul_bf16_out("in the epilogue", 41, 24, 56);
+    /* the bias by a kernel, where cuBLASLt would have no epilogue for it
+     * (shapes of their own: a shape's choice is kept) */
+    visc_cuda_set_bias_epilogue(ctx, 0);
+    check_matmul("bias by a kernel", 41, 24, 40, 0, 1, 1, 0.0f, 0);
+    check_matmul_bf16_out("by a kernel", 41, 24, 48);
+    visc_cuda_set_bias_epilogue(ctx, 1);
     /* attention's forms (attention_tc.cu), and alpha, beta, gaps and padding */
     check_products(49, 49, 32, 0, 1, 6, 0, 1.0f, 0.0f); /* S = Q K^T */
     check_products(49, 32, 49, 1, 0, 6, 8, 1.0f, 0.0f); /* dK = dS^T Q, rows padded */
