@@ -213,7 +213,8 @@ void visc_gpu_global_avgpool_forward(visc_cuda *ctx, visc_gpu_act act, float *ou
                                      int N, int C, int HW);
 void visc_gpu_global_avgpool_backward(visc_cuda *ctx, visc_gpu_act act, void *din,
                                       const float *dout, int N, int C, int HW);
-/* out = relu(out + identity): a residual block's end */
+/* out = relu(out + identity): a residual block's end after its norm (SyncBN's: a
+ * process alone adds in the norm's pass, visc_gpu_batchnorm2d_*_add_relu) */
 void visc_gpu_add_relu(visc_cuda *ctx, visc_gpu_act act, void *out, const void *identity, size_t n);
 /* out = a + b and ReLU's backward (masked by the output) in either form */
 void visc_gpu_cnn_add(visc_cuda *ctx, visc_gpu_act act, void *out, const void *a, const void *b,

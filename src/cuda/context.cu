@@ -44,6 +44,15 @@ int visc_cuda_describe(int dev, char *buf, size_t len) {
     return 0;
 }
 
+/* A switch of two words in the environment: 0 for `usual` (or unset), 1
+ * for `other`, -1 with the error for anything else. */
+static int env_switch(const char *name, const char *usual, const char *other) {
+    const char *v = getenv(name);
+    if (!v || strcmp(v, usual) == 0) return 0;
+    if (strcmp(v, other) == 0) return 1;
+    return visc_set_error("%s='%s': expected %s or %s", name, v, usual, other);
+}
+
 visc_cuda *visc_cuda_open(int dev) {
     int n = visc_cuda_device_count();
     if (n < 0) return NULL;
@@ -66,25 +75,17 @@ visc_cuda *visc_cuda_open(int dev) {
         return NULL;
     }
     ctx->device = dev;
-    /* VISC_CUDA_ATTENTION=products: bf16 attention as cuBLASLt's products
-     * even where the fused kernels apply (a way round them, should they
-     * fail on a device; the kernel test checks both) */
-    const char *attention = getenv("VISC_CUDA_ATTENTION");
-    if (attention && strcmp(attention, "fused") != 0 && strcmp(attention, "products") != 0) {
-        visc_set_error("VISC_CUDA_ATTENTION='%s': expected fused or products", attention);
+    /* Ways round a path should it fail on a device (the kernel test checks
+     * both sides): VISC_CUDA_ATTENTION=products, bf16 attention as
+     * cuBLASLt's products even where the fused kernels apply;
+     * VISC_CUDA_VECTOR=off, the memory-bound kernels one value a thread,
+     * not 16 bytes. */
+    ctx->attn_unfused = env_switch("VISC_CUDA_ATTENTION", "fused", "products");
+    ctx->scalar_access = env_switch("VISC_CUDA_VECTOR", "on", "off");
+    if (ctx->attn_unfused < 0 || ctx->scalar_access < 0) {
         free(ctx);
         return NULL;
     }
-    ctx->attn_unfused = attention && strcmp(attention, "products") == 0;
-    /* VISC_CUDA_VECTOR=off: the memory-bound kernels move one value a
-     * thread, not 16 bytes (a way round the wide accesses, as above) */
-    const char *vector = getenv("VISC_CUDA_VECTOR");
-    if (vector && strcmp(vector, "on") != 0 && strcmp(vector, "off") != 0) {
-        visc_set_error("VISC_CUDA_VECTOR='%s': expected on or off", vector);
-        free(ctx);
-        return NULL;
-    }
-    ctx->scalar_access = vector && strcmp(vector, "off") == 0;
     if (visc_cuda_check(cudaSetDevice(dev), "cudaSetDevice") ||
         visc_cuda_check(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking),
                         "cudaStreamCreate")) {
