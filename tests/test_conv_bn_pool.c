@@ -316,6 +316,47 @@ TEST(bn_forward_and_running_stats) {
     free(x), free(out), free(want);
 }
 
+/* A SyncBN callback for one process: the sums are already the total. */
+static void sync_alone(void *ctx, double *buf, int n) { (void)ctx, (void)buf, (void)n; }
+
+/* visc_batchnorm2d_apply from a training forward's saved statistics gives
+ * that forward's output bit for bit (what a ResNet recomputes in backward
+ * instead of keeping): the row path, the small-plane chunks (a partial
+ * last chunk), with and without the fused ReLU, and after SyncBN's passes. */
+static void check_bn_apply(int N, int C, int HW, int relu, int sync, uint64_t seed) {
+    const size_t n = (size_t)N * C * HW;
+    visc_rng r = visc_rng_make(seed, 0, 0);
+    float *x = falloc(n), *out = falloc(n), *again = falloc(n);
+    float *gamma = falloc(C), *beta = falloc(C), *mean = falloc(C), *rstd = falloc(C);
+    float *rm = falloc(C), *rv = falloc(C);
+    fill(&r, x, n, -3, 5);
+    fill(&r, gamma, C, -1.5f, 1.5f);
+    fill(&r, beta, C, -0.5f, 0.5f);
+    fill(&r, rm, C, -1, 1);
+    fill(&r, rv, C, 0.5f, 2);
+    visc_batchnorm2d bn;
+    visc_batchnorm2d_init(&bn, N, C, HW, 1e-5f, 0.1f, relu);
+    if (sync) visc_batchnorm2d_set_sync(&bn, sync_alone, NULL);
+    visc_batchnorm2d_forward_train(&bn, out, mean, rstd, x, gamma, beta, rm, rv);
+    memset(again, 0xff, n * sizeof(float));
+    visc_batchnorm2d_apply(&bn, again, x, gamma, beta, mean, rstd);
+    CHECK_MSG(memcmp(again, out, n * sizeof(float)) == 0,
+              "N %d C %d HW %d relu %d sync %d: the recomputed output differs", N, C, HW, relu,
+              sync);
+    visc_batchnorm2d_destroy(&bn);
+    free(x), free(out), free(again), free(gamma), free(beta), free(mean), free(rstd);
+    free(rm), free(rv);
+}
+
+TEST(bn_apply_recomputes_the_training_output) {
+    check_bn_apply(3, 5, 37, 0, 0, 31);
+    check_bn_apply(3, 5, 37, 1, 0, 32);
+    check_bn_apply(4, 40, 4, 1, 0, 33); /* small planes: two chunks, the second partial */
+    check_bn_apply(6, 33, 1, 0, 0, 34);
+    check_bn_apply(2, 7, 56 * 56, 1, 0, 35);
+    check_bn_apply(3, 6, 49, 1, 1, 36); /* SyncBN */
+}
+
 TEST(bn_eval_uses_running_stats) {
     const int N = 2, C = 5, HW = 20;
     size_t n = (size_t)N * C * HW;

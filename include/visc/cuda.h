@@ -575,6 +575,12 @@ int visc_cuda_batchnorm_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *
 int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
                                      const void *in, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var);
+/* A training forward's output again from its save_mean, save_rstd (and
+ * the same gamma, beta), bit for bit: a normalized activation that
+ * backward recomputes instead of keeping (visc_batchnorm2d_apply). */
+int visc_cuda_batchnorm_apply(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                              const void *in, const float *gamma, const float *beta,
+                              const float *save_mean, const float *save_rstd);
 /* The same, then out = ReLU(y + residual) (relu = 1) or y + residual,
  * with y the norm's output in its stored form: the bits of the two passes
  * (visc_cuda_add_relu* after the norm) in one. */

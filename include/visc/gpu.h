@@ -187,6 +187,10 @@ void visc_gpu_batchnorm2d_forward_eval(visc_cuda *ctx, const visc_batchnorm2d *b
                                        void *out, const void *in, const float *gamma,
                                        const float *beta, const float *running_mean,
                                        const float *running_var);
+/* a training forward's output again from its saved statistics, same bits */
+void visc_gpu_batchnorm2d_apply(visc_cuda *ctx, const visc_batchnorm2d *b, visc_gpu_act act,
+                                void *out, const void *in, const float *gamma, const float *beta,
+                                const float *save_mean, const float *save_rstd);
 /* out = relu(bn(in) + identity), a residual block's end, in one pass over
  * out (b without its own ReLU) */
 void visc_gpu_batchnorm2d_forward_train_add_relu(visc_cuda *ctx, const visc_batchnorm2d *b,

@@ -35,6 +35,17 @@ typedef struct {
      * (with the same noise) before its backward. Less memory, about a third
      * more compute, the same gradients bit for bit. */
     int grad_checkpointing;
+    /* ResNets recompute the outputs of the norms inside a block in
+     * backward, from the norm's input and saved statistics (one pass, the
+     * same bits), rather than keeping them: a quarter of a block's
+     * activations (a sixth of a bottleneck's). 1 keeps them instead. */
+    int keep_norm_outputs;
+    /* The model only ever runs forward (MoCo's momentum encoder): its
+     * activations are planned for one forward at a time, not kept for a
+     * backward, which is then refused. ResNets keep two block outputs in
+     * turn and one block's insides; the transformers each block's output
+     * and one block's insides, as --grad-checkpointing plans them. */
+    int forward_only;
 } visc_model_config;
 
 typedef struct visc_model visc_model;

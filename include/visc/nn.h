@@ -71,6 +71,12 @@ void visc_batchnorm2d_init(visc_batchnorm2d *b, int N, int C, int HW, float eps,
 void visc_batchnorm2d_forward_train(visc_batchnorm2d *b, float *out, float *save_mean,
                                     float *save_rstd, const float *in, const float *gamma,
                                     const float *beta, float *running_mean, float *running_var);
+/* A training forward's output again, bit for bit, from the statistics it
+ * saved (and the same gamma, beta): backward's copy of a normalized
+ * activation it did not keep (a ResNet block's insides, resnet.c). */
+void visc_batchnorm2d_apply(const visc_batchnorm2d *b, float *out, const float *in,
+                            const float *gamma, const float *beta, const float *save_mean,
+                            const float *save_rstd);
 void visc_batchnorm2d_forward_eval(visc_batchnorm2d *b, float *out, const float *in,
                                    const float *gamma, const float *beta, const float *running_mean,
                                    const float *running_var);

@@ -22,9 +22,11 @@
  * to float for centring; the variance around that float mean with its
  * rounding error folded out; the element formulas in float with the CPU's
  * operation order, written with __fmul_rn / __fadd_rn so that nvcc does
- * not contract them into FMAs (the CPU, compiled as ISO C11, does not
- * either). A ResNet block's last norm may also add the block's residual
- * and apply the ReLU in its output pass (visc_cuda_batchnorm_*_add). */
+ * not contract them into FMAs (the CPU's FMA clones may: within the
+ * kernels' test's tolerances). A ResNet block's last norm may also add
+ * the block's residual and apply the ReLU in its output pass
+ * (visc_cuda_batchnorm_*_add); visc_cuda_batchnorm_apply writes a
+ * training forward's output again from its saved statistics. */
 #include <cuda_bf16.h>
 
 #include "common.cuh"
@@ -351,7 +353,10 @@ __global__ void bn_combine_kernel(visc_cuda_bn_shape s, int what, int S, const d
 
 /* Channel c's statistics from acc (the sums, Md, the squared deviations),
  * as the CPU's finish_channel: the saved and running statistics (the
- * first range's writer), then the block's range of out. */
+ * first range's writer), then the block's range of out. With acc NULL,
+ * the output alone from the saved statistics (visc_cuda_batchnorm_apply):
+ * the same element arithmetic, so the same bits. The scale is gamma times
+ * the saved float rstd, as on the CPU, for that reason. */
 template <int V>
 __global__ void __launch_bounds__(BN_THREADS)
     bn_finish_kernel(visc_cuda_bn_shape s, const double *acc, void *out, float *save_mean,
@@ -359,27 +364,32 @@ __global__ void __launch_bounds__(BN_THREADS)
                      const float *beta, float *running_mean, float *running_var) {
     const bn_lane L = bn_lane_of<V>(s);
     float fmean[V], scale[V], shift[V], x[V], y[V];
-    const double Md = acc[s.C];
 #pragma unroll
     for (int j = 0; j < V; j++) {
         const int c = L.c + j;
-        const double mean = acc[c] / Md, ss = acc[s.C + 1 + c];
-        fmean[j] = (float)mean;
-        const double dm = mean - (double)fmean[j];
-        double var = ss / Md - dm * dm;
-        if (var < 0) var = 0;
-        const double rstd = 1.0 / sqrt(var + (double)s.eps);
-        if (blockIdx.y == 0 && L.writer) {
-            save_mean[c] = fmean[j];
-            save_rstd[c] = (float)rstd;
-            const double unbiased = Md > 1 ? var * Md / (Md - 1) : var;
-            if (running_mean) { /* NULL: a recomputed forward (--grad-checkpointing) */
-                running_mean[c] = (float)((1.0 - s.momentum) * running_mean[c] + s.momentum * mean);
-                running_var[c] =
-                    (float)((1.0 - s.momentum) * running_var[c] + s.momentum * unbiased);
+        float frstd;
+        if (acc) {
+            const double Md = acc[s.C], mean = acc[c] / Md, ss = acc[s.C + 1 + c];
+            fmean[j] = (float)mean;
+            const double dm = mean - (double)fmean[j];
+            double var = ss / Md - dm * dm;
+            if (var < 0) var = 0;
+            frstd = (float)(1.0 / sqrt(var + (double)s.eps));
+            if (blockIdx.y == 0 && L.writer) {
+                save_mean[c] = fmean[j];
+                save_rstd[c] = frstd;
+                const double unbiased = Md > 1 ? var * Md / (Md - 1) : var;
+                if (running_mean) { /* NULL: a recomputed forward (--grad-checkpointing) */
+                    running_mean[c] =
+                        (float)((1.0 - s.momentum) * running_mean[c] + s.momentum * mean);
+                    running_var[c] =
+                        (float)((1.0 - s.momentum) * running_var[c] + s.momentum * unbiased);
+                }
             }
+        } else {
+            fmean[j] = save_mean[c], frstd = save_rstd[c];
         }
-        scale[j] = (float)(gamma[c] * rstd), shift[j] = beta[c];
+        scale[j] = (float)(gamma[c] * (double)frstd), shift[j] = beta[c];
     }
     for (BN_RANGE(s, L, w)) {
         act_ldv<V>(in, w.a, s.bf16, x);
@@ -631,6 +641,16 @@ int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s
                                      const void *in, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var) {
     return bn_forward_eval(ctx, s, out, in, NULL, gamma, beta, running_mean, running_var);
+}
+
+int visc_cuda_batchnorm_apply(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                              const void *in, const float *gamma, const float *beta,
+                              const float *save_mean, const float *save_rstd) {
+    if (bn_check(s)) return -1;
+    const void *tensors[] = {in, out};
+    const bn_plan p = bn_plan_for(ctx, s, tensors, 2);
+    return bn_finish(ctx, s, p, NULL, out, (float *)save_mean, (float *)save_rstd, in, NULL, gamma,
+                     beta, NULL, NULL);
 }
 
 int visc_cuda_batchnorm_forward_train_add(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,

@@ -192,6 +192,13 @@ void visc_gpu_batchnorm2d_forward_eval(visc_cuda *ctx, const visc_batchnorm2d *b
     RUN(visc_cuda_batchnorm_forward_eval(ctx, &s, out, in, gamma, beta, running_mean, running_var));
 }
 
+void visc_gpu_batchnorm2d_apply(visc_cuda *ctx, const visc_batchnorm2d *b, visc_gpu_act act,
+                                void *out, const void *in, const float *gamma, const float *beta,
+                                const float *save_mean, const float *save_rstd) {
+    const visc_cuda_bn_shape s = bn_shape(b, act);
+    RUN(visc_cuda_batchnorm_apply(ctx, &s, out, in, gamma, beta, save_mean, save_rstd));
+}
+
 /* The norm's own ReLU comes before the sum: a block's last norm has none. */
 static visc_cuda_bn_shape block_end_shape(const visc_batchnorm2d *b, visc_gpu_act act) {
     visc_cuda_bn_shape s = bn_shape(b, act);

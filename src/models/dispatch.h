@@ -12,6 +12,13 @@
 #include "visc/nn.h"
 #include "visc/tokens.h"
 
+/* The transformers plan one block's insides for all blocks where nothing
+ * keeps them for backward: --grad-checkpointing (backward makes each
+ * block's again) and a forward-only model (model.h). */
+static inline int md_one_block_inside(const visc_model *m) {
+    return m->cfg.grad_checkpointing || m->cfg.forward_only;
+}
+
 /* The caller's memory into the arena (a batch, an incoming gradient): the
  * host's, or the device's where the caller keeps it there (io_on_device). */
 static inline void md_take_in(visc_model *m, float *dst, const float *src, size_t n) {

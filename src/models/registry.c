@@ -1,6 +1,7 @@
 /* registry.c: architecture names -> constructors. */
 #include <string.h>
 
+#include "visc/core.h"
 #include "visc/model.h"
 
 static const char *const names[] = {"resnet18",
@@ -39,15 +40,36 @@ static const char *const names[] = {"resnet18",
 
 const char *const *visc_model_names(void) { return names; }
 
+/* A forward-only model's backward (model.h: cfg.forward_only): nothing
+ * kept to run it from. */
+static void no_backward(visc_model *m, const float *dlogits) {
+    (void)dlogits;
+    visc_die("%s was planned for forward alone (forward_only): it has no backward", m->cfg.arch);
+}
+
+static void no_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
+    (void)dfeatures;
+    no_backward(m, dlogits);
+}
+
+static visc_model *create_family(const visc_model_config *cfg, uint64_t seed) {
+    if (strncmp(cfg->arch, "resnet", 6) == 0) return visc_resnet_create(cfg, seed);
+    if (strncmp(cfg->arch, "vit_", 4) == 0 || strncmp(cfg->arch, "deit_", 5) == 0)
+        return visc_vit_create(cfg, seed);
+    if (strncmp(cfg->arch, "cait_", 5) == 0) return visc_cait_create(cfg, seed);
+    return visc_swin_create(cfg, seed);
+}
+
 visc_model *visc_model_create(const visc_model_config *cfg, uint64_t seed) {
     int known = 0;
     for (int i = 0; names[i] && !known; i++) known = strcmp(names[i], cfg->arch) == 0;
     if (known) {
-        if (strncmp(cfg->arch, "resnet", 6) == 0) return visc_resnet_create(cfg, seed);
-        if (strncmp(cfg->arch, "vit_", 4) == 0 || strncmp(cfg->arch, "deit_", 5) == 0)
-            return visc_vit_create(cfg, seed);
-        if (strncmp(cfg->arch, "cait_", 5) == 0) return visc_cait_create(cfg, seed);
-        if (strncmp(cfg->arch, "swin", 4) == 0) return visc_swin_create(cfg, seed);
+        visc_model *m = create_family(cfg, seed);
+        if (m && cfg->forward_only) {
+            m->backward = no_backward;
+            if (m->backward_features) m->backward_features = no_backward_features;
+        }
+        return m;
     }
     /* The full list is longer than an error line: name the families and
      * point at `visc models`, plus the known names sharing the first word. */

@@ -55,7 +55,10 @@ typedef struct {
     conv_layer conv1, conv2, conv3, down_conv;
     bn_layer bn1, bn2, bn3, down_bn;
     /* activations: conv outputs (BN inputs), BN outputs, block output (the
-     * shortcut's BN output is not kept: backward needs only its input dc) */
+     * shortcut's BN output is not kept: backward needs only its input dc).
+     * b1 and b2 are kept only with cfg.keep_norm_outputs; by default they
+     * are forward's temporaries in the block's scratch (t2), and backward
+     * recomputes them (norm_output_again). */
     float *in, *c1, *b1, *c2, *b2, *c3, *dc, *out;
     size_t in_size, out_size;
     size_t start;       /* arena offset of out, where the block's memory begins */
@@ -178,16 +181,32 @@ static float *take_act(const resnet *r, visc_arena *a, size_t count) {
     return visc_arena_floats(a, r->act == VISC_GPU_BF16_NHWC ? (count + 1) / 2 : count);
 }
 
-/* A block's internals: its convolutions' and BatchNorms' outputs. */
-static void plan_block(const resnet *r, visc_arena *a, block *b) {
+/* A block's internals: its convolutions' outputs, and its norms' when
+ * they are kept. */
+static void plan_block(const resnet *r, visc_arena *a, block *b, int keep_norm_outputs) {
     b->c1 = take_act(r, a, conv_out_size(&b->conv1));
-    b->b1 = take_act(r, a, conv_out_size(&b->conv1));
+    if (keep_norm_outputs) b->b1 = take_act(r, a, conv_out_size(&b->conv1));
     b->c2 = take_act(r, a, conv_out_size(&b->conv2));
     if (b->bottleneck) {
-        b->b2 = take_act(r, a, conv_out_size(&b->conv2));
+        if (keep_norm_outputs) b->b2 = take_act(r, a, conv_out_size(&b->conv2));
         b->c3 = take_act(r, a, conv_out_size(&b->conv3));
     }
     if (b->has_down) b->dc = take_act(r, a, b->out_size);
+}
+
+/* Where forward puts what backward recomputes: the norms' outputs inside
+ * each block, and the stem's before the max-pool (which reads it alone),
+ * in the scratch's t2. That is free in forward: t2 lies past every
+ * activation forward has written so far (plan_scratch), and backward
+ * uses it only after the forward. */
+static void place_recomputed(const visc_model *m, resnet *r) {
+    if (m->cfg.keep_norm_outputs) return;
+    for (int i = 0; i < r->num_blocks; i++) {
+        block *b = &r->blocks[i];
+        b->b1 = b->scratch.t2;
+        if (b->bottleneck) b->b2 = b->scratch.t2;
+    }
+    if (r->has_maxpool) r->stem_b = r->blocks[0].scratch.t2;
 }
 
 /* The values of a block's largest activation (or gradient) for backward:
@@ -255,6 +274,38 @@ static void plan_scratch(resnet *r, visc_arena *a, size_t blocks_end) {
         if (!r->blocks[i].scratch_behind) r->blocks[i].scratch = s;
 }
 
+/* A forward-only model's block outputs and scratch (cfg.forward_only):
+ * two outputs in turn, each block reading the other's (the first the
+ * max-pool's output, in the second); the scratch of forward alone (t1,
+ * t2), as large as the largest block's. */
+static void plan_forward_only(resnet *r, visc_arena *a) {
+    size_t out = 0, most = 0;
+    for (int i = 0; i < r->num_blocks; i++) {
+        if (r->blocks[i].out_size > out) out = r->blocks[i].out_size;
+        if (block_scratch_size(r, i) > most) most = block_scratch_size(r, i);
+    }
+    float *turn[2] = {take_act(r, a, out), take_act(r, a, out)};
+    scratch s = {NULL, NULL, take_act(r, a, most), take_act(r, a, most)};
+    if (r->has_maxpool) {
+        VISC_ASSERT(r->blocks[0].in_size <= out);
+        r->pooled_in = r->blocks[0].in = turn[1];
+    }
+    for (int i = 0; i < r->num_blocks; i++) {
+        r->blocks[i].out = turn[i % 2];
+        if (i + 1 < r->num_blocks) r->blocks[i + 1].in = turn[i % 2];
+        r->blocks[i].scratch = s;
+    }
+}
+
+/* A forward-only model's stem output and max-pool positions: in the
+ * blocks' region, dead once the first block starts. */
+static void plan_stem_in_region(visc_model *m, resnet *r, visc_arena *a) {
+    r->stem_c = take_act(r, a, conv_out_size(&r->stem_conv));
+    if (r->has_maxpool)
+        r->pool_argmax = visc_arena_take(a, (size_t)m->cfg.batch * r->maxpool.C * r->maxpool.P *
+                                                r->maxpool.Q * sizeof(int32_t));
+}
+
 static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     int N = m->cfg.batch;
     const size_t image = (size_t)N * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
@@ -262,38 +313,48 @@ static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     m->input = r->x;
     r->xh = r->act == VISC_GPU_BF16_NHWC ? take_act(r, a, image) : NULL;
     size_t stem = conv_out_size(&r->stem_conv);
-    r->stem_c = take_act(r, a, stem);
-    r->stem_b = take_act(r, a, stem);
+    const int keep = m->cfg.keep_norm_outputs, fwd_only = m->cfg.forward_only;
+    /* forward alone: in the region below (plan_stem_in_region) */
+    r->stem_c = fwd_only ? NULL : take_act(r, a, stem);
+    /* the max-pool's input; without the max-pool the first block's */
+    r->stem_b = keep || !r->has_maxpool ? take_act(r, a, stem) : NULL;
     take_bn_stats(a, &r->stem_bn);
     float *prev = r->stem_b;
-    if (r->has_maxpool) {
+    if (r->has_maxpool && !fwd_only) { /* forward alone: plan_forward_only */
         size_t pooled = (size_t)N * r->maxpool.C * r->maxpool.P * r->maxpool.Q;
         r->pooled_in = take_act(r, a, pooled);
         r->pool_argmax = visc_arena_take(a, pooled * sizeof(int32_t));
         prev = r->pooled_in;
     }
+    const int one_inside = m->cfg.grad_checkpointing || fwd_only;
     for (int i = 0; i < r->num_blocks; i++) {
         block *b = &r->blocks[i];
         b->in = prev;
         b->start = (a->used + 63) & ~(size_t)63; /* where b->out lands */
-        b->out = take_act(r, a, b->out_size);
+        if (!fwd_only) b->out = take_act(r, a, b->out_size);
         take_bn_stats(a, &b->bn1);
         take_bn_stats(a, &b->bn2);
         if (b->bottleneck) take_bn_stats(a, &b->bn3);
         if (b->has_down) take_bn_stats(a, &b->down_bn);
-        if (!m->cfg.grad_checkpointing) plan_block(r, a, b);
+        if (!one_inside) plan_block(r, a, b, keep);
         prev = b->out;
     }
     const size_t blocks_end = a->used;
-    if (m->cfg.grad_checkpointing) {
+    if (one_inside) {
         /* One region for every block's internals, as large as the largest
          * block needs: backward recomputes each block's before its own
-         * backward, so only the outputs above are kept per block. */
+         * backward (or there is no backward), so only the outputs above
+         * are kept per block. */
         const size_t mark = a->used;
         size_t extent = 0;
         for (int i = 0; i < r->num_blocks; i++) {
             a->used = mark;
-            plan_block(r, a, &r->blocks[i]);
+            plan_block(r, a, &r->blocks[i], keep);
+            if (a->used - mark > extent) extent = a->used - mark;
+        }
+        if (fwd_only) {
+            a->used = mark;
+            plan_stem_in_region(m, r, a);
             if (a->used - mark > extent) extent = a->used - mark;
         }
         a->used = mark + extent;
@@ -303,7 +364,9 @@ static void plan_activations(visc_model *m, resnet *r, visc_arena *a) {
     r->logits = visc_arena_floats(a, (size_t)N * m->cfg.num_classes);
     /* recomputing blocks (--grad-checkpointing) rewrites the memory behind
      * a run: there every set is at the end */
-    plan_scratch(r, a, m->cfg.grad_checkpointing ? 0 : blocks_end);
+    if (fwd_only) plan_forward_only(r, a);
+    else plan_scratch(r, a, m->cfg.grad_checkpointing ? 0 : blocks_end);
+    place_recomputed(m, r);
 }
 
 /* ---- initialization: torchvision's ---- */
@@ -512,26 +575,48 @@ static void act_relu_backward(visc_model *m, float *din, const float *dout, cons
     else visc_relu_backward(din, dout, out, n);
 }
 
+/* The output of norm b (with its ReLU) that forward computed from `in`,
+ * for backward: the kept one, or by default the same bits again in
+ * `spare` (visc_batchnorm2d_apply from the saved statistics after a
+ * training forward, the evaluation form after an evaluation one). */
+static const float *norm_output_again(visc_model *m, resnet *r, bn_layer *b, const float *kept,
+                                      float *spare, const float *in) {
+    if (m->cfg.keep_norm_outputs) return kept;
+    if (!r->trained) bn_fwd(m, b, spare, in, FWD_EVAL);
+    else if (m->cuda)
+        visc_gpu_batchnorm2d_apply(m->cuda, &b->op, act_of(m), spare, in, P(b->gamma), P(b->beta),
+                                   b->save_mean, b->save_rstd);
+    else
+        visc_batchnorm2d_apply(&b->op, spare, in, P(b->gamma), P(b->beta), b->save_mean,
+                               b->save_rstd);
+    return spare;
+}
+
 /* dout: gradient w.r.t. the block output (modified in place); writes the
- * gradient w.r.t. the block input to din (din != dout). */
+ * gradient w.r.t. the block input to din (din != dout). Until its last
+ * step din is free, and holds the norms' outputs recomputed. */
 static void block_backward(visc_model *m, resnet *r, block *b, float *din, float *dout) {
     /* through the final relu: its output is b->out */
     act_relu_backward(m, dout, dout, b->out, b->out_size);
     float *t1 = b->scratch.t1, *t2 = b->scratch.t2;
+    const float *b1;
     if (b->bottleneck) {
         bn_bwd(m, &b->bn3, t1, dout, b->c3, NULL);
-        conv_bwd(m, &b->conv3, t2, t1, b->b2);
-        bn_bwd(m, &b->bn2, t2, t2, b->c2, b->b2);
-        conv_bwd(m, &b->conv2, t1, t2, b->b1);
+        const float *b2 = norm_output_again(m, r, &b->bn2, b->b2, din, b->c2);
+        conv_bwd(m, &b->conv3, t2, t1, b2);
+        bn_bwd(m, &b->bn2, t2, t2, b->c2, b2);
+        b1 = norm_output_again(m, r, &b->bn1, b->b1, din, b->c1);
+        conv_bwd(m, &b->conv2, t1, t2, b1);
     } else {
         bn_bwd(m, &b->bn2, t1, dout, b->c2, NULL);
-        conv_bwd(m, &b->conv2, t2, t1, b->b1);
+        b1 = norm_output_again(m, r, &b->bn1, b->b1, din, b->c1);
+        conv_bwd(m, &b->conv2, t2, t1, b1);
         float *swap = t1;
         t1 = t2;
         t2 = swap;
     }
     /* t1 = gradient w.r.t. bn1's output */
-    bn_bwd(m, &b->bn1, t1, t1, b->c1, b->b1);
+    bn_bwd(m, &b->bn1, t1, t1, b->c1, b1);
     conv_bwd(m, &b->conv1, t2, t1, b->in);
     /* t2 = main path's gradient w.r.t. the block input; add the shortcut's */
     if (b->has_down) {
@@ -586,14 +671,16 @@ static void trunk_backward(visc_model *m, resnet *r) {
         din = swap;
     }
     /* dout now holds the gradient w.r.t. the first block's input */
-    if (r->has_maxpool && m->cuda) {
-        visc_gpu_maxpool2d_backward(m->cuda, &r->maxpool, r->act, din, dout, r->pool_argmax);
-        dout = din;
-    } else if (r->has_maxpool) {
-        visc_maxpool2d_backward(&r->maxpool, din, dout, r->pool_argmax);
+    const float *stem_out = r->stem_b;
+    if (r->has_maxpool) {
+        if (m->cuda)
+            visc_gpu_maxpool2d_backward(m->cuda, &r->maxpool, r->act, din, dout, r->pool_argmax);
+        else visc_maxpool2d_backward(&r->maxpool, din, dout, r->pool_argmax);
+        /* the stem norm's output again, where the first block's input gradient was */
+        stem_out = norm_output_again(m, r, &r->stem_bn, r->stem_b, dout, r->stem_c);
         dout = din;
     }
-    bn_bwd(m, &r->stem_bn, dout, dout, r->stem_c, r->stem_b);
+    bn_bwd(m, &r->stem_bn, dout, dout, r->stem_c, stem_out);
     conv_bwd(m, &r->stem_conv, NULL, dout, r->xh ? r->xh : r->x);
 }
 

@@ -76,7 +76,7 @@ typedef struct {
     int n1w, n1b, table, logit_scale, q_bias, v_bias, cpb0w, cpb0b, cpb2w;
     int qkvw, qkvb, projw, projb, n2w, n2b, fc1w, fc1b, fc2w, fc2b;
     /* activations */
-    float *in, *xw, *qkv, *qk, *qnorm, *knorm, *ao, *lse, *a, *x1, *h, *gl, *mo, *out;
+    float *in, *xw, *qkv, *qk, *qnorm, *knorm, *ao, *lse, *a, *x1, *h, *mo, *out;
     float *mean1, *rstd1, *mean2, *rstd2, *keep1, *keep2;
     float *bias, *head_scale, *cpb_h, *cpb_t;
     int param_lo, param_hi; /* its tensors: params entries [lo, hi) */
@@ -110,8 +110,13 @@ typedef struct {
     float *fn, *f_mean, *f_rstd, *pooled, *feat;
     uint8_t *drop_mask;
     /* backward scratch */
-    size_t max_rc, max_rh, max_bias, max_cpb;
+    size_t max_rc, max_rh, max_hidden, max_bias, max_cpb;
     float *gx, *sa, *sb, *sh, *sqk, *dbias, *dhs, *dcpb_t, *dcpb_h, *qkvb, *dqkvb;
+    /* fc2's input, GELU(h), shared by the blocks: forward makes it and fc2
+     * reads it at once; backward makes it again from the kept h (as
+     * ViT's and CaiT's MLPs do, visc_tf_mlp_*), where each block kept its
+     * own (Swin-T: 2.9 of its 17 GB at batch 256 in bf16, computed) */
+    float *hid;
     float *dpooled, *dfeat;
     /* the logits in the arena: m->logits on the CPU; on a GPU m->logits and
      * m->features are host copies forward downloads */
@@ -217,7 +222,6 @@ static void plan_block(visc_model *m, visc_arena *a, swin *s, swin_block *b, int
     b->bias = visc_arena_floats(a, (size_t)b->heads * N * N);
     b->x1 = visc_arena_floats(a, R * C);
     b->h = md_take_operand(m, a, R * b->hidden);
-    b->gl = md_take_operand(m, a, R * b->hidden);
     if (b->v2) {
         b->qk = visc_arena_floats(a, R * 2 * C);
         b->qnorm = visc_arena_floats(a, R * b->heads);
@@ -231,13 +235,14 @@ static void plan_block(visc_model *m, visc_arena *a, swin *s, swin_block *b, int
     }
     s->max_rc = max_sz(s->max_rc, R * C);
     s->max_rh = max_sz(s->max_rh, R * max_sz((size_t)b->hidden, 3 * C));
+    s->max_hidden = max_sz(s->max_hidden, R * b->hidden);
     s->max_bias = max_sz(s->max_bias, (size_t)b->heads * N * N);
 }
 
 static void plan_activations(visc_model *m, swin *s, visc_arena *a) {
     int B = m->cfg.batch, S = m->cfg.image_size;
     size_t tok0 = (size_t)B * s->grid * s->grid;
-    s->max_rc = s->max_rh = s->max_bias = s->max_cpb = 0;
+    s->max_rc = s->max_rh = s->max_hidden = s->max_bias = s->max_cpb = 0;
     s->x = visc_arena_floats(a, (size_t)B * m->cfg.in_channels * S * S);
     m->input = s->x;
     s->pe_c = visc_arena_floats(a, tok0 * s->embed);
@@ -264,11 +269,11 @@ static void plan_activations(visc_model *m, swin *s, visc_arena *a) {
             swin_block *b = &st->blocks[j];
             b->in = prev;
             b->out = visc_arena_floats(a, (size_t)B * b->g.H * b->g.W * b->C);
-            if (!m->cfg.grad_checkpointing) plan_block(m, a, s, b, B);
+            if (!md_one_block_inside(m)) plan_block(m, a, s, b, B);
             prev = b->out;
         }
     }
-    if (m->cfg.grad_checkpointing) {
+    if (md_one_block_inside(m)) {
         /* One region for every block's internals, as large as the largest
          * block needs: backward recomputes each block's before its own
          * backward, so only the outputs above are kept per block. */
@@ -295,6 +300,7 @@ static void plan_activations(visc_model *m, swin *s, visc_arena *a) {
     s->sa = visc_arena_floats(a, s->max_rc);
     s->sb = visc_arena_floats(a, s->max_rc);
     s->sh = visc_arena_floats(a, s->max_rh);
+    s->hid = md_take_operand(m, a, s->max_hidden);
     s->sqk = visc_arena_floats(a, 2 * s->max_rc);
     s->dbias = visc_arena_floats(a, s->max_bias);
     s->dhs = visc_arena_floats(a, 64);
@@ -514,7 +520,8 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
                                      C, LN_EPS);
         md_linear_operands_forward(m, b->h, s->sa, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
         /* fc1's input (the norm2 output) is rebuilt in backward, not stored */
-        md_gelu_linear_forward(m, s->sa, b->gl, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
+        md_gelu_linear_forward(m, s->sa, s->hid, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden,
+                               C);
         residual_add(m, s, b->out, b->x1, s->sa, b->keep2, b, 1, train);
         return;
     }
@@ -540,7 +547,7 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
     md_layernorm_forward(m, s->sb, b->mean1, b->rstd1, b->a, P(b->n1w), P(b->n1b), R, C, LN_EPS);
     residual_add(m, s, b->x1, b->in, s->sb, b->keep1, b, 0, train);
     md_linear_forward_to_operand(m, b->h, b->x1, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
-    md_gelu_linear_forward(m, b->mo, b->gl, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
+    md_gelu_linear_forward(m, b->mo, s->hid, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
     md_layernorm_forward(m, s->sa, b->mean2, b->rstd2, b->mo, P(b->n2w), P(b->n2b), R, C, LN_EPS);
     residual_add(m, s, b->out, b->x1, s->sa, b->keep2, b, 1, train);
 }
@@ -628,9 +635,10 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
         /* rebuild norm2's output (fc1's input) into sb */
         md_layernorm_operand_forward(m, sb, b->mean2, b->rstd2, b->x1, P(b->n2w), P(b->n2b), R, C,
                                      LN_EPS);
+        md_gelu_linear_act(m, s->hid, b->h, (int)R, hid, C, 1); /* fc2's input again */
         /* dm may be sa: fc2's products have read it before fc1's dX is written there */
         md_mlp_backward(m, sa, G(b->fc1w), G(b->fc1b), G(b->fc2w), G(b->fc2b), sh, dm, sb, b->h,
-                        b->gl, P(b->fc1w), P(b->fc2w), (int)R, C, hid, C);
+                        s->hid, P(b->fc1w), P(b->fc2w), (int)R, C, hid, C);
         md_layernorm_backward_add(m, gx, G(b->n2w), G(b->n2b), sa, b->x1, P(b->n2w), b->mean2,
                                   b->rstd2, R, C);
         const float *dbr = branch_grad(m, s, b, sa, gx, b->keep1);
@@ -649,8 +657,9 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
     const float *dn2 = branch_grad(m, s, b, sa, gx, b->keep2);
     md_layernorm_backward(m, sb, G(b->n2w), G(b->n2b), dn2, b->mo, P(b->n2w), b->mean2, b->rstd2, R,
                           C);
-    md_gelu_linear_backward(m, sh, G(b->fc2w), G(b->fc2b), sb, b->gl, b->h, P(b->fc2w), (int)R, hid,
-                            C);
+    md_gelu_linear_act(m, s->hid, b->h, (int)R, hid, C, 1); /* fc2's input again */
+    md_gelu_linear_backward(m, sh, G(b->fc2w), G(b->fc2b), sb, s->hid, b->h, P(b->fc2w), (int)R,
+                            hid, C);
     md_linear_backward(m, sa, G(b->fc1w), G(b->fc1b), sh, b->x1, P(b->fc1w), (int)R, C, hid);
     md_add_in(m, gx, sa, RC);
     const float *dn1 = branch_grad(m, s, b, sa, gx, b->keep1);

@@ -151,7 +151,7 @@ static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
         b->x = x;
         b->x_out = visc_arena_floats(a, RC);
         x = b->x_out;
-        if (m->cfg.grad_checkpointing && i > 0) {
+        if (md_one_block_inside(m) && i > 0) {
             /* block 0's internals, shared: backward recomputes each block's */
             const vit_block *first = &v->blocks[0];
             b->ln1 = first->ln1, b->mean1 = first->mean1, b->rstd1 = first->rstd1;

@@ -56,6 +56,14 @@ row_affine(float *out, const float *x, int n, float mean, float scale, float shi
         for (int i = 0; i < n; i++) out[i] = (x[i] - mean) * scale + shift;
 }
 
+/* A training forward's scale, gamma / sqrt(var + eps), from the saved
+ * float rstd (not the double it was rounded from), so that
+ * visc_batchnorm2d_apply recomputes the output from the saved statistics
+ * bit for bit; backward's gamma * rstd is the same product. */
+static float saved_scale(const float *gamma, const float *save_rstd, int c) {
+    return (float)(gamma[c] * (double)save_rstd[c]);
+}
+
 /* ---- small planes ----
  *
  * With HW <= SMALL_HW (ResNet-18's last stages at 32 px: 4x4, 2x2, 1x1) a
@@ -89,6 +97,32 @@ static void chunk_reduce(chunk_acc *t, int nc, int HW) {
 static void chunk_expand(float *dst, const float *v, int nc, int HW) {
     for (int j = nc - 1; j >= 0; j--) /* backwards: dst may be v (in place) */
         for (int i = HW - 1; i >= 0; i--) dst[j * HW + i] = v[j];
+}
+
+/* The output of channels c0 .. c0 + CHUNK from the saved statistics: the
+ * last pass of a training forward, and visc_batchnorm2d_apply. */
+__attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
+small_apply_chunk(const visc_batchnorm2d *b, int c0, float *out, const float *in,
+                  const float *gamma, const float *beta, const float *save_mean,
+                  const float *save_rstd) {
+    const int N = b->N, HW = b->HW, nc = b->C - c0 < CHUNK ? b->C - c0 : CHUNK, L = nc * HW;
+    const size_t plane = (size_t)b->C * HW, off = (size_t)c0 * HW;
+    float mean[CHUNK_L], scale[CHUNK_L], shift[CHUNK_L];
+    for (int j = 0; j < nc; j++) scale[j] = saved_scale(gamma, save_rstd, c0 + j);
+    chunk_expand(mean, save_mean + c0, nc, HW);
+    chunk_expand(scale, scale, nc, HW);
+    chunk_expand(shift, beta + c0, nc, HW);
+    for (int n = 0; n < N; n++) {
+        const float *xn = in + off + n * plane;
+        float *yn = out + off + n * plane;
+        if (b->relu)
+            for (int e = 0; e < L; e++) {
+                float y = (xn[e] - mean[e]) * scale[e] + shift[e];
+                yn[e] = y > 0 ? y : 0.0f;
+            }
+        else
+            for (int e = 0; e < L; e++) yn[e] = (xn[e] - mean[e]) * scale[e] + shift[e];
+    }
 }
 
 __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
@@ -136,22 +170,8 @@ small_forward_chunk(const visc_batchnorm2d *b, int c0, float *out, float *save_m
             running_mean[c] = (float)((1.0 - b->momentum) * running_mean[c] + b->momentum * mean);
             running_var[c] = (float)((1.0 - b->momentum) * running_var[c] + b->momentum * unbiased);
         }
-        t.k1[j] = (float)(gamma[c] * rstd);
-        t.k2[j] = beta[c];
     }
-    chunk_expand(t.k1, t.k1, nc, HW);
-    chunk_expand(t.k2, t.k2, nc, HW);
-    for (int n = 0; n < N; n++) {
-        const float *xn = x + n * plane;
-        float *yn = out + off + n * plane;
-        if (b->relu)
-            for (int e = 0; e < L; e++) {
-                float y = (xn[e] - t.mean[e]) * t.k1[e] + t.k2[e];
-                yn[e] = y > 0 ? y : 0.0f;
-            }
-        else
-            for (int e = 0; e < L; e++) yn[e] = (xn[e] - t.mean[e]) * t.k1[e] + t.k2[e];
-    }
+    small_apply_chunk(b, c0, out, in, gamma, beta, save_mean, save_rstd);
 }
 
 __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default"))) static void
@@ -231,6 +251,17 @@ void visc_batchnorm2d_set_sync(visc_batchnorm2d *b, visc_bn_sync_fn fn, void *ct
     if (fn && !b->impl) b->impl = visc_calloc(2 * (size_t)b->C + 1, sizeof(double), "SyncBN sums");
 }
 
+/* Channel c of the row path's output from the saved statistics. */
+static void apply_channel(const visc_batchnorm2d *b, int c, float *out, const float *in,
+                          const float *gamma, const float *beta, const float *save_mean,
+                          const float *save_rstd) {
+    const size_t plane = (size_t)b->C * b->HW, off = (size_t)c * b->HW;
+    const float scale = saved_scale(gamma, save_rstd, c);
+    for (int n = 0; n < b->N; n++)
+        row_affine(out + off + n * plane, in + off + n * plane, b->HW, save_mean[c], scale, beta[c],
+                   b->relu);
+}
+
 /* One channel of the row path, from its mean (double), the float mean the
  * squared deviations ss (over M values) were taken around: the saved
  * statistics, the running ones, and the normalized output. The float
@@ -239,7 +270,6 @@ static void finish_channel(const visc_batchnorm2d *b, int c, double mean, float 
                            double M, float *out, const float *in, const float *gamma,
                            const float *beta, float *save_mean, float *save_rstd,
                            float *running_mean, float *running_var) {
-    const size_t plane = (size_t)b->C * b->HW, off = (size_t)c * b->HW;
     double dm = mean - (double)fmean;
     double var = ss / M - dm * dm;
     if (var < 0) var = 0;
@@ -251,10 +281,7 @@ static void finish_channel(const visc_batchnorm2d *b, int c, double mean, float 
         running_mean[c] = (float)((1.0 - b->momentum) * running_mean[c] + b->momentum * mean);
         running_var[c] = (float)((1.0 - b->momentum) * running_var[c] + b->momentum * unbiased);
     }
-    float scale = (float)(gamma[c] * rstd);
-    for (int n = 0; n < b->N; n++)
-        row_affine(out + off + n * plane, in + off + n * plane, b->HW, fmean, scale, beta[c],
-                   b->relu);
+    apply_channel(b, c, out, in, gamma, beta, save_mean, save_rstd);
 }
 
 /* Synchronized statistics: the row path with the per-channel sums reduced
@@ -341,6 +368,20 @@ void visc_batchnorm2d_forward_train(visc_batchnorm2d *b, float *out, float *save
         finish_channel(b, c, mean, (float)mean, ss, M, out, in, gamma, beta, save_mean, save_rstd,
                        running_mean, running_var);
     }
+}
+
+void visc_batchnorm2d_apply(const visc_batchnorm2d *b, float *out, const float *in,
+                            const float *gamma, const float *beta, const float *save_mean,
+                            const float *save_rstd) {
+    const int C = b->C;
+    if (b->HW <= SMALL_HW) {
+#pragma omp parallel for schedule(static)
+        for (int c0 = 0; c0 < C; c0 += CHUNK)
+            small_apply_chunk(b, c0, out, in, gamma, beta, save_mean, save_rstd);
+        return;
+    }
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < C; c++) apply_channel(b, c, out, in, gamma, beta, save_mean, save_rstd);
 }
 
 void visc_batchnorm2d_forward_eval(visc_batchnorm2d *b, float *out, const float *in,

@@ -870,6 +870,11 @@ static int make_encoders(pretrainer *p) {
                         !p->moco, c->seed);
     if (!p->moco) return 0;
     mc.batch = p->B;
+    /* the momentum encoder never runs backward: activations for one
+     * forward at a time (ResNet-50 at batch 256: a third of a training
+     * plan's, model.h) and no gradient checkpointing to plan */
+    mc.forward_only = 1;
+    mc.grad_checkpointing = 0;
     p->key = visc_model_create(&mc, c->seed);
     if (!p->key) return -1;
     memcpy(p->key->params.data, q->params.data, q->params.total * sizeof(float));
@@ -1241,6 +1246,11 @@ int visc_pretrain(const visc_train_config *c) {
         if (p.moco)
             printf(", bank %lld, momentum %g%s", (long long)c->ssl.bank_size,
                    (double)c->ssl.momentum, c->ssl.momentum_cosine ? " (cosine to 1)" : "");
+        /* as visc train says it (on a GPU: as planned there) */
+        printf(", %.0f MiB of activations", (double)p.query->activation_bytes / (1 << 20));
+        if (p.key)
+            printf(" (the momentum encoder's, forward alone: %.0f MiB)",
+                   (double)p.key->activation_bytes / (1 << 20));
         printf("%s%s%s%s\n", p.precision == VISC_PRECISION_BF16 ? ", bf16 matmuls" : "",
                p.gpu ? ", on " : "", p.gpu ? c->device : "", p.stage ? " (batches as bytes)" : "");
     }

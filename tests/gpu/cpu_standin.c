@@ -598,6 +598,19 @@ int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s
     return 0;
 }
 
+int visc_cuda_batchnorm_apply(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
+                              const void *in, const float *gamma, const float *beta,
+                              const float *save_mean, const float *save_rstd) {
+    visc_batchnorm2d *b = bn_for(ctx, s);
+    if (!b) return -1;
+    const float *x = bn_read(s, in);
+    float *y = bn_target(s, out);
+    visc_batchnorm2d_apply(b, y, x, gamma, beta, save_mean, save_rstd);
+    bn_write(s, out, y);
+    bn_done(s, x);
+    return 0;
+}
+
 /* The residual sum after the norm, as the model's two passes did it. */
 static int bn_add_residual(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
                            const void *residual) {

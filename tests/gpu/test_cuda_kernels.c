@@ -1521,7 +1521,7 @@ static void set_scalar_access(int on) {
  * CPU's). Backward runs on the CPU's forward results on both sides, so a
  * ReLU mask of a value near 0 cannot differ. */
 static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offset, int bf16) {
-    char name[200];
+    char name[260];
     const size_t n = (size_t)N * C * HW;
     float *x = random_floats(n, offset - 1.5f, offset + 1.5f), *dy = random_floats(n, -1, 1);
     if (bf16)
@@ -1572,12 +1572,17 @@ static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offs
     launched(visc_cuda_batchnorm_backward(ctx, &s, d_dx, d_dg, d_db, d_dy, d_x, d_out_cpu, d_g,
                                           d_mean_cpu, d_rstd_cpu),
              "batchnorm backward");
+    void *d_again = dev(elem * n);
+    launched(visc_cuda_batchnorm_apply(ctx, &s, d_again, d_x, d_g, d_b, d_mean, d_rstd),
+             "batchnorm output from the saved statistics");
+    float *h_again = bf16 ? down_bf16(d_again, n) : down(d_again, n);
+    visc_cuda_free(ctx, d_again);
     float *h_out = bf16 ? down_bf16(d_out, n) : down(d_out, n);
     float *h_eval = bf16 ? down_bf16(d_eval, n) : down(d_eval, n);
     float *h_dx = bf16 ? down_bf16(d_dx, n) : down(d_dx, n);
     if (!nchw) {
-        float *bufs[] = {h_out, h_eval, h_dx};
-        for (int i = 0; i < 3; i++) {
+        float *bufs[] = {h_out, h_eval, h_dx, h_again};
+        for (int i = 0; i < 4; i++) {
             to_nchw(t, bufs[i], N, C, HW);
             memcpy(bufs[i], t, sizeof(float) * n);
         }
@@ -1595,6 +1600,9 @@ static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offs
     expect_act(name, h_eval, eval, n);
     snprintf(name, sizeof name, "%s: training forward", tag);
     expect_act(name, h_out, out, n);
+    snprintf(name, sizeof name, "%s: the output again from the saved statistics, same bits", tag);
+    expect_bits(name, h_again, h_out, n, sizeof(float));
+    free(h_again);
     snprintf(name, sizeof name, "%s: saved mean, rstd", tag);
     expect_fp32(name, h_mean, mean, (size_t)C);
     expect_fp32(name, h_rstd, rstd, (size_t)C);
@@ -1696,6 +1704,17 @@ static void check_batchnorm_sync(int N, int C, int HW, int relu, int bf16) {
         float *o = bf16 ? down_bf16(d_out[h], half) : down(d_out[h], half);
         float *g = bf16 ? down_bf16(d_dx[h], half) : down(d_dx[h], half);
         float *pg = down(d_dg[h], (size_t)C), *pb = down(d_db[h], (size_t)C);
+        void *d_again = dev(elem * half);
+        launched(visc_cuda_batchnorm_apply(ctx, &s, d_again, d_x[h], d_g, d_b, d_mean[h],
+                                           d_rstd[h]),
+                 "batchnorm output from the saved statistics");
+        float *again = bf16 ? down_bf16(d_again, half) : down(d_again, half);
+        snprintf(name, sizeof name,
+                 "SyncBN C %d HW %d%s%s half %d: the output again from the saved statistics, "
+                 "same bits",
+                 C, HW, relu ? " + relu" : "", bf16 ? " NHWC bf16" : "", h);
+        expect_bits(name, again, o, half, sizeof(float));
+        visc_cuda_free(ctx, d_again), free(again);
         memcpy(h_out + h * half, o, sizeof(float) * half);
         memcpy(h_dx + h * half, g, sizeof(float) * half);
         for (int c = 0; c < C; c++) h_dg[c] += pg[c], h_db[c] += pb[c];
