@@ -57,9 +57,11 @@ void visc_feature_bank_free(visc_feature_bank *b);
 visc_dataset *visc_eval_open_data(const visc_train_config *c, int which, visc_augment *aug,
                                   visc_transform_config *tc, visc_sample_pipeline *pl);
 /* A model for evaluating a weights file on dataset ds: the config's
- * architecture at the dataset's size and classes, planned for `batch`,
- * with every backbone tensor loaded from c->weights (the classifier's may
- * be missing or of another class count: they keep their fresh init). */
+ * architecture at the dataset's size and classes, planned for `batch` and
+ * for forward alone (kNN and the linear probe read its features; model.h's
+ * forward_only), with every backbone tensor loaded from c->weights (the
+ * classifier's may be missing or of another class count: they keep their
+ * fresh init). */
 visc_model *visc_eval_model(const visc_train_config *c, const visc_dataset *ds, int batch);
 
 /* ---- knn.c ---- */

@@ -163,6 +163,8 @@ visc_model *visc_eval_model(const visc_train_config *c, const visc_dataset *ds, 
     mc.in_channels = ds->channels;
     mc.image_size = ds->height;
     mc.batch = batch;
+    mc.forward_only = 1;
+    mc.grad_checkpointing = 0;
     visc_model *m = visc_model_create(&mc, c->seed);
     if (!m) return NULL;
     if (c->weights[0] && visc_load_model_backbone(m, c->weights)) {

@@ -22,10 +22,10 @@
  * one of the 24 blocks uses the same drop-path rate (not a linear ramp) and
  * the class-attention blocks none.
  *
- * Memory: per block the arena keeps norm outputs, qkv, the pre-softmax
- * logits S and the probabilities P ([B, H, T, T] each), the attention and
- * MLP outputs before LayerScale (LayerScale's gamma gradient needs them),
- * fc1's output and the residual stream.
+ * Memory: per block the arena keeps norm outputs, qkv, the probabilities
+ * P ([B, H, T, T]; the scores S before them are made again from qkv in
+ * backward), the attention and MLP outputs before LayerScale (LayerScale's
+ * gamma gradient needs them), fc1's output and the residual stream.
  *
  * On a GPU (--device cuda) the same code runs, each call through
  * dispatch.h or talking_heads.h's steps to its GPU twin; the arena is
@@ -61,7 +61,7 @@ typedef struct {
     visc_tf_linear qkv, proj, proj_l, proj_w;
     visc_tf_mlp mlp;
     const float *x;
-    float *ln1, *mean1, *rstd1, *qkv_out, *S, *Pr, *att, *a_out;
+    float *ln1, *mean1, *rstd1, *qkv_out, *Pr, *att, *a_out;
     float *x_mid, *ln2, *mean2, *rstd2, *h, *m_out, *x_out, *keep1, *keep2;
 } cait_block;
 
@@ -103,10 +103,13 @@ typedef struct {
 #define G(idx) visc_model_grad(m, (idx))
 
 /* ---- talking-heads attention (talking_heads.h), on the CPU or the GPU ----
- * S = scale q k^T            [B, H, T, T]   (kept)
+ * S = scale q k^T            [B, H, T, T]   (scratch, recomputed in backward)
  * P = softmax(proj_l(S))     mixing over heads at every (i, j)  (kept)
  * A = proj_w(P)              (scratch, recomputed in backward)
- * out = A v                  [B, T, H, D] */
+ * out = A v                  [B, T, H, D]
+ * S is read again only by proj_l's weight gradient: one q k^T product
+ * there, in place of a [B, H, T, T] tensor kept per block (as large as P:
+ * a fifth of a block's activations). */
 
 typedef visc_th_dims th_dims;
 
@@ -124,13 +127,18 @@ static void th_mix_grad(visc_model *m, float *dW, float *db, const float *dY, co
     else visc_th_mix_grad(dW, db, dY, X, d->B, d->H, TT);
 }
 
+static void th_scores(visc_model *m, float *S, const float *qkv, const th_dims *d) {
+    if (m->cuda) visc_gpu_th_scores(m->cuda, S, qkv, d);
+    else visc_th_scores(S, qkv, d);
+}
+
+/* scratch: [B, H, T, T], S then A */
 static void th_forward(visc_model *m, const cait_block *blk, float *scratch, const th_dims *d) {
     const size_t rows = (size_t)d->B * d->H * d->T;
     const float *qkv = blk->qkv_out;
-    float *A = scratch;
-    if (m->cuda) visc_gpu_th_scores(m->cuda, blk->S, qkv, d);
-    else visc_th_scores(blk->S, qkv, d);
-    th_mix(m, blk->Pr, blk->S, P(blk->proj_l.weight), P(blk->proj_l.bias), d, 0);
+    float *S = scratch, *A = scratch;
+    th_scores(m, S, qkv, d);
+    th_mix(m, blk->Pr, S, P(blk->proj_l.weight), P(blk->proj_l.bias), d, 0);
     if (m->cuda) visc_gpu_th_softmax(m->cuda, blk->Pr, rows, d->T);
     else visc_th_softmax(blk->Pr, rows, d->T);
     th_mix(m, A, blk->Pr, P(blk->proj_w.weight), P(blk->proj_w.bias), d, 0);
@@ -157,7 +165,9 @@ static void th_backward(visc_model *m, const cait_block *blk, float *dqkv, const
     th_mix(m, dS, dA, P(blk->proj_w.weight), NULL, d, 1);
     if (m->cuda) visc_gpu_th_softmax_backward(m->cuda, dS, blk->Pr, rows, d->T);
     else visc_th_softmax_backward(dS, blk->Pr, rows, d->T);
-    th_mix_grad(m, G(blk->proj_l.weight), G(blk->proj_l.bias), dS, blk->S, d);
+    float *S = A; /* A is read no more: the scores again, for proj_l's weight gradient */
+    th_scores(m, S, qkv, d);
+    th_mix_grad(m, G(blk->proj_l.weight), G(blk->proj_l.bias), dS, S, d);
     th_mix(m, dA, dS, P(blk->proj_l.weight), NULL, d, 1); /* dA now holds dS0 */
     /* dq = scale dS0 k, dk = scale dS0^T q */
     if (m->cuda) visc_gpu_th_grad_qk(m->cuda, dqkv, dA, qkv, d);
@@ -248,7 +258,7 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
             /* block 0's internals, shared: backward recomputes each block's */
             const cait_block *first = &c->blocks[0];
             b->ln1 = first->ln1, b->mean1 = first->mean1, b->rstd1 = first->rstd1;
-            b->qkv_out = first->qkv_out, b->S = first->S, b->Pr = first->Pr;
+            b->qkv_out = first->qkv_out, b->Pr = first->Pr;
             b->att = first->att, b->a_out = first->a_out, b->x_mid = first->x_mid;
             b->ln2 = first->ln2, b->mean2 = first->mean2, b->rstd2 = first->rstd2;
             b->h = first->h, b->m_out = first->m_out;
@@ -259,7 +269,6 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
         b->mean1 = visc_arena_floats(a, R);
         b->rstd1 = visc_arena_floats(a, R);
         b->qkv_out = visc_arena_floats(a, 3 * RC);
-        b->S = visc_arena_floats(a, BHTT);
         b->Pr = visc_arena_floats(a, BHTT);
         b->att = visc_arena_floats(a, RC);
         b->a_out = visc_arena_floats(a, RC);

@@ -76,7 +76,8 @@ typedef struct {
     int n1w, n1b, table, logit_scale, q_bias, v_bias, cpb0w, cpb0b, cpb2w;
     int qkvw, qkvb, projw, projb, n2w, n2b, fc1w, fc1b, fc2w, fc2b;
     /* activations */
-    float *in, *xw, *qkv, *qk, *qnorm, *knorm, *ao, *lse, *a, *x1, *h, *mo, *out;
+    /* V2's qkv rows hold q and k normalized (in place), and v */
+    float *in, *xw, *qkv, *qnorm, *knorm, *ao, *lse, *a, *x1, *h, *mo, *out;
     float *mean1, *rstd1, *mean2, *rstd2, *keep1, *keep2;
     float *bias, *head_scale, *cpb_h, *cpb_t;
     int param_lo, param_hi; /* its tensors: params entries [lo, hi) */
@@ -111,7 +112,7 @@ typedef struct {
     uint8_t *drop_mask;
     /* backward scratch */
     size_t max_rc, max_rh, max_hidden, max_bias, max_cpb;
-    float *gx, *sa, *sb, *sh, *sqk, *dbias, *dhs, *dcpb_t, *dcpb_h, *qkvb, *dqkvb;
+    float *gx, *sa, *sb, *sh, *dbias, *dhs, *dcpb_t, *dcpb_h, *qkvb, *dqkvb;
     /* fc2's input, GELU(h), shared by the blocks: forward makes it and fc2
      * reads it at once; backward makes it again from the kept h (as
      * ViT's and CaiT's MLPs do, visc_tf_mlp_*), where each block kept its
@@ -223,7 +224,6 @@ static void plan_block(visc_model *m, visc_arena *a, swin *s, swin_block *b, int
     b->x1 = visc_arena_floats(a, R * C);
     b->h = md_take_operand(m, a, R * b->hidden);
     if (b->v2) {
-        b->qk = visc_arena_floats(a, R * 2 * C);
         b->qnorm = visc_arena_floats(a, R * b->heads);
         b->knorm = visc_arena_floats(a, R * b->heads);
         b->a = visc_arena_floats(a, R * C);
@@ -301,7 +301,6 @@ static void plan_activations(visc_model *m, swin *s, visc_arena *a) {
     s->sb = visc_arena_floats(a, s->max_rc);
     s->sh = visc_arena_floats(a, s->max_rh);
     s->hid = md_take_operand(m, a, s->max_hidden);
-    s->sqk = visc_arena_floats(a, 2 * s->max_rc);
     s->dbias = visc_arena_floats(a, s->max_bias);
     s->dhs = visc_arena_floats(a, 64);
     s->qkvb = visc_arena_floats(a, 3 * (size_t)s->features);
@@ -531,8 +530,10 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
     md_zero(m, qkvb + C, (size_t)C);
     md_copy(m, qkvb + 2 * C, P(b->v_bias), (size_t)C);
     md_linear_forward(m, b->qkv, b->xw, P(b->qkvw), qkvb, (int)R, C, 3 * C);
-    normalize_heads(m, b->qk, 2 * C, b->qnorm, b->qkv, 3 * C, R, H, b->hd);
-    normalize_heads(m, b->qk + C, 2 * C, b->knorm, b->qkv + C, 3 * C, R, H, b->hd);
+    /* q and k normalized in place: backward needs only the normalized ones
+     * (and their norms), so the raw ones are not kept beside them */
+    normalize_heads(m, b->qkv, 3 * C, b->qnorm, b->qkv, 3 * C, R, H, b->hd);
+    normalize_heads(m, b->qkv + C, 3 * C, b->knorm, b->qkv + C, 3 * C, R, H, b->hd);
     const float *ls = P(b->logit_scale);
     if (m->cuda) visc_gpu_swin_head_scale(m->cuda, b->head_scale, ls, H);
     else
@@ -541,7 +542,7 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
     md_relu_forward(m, b->cpb_h, b->cpb_h, (size_t)b->T * CPB_HIDDEN);
     md_linear_forward(m, b->cpb_t, b->cpb_h, P(b->cpb2w), NULL, b->T, CPB_HIDDEN, H);
     gather_bias(m, b->bias, b->cpb_t, b->rel, H, b->g.N, 1);
-    md_attention_operand_forward(m, &b->attn, b->ao, b->lse, b->qk, b->qk + C, b->qkv + 2 * C);
+    md_attention_operand_forward(m, &b->attn, b->ao, b->lse, b->qkv, b->qkv + C, b->qkv + 2 * C);
     md_linear_operand_forward(m, s->sa, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
     reverse(m, b->a, s->sa, &b->g, B, C);
     md_layernorm_forward(m, s->sb, b->mean1, b->rstd1, b->a, P(b->n1w), P(b->n1b), R, C, LN_EPS);
@@ -668,11 +669,12 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
     partition(m, sa, sb, &b->g, B, C);
     md_linear_operand_backward(m, sb, G(b->projw), G(b->projb), sa, b->ao, P(b->projw), (int)R, C,
                                C);
-    /* dq, dk of the normalized q, k (layout of qk) into sqk; dv straight into dqkv */
-    md_attention_operand_backward(m, &b->attn, s->sqk, s->sqk + C, sh + 2 * C, s->dbias, s->dhs, sb,
-                                  b->qk, b->qk + C, b->qkv + 2 * C, b->ao, b->lse);
-    normalize_heads_backward(m, sh, 3 * C, s->sqk, 2 * C, b->qk, 2 * C, b->qnorm, R, H, b->hd);
-    normalize_heads_backward(m, sh + C, 3 * C, s->sqk + C, 2 * C, b->qk + C, 2 * C, b->knorm, R, H,
+    /* dq, dk of the normalized q, k and dv into dqkv (sh); then dq, dk
+     * through the normalization, in place */
+    md_attention_operand_backward(m, &b->attn, sh, sh + C, sh + 2 * C, s->dbias, s->dhs, sb, b->qkv,
+                                  b->qkv + C, b->qkv + 2 * C, b->ao, b->lse);
+    normalize_heads_backward(m, sh, 3 * C, sh, 3 * C, b->qkv, 3 * C, b->qnorm, R, H, b->hd);
+    normalize_heads_backward(m, sh + C, 3 * C, sh + C, 3 * C, b->qkv + C, 3 * C, b->knorm, R, H,
                              b->hd);
     const float *ls = P(b->logit_scale);
     float *dls = G(b->logit_scale);
@@ -946,7 +948,7 @@ static void set_attention(visc_model *m, swin *s) {
     for (int i = 0; i < s->stages; i++)
         for (int j = 0; j < s->st[i].depth; j++) {
             swin_block *b = &s->st[i].blocks[j];
-            int64_t C = b->C, N = b->g.N, qk_ld = b->v2 ? 2 * C : 3 * C;
+            int64_t C = b->C, N = b->g.N, qk_ld = 3 * C;
             visc_attention *a = &b->attn;
             memset(a, 0, sizeof *a);
             a->B = m->cfg.batch * b->g.nw;

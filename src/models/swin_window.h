@@ -52,7 +52,9 @@ void visc_swin_gather_bias(float *bias, const float *table, const int32_t *rel, 
 void visc_swin_scatter_bias(float *dtable, const float *dbias, const float *bias,
                             const int32_t *rel, int T, int H, int N, int sigmoid16);
 /* F.normalize over each head's D values (eps 1e-12), rows of ld floats;
- * the norms [rows, H] are kept for backward. */
+ * the norms [rows, H] are kept for backward. Both may work in place
+ * (dst = src; dx = dy): each head's values are read before they are
+ * written (the GPU's kernels in swin.cu too). */
 void visc_swin_normalize_heads(float *dst, int64_t ld_dst, float *norms, const float *src,
                                int64_t ld_src, int64_t rows, int H, int D);
 void visc_swin_normalize_heads_backward(float *dx, int64_t ld_dx, const float *dy, int64_t ld_dy,

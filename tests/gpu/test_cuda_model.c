@@ -659,10 +659,11 @@ static void check_recompute(visc_cuda *ctx, const char *name, int what, int imag
  * stay fp32. A transformer's operands (the norms' outputs before a linear
  * layer, the attention output, the MLP's hidden layer and GELU's output,
  * and ViT's and Swin V1's q, k, v) are bf16; at their shares of the whole
- * (ViT-S 0.62, Swin-T 0.685, SwinV2-T 0.855, CaiT-XXS 0.872 at batch 2;
+ * (ViT-S 0.62, Swin-T 0.685, SwinV2-T 0.835, CaiT-XXS 0.846 at batch 2;
  * Swin's were 0.654 and 0.807 while each block kept its GELU output, a
- * bf16 operand, now made again in backward) the limits fail if the
- * operands are planned as fp32 again. `operands`: a model whose share
+ * bf16 operand, now made again in backward; SwinV2's and CaiT's rose and
+ * fell again with the fp32 q, k copies and scores they no longer keep)
+ * the limits fail if the operands are planned as fp32 again. `operands`: a model whose share
  * comes from them, which must be exactly 1 where the operand form is fp32
  * (the stand-in's: tests/gpu/cpu_standin.c). */
 static void check_bf16_arena(visc_cuda *ctx, const char *name, int image, int batch, double limit,
@@ -816,8 +817,8 @@ int main(void) {
     check_bf16_arena(ctx, "resnet20", 32, 16, 0.55, 0);
     check_bf16_arena(ctx, "vit_small_patch16_224", 224, 2, 0.63, 1);
     check_bf16_arena(ctx, "swin_tiny_patch4_window7_224", 224, 2, 0.69, 1);
-    check_bf16_arena(ctx, "swinv2_tiny_window8_256", 256, 2, 0.86, 1);
-    check_bf16_arena(ctx, "cait_xxs24_224", 224, 2, 0.88, 1);
+    check_bf16_arena(ctx, "swinv2_tiny_window8_256", 256, 2, 0.85, 1);
+    check_bf16_arena(ctx, "cait_xxs24_224", 224, 2, 0.86, 1);
     visc_gpu_close(ctx);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
