@@ -192,6 +192,7 @@ int main(int argc, char **argv) {
 
     int gpu_index;
     if (visc_parse_device(o.device, &gpu_index)) visc_die("%s", visc_last_error());
+    o.model.for_gpu = gpu_index >= 0;
     visc_cuda *gpu = NULL;
     size_t mem0 = 0, mem1 = 0;
     if (gpu_index >= 0) { /* the GPU's precision, whatever the host CPU has */

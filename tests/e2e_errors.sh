@@ -8,7 +8,7 @@ fails=0
 expect_error() { # expect_error PATTERN ARGS...
     local pattern=$1; shift
     local err rc
-    err=$(timeout 120 "$V" "$@" 2>&1 >/dev/null); rc=$?
+    err=$(timeout -k 10 120 "$V" "$@" 2>&1 >/dev/null); rc=$?
     if [ $rc -ne 1 ] || ! grep -q -- "$pattern" <<<"$err" || [ "$(wc -l <<<"$err")" -ne 1 ]; then
         echo "FAIL: visc $* -> exit $rc, stderr: $err (wanted one line matching '$pattern')"
         fails=$((fails + 1))
@@ -86,6 +86,18 @@ before=$(md5sum <"$tmp/blocked/model_last.safetensors")
 expect_error "checkpoint_last.safetensors" train "${quick[@]}" --max-steps 1 --output "$tmp/blocked"
 [ "$(md5sum <"$tmp/blocked/model_last.safetensors")" = "$before" ] || { echo "FAIL: model file changed"; fails=$((fails + 1)); }
 if ls "$tmp/blocked" | grep -q tmp; then echo "FAIL: temporary file left behind"; fails=$((fails + 1)); fi
+
+# Plans larger than the memory there is: one line before anything is
+# touched, where Linux's overcommit would let the allocation through and
+# kill the process without a word once it is filled. VISC_MEMORY_LIMIT
+# stands in for a small machine, so the case is the same on every runner.
+big=(--data "flat:$shared/imagenet-samples" --img-size 224 --batch-size 32 --max-steps 1 --no-progress)
+VISC_MEMORY_LIMIT=3G expect_error "not enough memory for the activation arena: [0-9]* MiB needed.*grad-checkpointing" \
+    train --model resnet50 "${big[@]}" --output "$tmp/small-machine"
+[ ! -e "$tmp/small-machine/checkpoint_last.safetensors" ] || { echo "FAIL: a refused run wrote a checkpoint"; fails=$((fails + 1)); }
+VISC_MEMORY_LIMIT=3G expect_error "not enough memory for the activation arena" \
+    pretrain --model resnet50 "${big[@]}" --output "$tmp/small-machine-ssl"
+VISC_MEMORY_LIMIT=3x expect_error "VISC_MEMORY_LIMIT='3x': expected a size" train --model resnet50 "${big[@]}" --output "$tmp/x"
 
 echo "$fails failures"
 [ $fails -eq 0 ]

@@ -18,7 +18,8 @@
 #     beside the batch, their loss on the device): the same; a diverging
 #     run: the CPU's message, naming the same step, and no checkpoint;
 #     8 steps of LAMB and of LARS: the same checkpoint;
-#   - the head dropout, not on the GPU yet, refused in one line;
+#   - the head dropout, not on the GPU yet, refused in one line, and so is
+#     a device too small for the weights or for the activations' plan;
 #   - a ViT (attention, LayerNorm, GELU, drop-path, class token), also with
 #     --grad-checkpointing and with
 #     --precision bf16 (the CPU's bf16 run), a Swin V2
@@ -133,6 +134,18 @@ rc=0
     --output "$tmp/refused" >/dev/null 2>"$tmp/refused.err" || rc=$?
 [ $rc -ne 0 ] && [ "$(wc -l <"$tmp/refused.err")" -eq 1 ]
 grep -q -- "--device cuda: --drop (the head dropout) is not on the GPU yet" "$tmp/refused.err"
+# a device too small for the plan: one line with the sizes, no checkpoint
+# (VISC_STANDIN_DEVICE_MEMORY: the stand-in's device that small)
+for device in "8M:the activation arena: 51 MiB needed, 6 MiB free of 8 MiB (a smaller batch" \
+    "1M:the weights, their gradients and buffers: 1 MiB needed"; do
+    rc=0
+    VISC_STANDIN_DEVICE_MEMORY=${device%%:*} "$G" train --model vit_femto_patch4_28 --batch-size 64 \
+        --max-steps 1 --no-progress --device cuda --output "$tmp/tiny" >/dev/null 2>"$tmp/tiny.err" ||
+        rc=$?
+    [ $rc -eq 1 ] && [ "$(wc -l <"$tmp/tiny.err")" -eq 1 ] && [ ! -e "$tmp/tiny/checkpoint_last.safetensors" ]
+    grep -q -- "^visc: not enough device memory for ${device#*:}" "$tmp/tiny.err"
+done
+echo "a device too small for the weights or the plan: one line with the sizes, no checkpoint"
 
 # a ViT (fused attention, LayerNorm, GELU, drop-path drawn on the host, class token)
 vit=(--model vit_femto_patch4_28 --opt adamw --lr 0.002 --wd 0.05 --drop-path 0.1 --epochs 1

@@ -16,7 +16,7 @@ vit=(--model vit_femto_patch4_28 --epochs 1 --max-steps 4 --seed 3 --no-progress
      --threads 1 --opt adamw --lr 0.001 --target-batch-size 24 --lockstep --matchmaking-time 5)
 member() { # member RUN NAME args...
     local run=$1 name=$2; shift 2
-    timeout 300 "$V" train "${vit[@]}" "$@" --output "$tmp/$name" --swarm --run-id "$run" \
+    timeout -k 10 300 "$V" train "${vit[@]}" "$@" --output "$tmp/$name" --swarm --run-id "$run" \
         --key "$tmp/$name.key" --swarm-secret-file "$tmp/secret" --listen 127.0.0.1:0 \
         --initial-peers "$boot" >"$tmp/$name.log" 2>&1
 }
@@ -70,7 +70,7 @@ free=(--model vit_femto_patch4_28 --epochs 1 --max-steps 6 --seed 3 --no-progres
       --batch-size 8 --swarm-verbose)
 boot free
 start_peers free free-p 3 300 "${free[@]}"
-timeout 300 "$V" train "${free[@]}" --auxiliary --output "$tmp/free-aux" --swarm --run-id free \
+timeout -k 10 300 "$V" train "${free[@]}" --auxiliary --output "$tmp/free-aux" --swarm --run-id free \
     --key "$tmp/free-aux.key" --swarm-secret-file "$tmp/secret" --listen 127.0.0.1:0 \
     --initial-peers "$boot" >"$tmp/free-aux.log" 2>&1 &
 helper=$!

@@ -10,7 +10,7 @@ fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 expect_error() { # expect_error PATTERN ARGS...
     local pattern=$1; shift
     local err rc
-    err=$(timeout 60 "$V" "$@" 2>&1 >/dev/null); rc=$?
+    err=$(timeout -k 10 60 "$V" "$@" 2>&1 >/dev/null); rc=$?
     if [ $rc -ne 1 ] || ! grep -q -- "$pattern" <<<"$err" || [ "$(wc -l <<<"$err")" -ne 1 ]; then
         fail "visc $* -> exit $rc, stderr: $err (wanted one line matching '$pattern')"
     else

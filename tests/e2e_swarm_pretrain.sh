@@ -40,7 +40,7 @@ common=(--data "imagenet:$tmp/data" --model resnet14 --width 16 --input-size 32 
 # becomes visc itself, so that $! is the peer (no timeout: killed at exit)
 peer() {
     local run=$1 name=$2; shift 2
-    local how=(timeout 300)
+    local how=(timeout -k 10 300)
     [ -n "${exec_peer:-}" ] && how=(exec)
     "${how[@]}" "$V" pretrain "$@" --output "$tmp/$name" --swarm --run-id "$run" \
         --key "$tmp/$name.key" --swarm-secret-file "$tmp/secret" --listen 127.0.0.1:0 \

@@ -20,7 +20,7 @@ source tests/swarm_run_lib.sh
 # or with $bound set, timeout's child
 peer() {
     local run=$1 name=$2 log=$3; shift 3
-    exec ${bound:+timeout 300} "$V" train "$@" --output "$tmp/$name" --swarm --run-id "$run" \
+    exec ${bound:+timeout -k 10 300} "$V" train "$@" --output "$tmp/$name" --swarm --run-id "$run" \
         --key "$tmp/$name.key" --swarm-secret-file "$tmp/secret" --listen 127.0.0.1:0 \
         --initial-peers "$boot" >"$tmp/$log.log" 2>&1
 }

@@ -16,7 +16,7 @@ source tests/swarm_run_lib.sh
 
 peer() { # peer RUN NAME args...: one swarm peer (its key and output under $tmp/NAME)
     local run=$1 name=$2; shift 2
-    timeout 300 "$V" train "$@" --output "$tmp/$name" --swarm --run-id "$run" --key "$tmp/$name.key" \
+    timeout -k 10 300 "$V" train "$@" --output "$tmp/$name" --swarm --run-id "$run" --key "$tmp/$name.key" \
         --swarm-secret-file "$tmp/secret" --listen 127.0.0.1:0 --initial-peers "$boot" \
         >"$tmp/$name.log" 2>&1
 }

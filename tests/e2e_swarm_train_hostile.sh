@@ -28,7 +28,7 @@ H=${HOSTILE_BIN:-$(dirname "$V")/tests/swarm_hostile_trainer}
 [ -x "$H" ] || { echo "no $H: the swarm is not built (make tests, SWARM=1)"; exit 1; }
 peer() { # peer RUN NAME args...: one honest peer (its key and output under $tmp/NAME)
     local run=$1 name=$2; shift 2
-    timeout 300 "$V" train "$@" --output "$tmp/$name" --swarm --run-id "$run" \
+    timeout -k 10 300 "$V" train "$@" --output "$tmp/$name" --swarm --run-id "$run" \
         --key "$tmp/$name.key" --swarm-secret-file "$tmp/secret" --listen 127.0.0.1:0 \
         --initial-peers "$boot" >"$tmp/$name.log" 2>&1
 }

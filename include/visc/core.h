@@ -38,6 +38,21 @@ void *visc_realloc(void *p, size_t bytes, const char *what);
 void *visc_alloc_aligned(size_t bytes, const char *what);
 void visc_free_aligned(void *p);
 char *visc_strdup(const char *s);
+/* "1048576", "512K", "64M", "8G" (or KiB, MiB, GiB, B) as bytes; -1 on
+ * anything else, for the caller to name. */
+int visc_parse_size(const char *s, long long *bytes);
+/* Bytes this process can still fill before the kernel kills it: the
+ * system's MemAvailable plus free swap, within a cgroup's limit and within
+ * VISC_MEMORY_LIMIT ("8G", "512M") over this process's resident set;
+ * SIZE_MAX where none of these can be read. */
+size_t visc_memory_available(void);
+/* Dies with "not enough memory for <what>: N MiB needed, M MiB available
+ * (<hint>)"
+ * when an allocation of 64 MiB or more would not fit; the allocators above
+ * call it, and so does visc_arena_init with advice on what needs less. */
+void visc_require_memory(size_t bytes, const char *what, const char *hint);
+/* What a plan too large for its memory (host or device) is told. */
+#define VISC_ARENA_ADVICE "a smaller batch or image size, or --grad-checkpointing, needs less"
 
 /* ---- activation arena: one allocation, carved once, never freed per step ---- */
 typedef struct {
@@ -50,6 +65,22 @@ void visc_arena_init(visc_arena *a, size_t bytes); /* bytes 0: planning mode */
 float *visc_arena_floats(visc_arena *a, size_t count);
 void *visc_arena_take(visc_arena *a, size_t bytes);
 void visc_arena_free(visc_arena *a);
+
+/* ---- stopping on a signal (stop_signal.c) ---- */
+/* Once installed (the training loops do it as they start), SIGINT,
+ * SIGTERM and SIGUSR1 ask the run to stop after its step with a
+ * checkpoint (the CLI then exits with 128 + the signal's number); a second
+ * signal ends the process at once. */
+void visc_stop_signals_install(void);
+int visc_stop_signal(void); /* the signal received, 0 none */
+/* A rank that stops for another rank's signal records it as its own. */
+void visc_stop_signal_note(int sig);
+/* A training loop that stopped for the signal says so (after saving), and
+ * the program's exit status is then 128 + its number; 0 while no loop
+ * did (a signal after the last step changes nothing). */
+void visc_stop_signal_obeyed(int sig);
+int visc_stop_signal_exit_status(void);
+const char *visc_signal_name(int sig);
 
 /* ---- time and threads ---- */
 double visc_now(void); /* monotonic seconds */

@@ -72,6 +72,10 @@ int visc_dist_allreduce(visc_dist *d, void *buf, size_t count, visc_dist_dtype t
 int visc_dist_allgather(visc_dist *d, const void *send, void *recv, size_t bytes);
 int visc_dist_broadcast(visc_dist *d, void *buf, size_t bytes, int root);
 int visc_dist_barrier(visc_dist *d);
+/* The stop signal (core.h) that any rank received, the same on every rank
+ * (0: none), so that all stop after the same step: one number's all-reduce
+ * when there are several ranks, once per step. */
+int visc_dist_stop_signal(visc_dist *d, int *sig);
 
 /* ---- asynchronous all-reduce: submit, then wait ----
  * scale != 1 multiplies the result (averaging) on the communication

@@ -46,6 +46,11 @@ typedef struct {
      * turn and one block's insides; the transformers each block's output
      * and one block's insides, as --grad-checkpointing plans them. */
     int forward_only;
+    /* The model moves to a GPU (visc_model_to_gpu) before it ever runs: its
+     * activations are planned on the host, not allocated there (ResNet-50
+     * at batch 256 would fill 17 GiB of host memory only to free it); a
+     * forward on the host before the move is a bug, and asserted. */
+    int for_gpu;
 } visc_model_config;
 
 typedef struct visc_model visc_model;

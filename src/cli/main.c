@@ -51,7 +51,7 @@ static int cmd_train(int argc, char **argv) {
     int rc = swarm ? visc_swarm_train(&c, swarm) : visc_train(&c);
     visc_swarm_train_free(swarm);
     if (rc) visc_die("%s", visc_last_error());
-    return 0;
+    return visc_stop_signal_exit_status();
 }
 
 static int cmd_pretrain(int argc, char **argv) {
@@ -70,7 +70,7 @@ static int cmd_pretrain(int argc, char **argv) {
     int rc = swarm ? visc_swarm_run(&c, swarm, visc_pretrain) : visc_pretrain(&c);
     visc_swarm_train_free(swarm);
     if (rc) visc_die("%s", visc_last_error());
-    return 0;
+    return visc_stop_signal_exit_status();
 }
 
 /* OpenMP threads that wait by spinning take the cores from the loader's

@@ -34,18 +34,10 @@ static int parse_int(const char *flag, const char *s, long long lo, long long hi
 }
 
 static int parse_bytes(const char *s, long long *out) {
-    char *end;
-    double v = strtod(s, &end);
-    double mult = 1;
-    if (end == s || v <= 0) return visc_set_error("--shard-size '%s': expected e.g. 1GiB", s);
-    if (!strcmp(end, "") || !strcmp(end, "B")) mult = 1;
-    else if (!strcmp(end, "K") || !strcmp(end, "KiB")) mult = 1024.0;
-    else if (!strcmp(end, "M") || !strcmp(end, "MiB")) mult = 1024.0 * 1024;
-    else if (!strcmp(end, "G") || !strcmp(end, "GiB")) mult = 1024.0 * 1024 * 1024;
-    else return visc_set_error("--shard-size '%s': unknown unit '%s'", s, end);
-    if (v * mult < 1024 || v * mult > 1e15)
+    if (visc_parse_size(s, out))
+        return visc_set_error("--shard-size '%s': expected a size such as 1GiB or 512M", s);
+    if (*out < 1024 || *out > (long long)1e15)
         return visc_set_error("--shard-size '%s': out of range (1 KiB .. 1 PB)", s);
-    *out = (long long)(v * mult);
     return 0;
 }
 

@@ -180,8 +180,13 @@ void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes) {
          * report it. Any other error (a kernel that faulted earlier) is
          * named as it is, not mistaken for a full device. */
         cudaGetLastError();
-        if (e == cudaErrorMemoryAllocation)
-            visc_set_error("out of device memory allocating %zu bytes", bytes);
+        size_t free_b = 0, total = 0;
+        if (e == cudaErrorMemoryAllocation && cudaMemGetInfo(&free_b, &total) == cudaSuccess)
+            visc_set_error("out of device memory: %.0f MiB needed, %.0f MiB free of %.0f MiB",
+                           (double)bytes / (1 << 20), (double)free_b / (1 << 20),
+                           (double)total / (1 << 20));
+        else if (e == cudaErrorMemoryAllocation)
+            visc_set_error("out of device memory: %.0f MiB needed", (double)bytes / (1 << 20));
         else visc_cuda_check(e, "allocating device memory");
         return NULL;
     }

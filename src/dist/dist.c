@@ -392,6 +392,19 @@ int visc_dist_barrier(visc_dist *d) {
     return run_blocking(d, &o);
 }
 
+int visc_dist_stop_signal(visc_dist *d, int *sig) {
+    *sig = visc_stop_signal();
+    if (d->world == 1) return 0;
+    /* mpirun hands the signal to each rank at its own moment: ranks that
+     * stopped after different steps would wait in each other's next
+     * collective until the timeout. */
+    int64_t any = *sig;
+    if (visc_dist_allreduce(d, &any, 1, VISC_DT_I64, VISC_OP_MAX)) return -1;
+    *sig = (int)any;
+    visc_stop_signal_note(*sig);
+    return 0;
+}
+
 int64_t visc_dist_allreduce_async(visc_dist *d, float *buf, size_t count, float scale) {
     coll_op o = {.kind = OP_ALLREDUCE,
                  .buf = buf,

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "visc/gpu.h"
 #include "visc/ssl_eval.h"
 
 void visc_feature_bank_free(visc_feature_bank *b) {
@@ -165,6 +166,9 @@ visc_model *visc_eval_model(const visc_train_config *c, const visc_dataset *ds, 
     mc.batch = batch;
     mc.forward_only = 1;
     mc.grad_checkpointing = 0;
+    int gpu_index;
+    if (visc_parse_device(c->device, &gpu_index)) return NULL;
+    mc.for_gpu = gpu_index >= 0;
     visc_model *m = visc_model_create(&mc, c->seed);
     if (!m) return NULL;
     if (c->weights[0] && visc_load_model_backbone(m, c->weights)) {

@@ -2,12 +2,29 @@
  * copies laid out as the host tables, so one offset names a tensor on both
  * sides and checkpoints, name tables and the optimizer's work split stay
  * the host's. */
+#include <stdio.h>
+#include <string.h>
+
 #include "visc/gpu.h"
 #ifdef VISC_WITH_CUDA
 #include "visc/cuda.h"
 #endif
 
 #ifdef VISC_WITH_CUDA
+/* A failed device allocation named for what it was for, in the host's
+ * words (memory.c): "not enough device memory for <what>: N MiB needed,
+ * M MiB free of T MiB (<hint>)". */
+static int device_memory_error(const char *what, const char *hint) {
+    static const char prefix[] = "out of device memory: ";
+    char why[256];
+    snprintf(why, sizeof why, "%s", visc_last_error());
+    if (strncmp(why, prefix, sizeof prefix - 1))
+        return visc_set_error("%s: %s", what, why); /* not a full device: as it is */
+    return visc_set_error("not enough device memory for %s: %s%s%s%s", what,
+                          why + sizeof prefix - 1, hint ? " (" : "", hint ? hint : "",
+                          hint ? ")" : "");
+}
+
 int visc_model_to_gpu(visc_model *m, visc_cuda *ctx) {
     if (!m->to_cuda)
         return visc_set_error("--device cuda: %s has no GPU implementation", m->cfg.arch);
@@ -19,8 +36,12 @@ int visc_model_to_gpu(visc_model *m, visc_cuda *ctx) {
     m->dev_params = visc_cuda_alloc(ctx, pb);
     m->dev_grads = m->dev_params ? visc_cuda_alloc(ctx, pb) : NULL;
     m->dev_buffers = m->dev_grads ? visc_cuda_alloc(ctx, bb) : NULL;
-    if (!m->dev_buffers || visc_model_upload(m) || visc_cuda_zero(ctx, m->dev_grads, pb) ||
-        m->to_cuda(m)) {
+    if (!m->dev_buffers) {
+        device_memory_error("the weights, their gradients and buffers", NULL);
+        visc_model_gpu_release(m);
+        return -1;
+    }
+    if (visc_model_upload(m) || visc_cuda_zero(ctx, m->dev_grads, pb) || m->to_cuda(m)) {
         visc_model_gpu_release(m);
         return -1;
     }
@@ -63,6 +84,7 @@ int visc_gpu_arena_move(visc_model *m, visc_arena *arena, void (*plan)(visc_mode
     visc_arena_init(&counting, 0);
     plan(m, &counting);
     char *base = visc_cuda_alloc(m->cuda, counting.used);
+    if (!base) return device_memory_error("the activation arena", VISC_ARENA_ADVICE);
     float *dl = base ? visc_cuda_alloc(m->cuda, B * K * sizeof(float)) : NULL;
     if (!dl) {
         if (base) visc_cuda_free(m->cuda, base);

@@ -399,6 +399,7 @@ static void class_block_forward(visc_model *m, cait *c, class_block *b, const fl
 }
 
 static void cait_forward(visc_model *m, const float *x, int train) {
+    VISC_ASSERT(m->cuda || !m->cfg.for_gpu);
     cait *c = m->impl;
     const int B = m->cfg.batch, C = c->embed, T = c->tokens, S = m->cfg.image_size;
     md_take_batch(m, c->image, x, (size_t)B * m->cfg.in_channels * S * S);
@@ -625,7 +626,7 @@ visc_model *visc_cait_create(const visc_model_config *cfg, uint64_t seed) {
     visc_arena plan;
     visc_arena_init(&plan, 0);
     plan_activations(m, c, &plan);
-    visc_arena_init(&c->arena, plan.used);
+    visc_arena_init(&c->arena, cfg->for_gpu ? 0 : plan.used); /* model.h: for_gpu */
     plan_activations(m, c, &c->arena);
     m->activation_bytes = plan.used;
 

@@ -522,6 +522,7 @@ static const float *stem_input(visc_model *m, resnet *r) {
 }
 
 static void resnet_forward(visc_model *m, const float *x, int train) {
+    VISC_ASSERT(m->cuda || !m->cfg.for_gpu);
     resnet *r = m->impl;
     md_take_batch(m, r->x, x,
                   (size_t)m->cfg.batch * m->cfg.in_channels * m->cfg.image_size *
@@ -835,7 +836,7 @@ visc_model *visc_resnet_create(const visc_model_config *cfg, uint64_t seed) {
     visc_arena plan;
     visc_arena_init(&plan, 0);
     plan_activations(m, r, &plan);
-    visc_arena_init(&r->arena, plan.used);
+    visc_arena_init(&r->arena, cfg->for_gpu ? 0 : plan.used); /* model.h: for_gpu */
     plan_activations(m, r, &r->arena);
     m->activation_bytes = plan.used;
 

@@ -580,6 +580,7 @@ static const swin_block *last_block(const swin *s) {
 }
 
 static void swin_forward(visc_model *m, const float *x, int train) {
+    VISC_ASSERT(m->cuda || !m->cfg.for_gpu);
     swin *s = m->impl;
     int B = m->cfg.batch, HW = s->grid * s->grid, E = s->embed;
     size_t xn = (size_t)B * m->cfg.in_channels * m->cfg.image_size * m->cfg.image_size;
@@ -1037,7 +1038,7 @@ visc_model *visc_swin_create(const visc_model_config *cfg, uint64_t seed) {
     visc_arena plan;
     visc_arena_init(&plan, 0);
     plan_activations(m, s, &plan);
-    visc_arena_init(&s->arena, plan.used);
+    visc_arena_init(&s->arena, cfg->for_gpu ? 0 : plan.used); /* model.h: for_gpu */
     plan_activations(m, s, &s->arena);
     m->activation_bytes = plan.used;
     set_attention(m, s);

@@ -233,6 +233,7 @@ static void block_forward(visc_model *m, vit *v, vit_block *b, int i, int train)
 }
 
 static void vit_forward(visc_model *m, const float *x, int train) {
+    VISC_ASSERT(m->cuda || !m->cfg.for_gpu);
     vit *v = m->impl;
     const int B = m->cfg.batch, C = v->embed, T = v->tokens, S = m->cfg.image_size;
     md_take_batch(m, v->image, x, (size_t)B * m->cfg.in_channels * S * S);
@@ -432,7 +433,7 @@ visc_model *visc_vit_create(const visc_model_config *cfg, uint64_t seed) {
     visc_arena plan;
     visc_arena_init(&plan, 0);
     plan_activations(m, v, &plan);
-    visc_arena_init(&v->arena, plan.used);
+    visc_arena_init(&v->arena, cfg->for_gpu ? 0 : plan.used); /* model.h: for_gpu */
     plan_activations(m, v, &v->arena);
     m->activation_bytes = plan.used;
 

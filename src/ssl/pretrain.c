@@ -720,9 +720,24 @@ static int save_all(pretrainer *p, int is_best) {
     return 0;
 }
 
+/* Stopped by a signal (stop_signal.c): as --max-steps, then one line on
+ * how to go on. */
+static int stop_for_signal(pretrainer *p, visc_progress *bar, int sig) {
+    char why[64];
+    snprintf(why, sizeof why, "stopped by %s", visc_signal_name(sig));
+    visc_progress_end(bar, why);
+    if (save_all(p, 0)) return -1;
+    visc_stop_signal_obeyed(sig);
+    if (p->rank == 0)
+        printf("stopped by %s after step %lld; --resume %s/checkpoint_last.safetensors goes on\n",
+               visc_signal_name(sig), (long long)p->state.step, p->c->output);
+    return 1;
+}
+
 static int run_epochs(pretrainer *p) {
     const visc_train_config *c = p->c;
     double best_top5 = 0;
+    visc_stop_signals_install(); /* as the trainer's run_epochs */
     while (p->state.epoch < c->epochs) {
         int64_t epoch = p->state.epoch;
         int64_t pos = p->state.step_in_epoch > 0 ? p->state.sample_pos : -1;
@@ -809,6 +824,9 @@ static int run_epochs(pretrainer *p) {
                 visc_progress_end(&bar, "stopped by the swarm");
                 return save_all(p, 0) ? -1 : 1;
             }
+            int sig;
+            if (visc_dist_stop_signal(p->dist, &sig)) return -1;
+            if (sig) return stop_for_signal(p, &bar, sig);
         }
         double train_time = visc_now() - t0;
         /* the online classifier on the validation set (rank 0's BN statistics) */
@@ -847,9 +865,10 @@ static void bn_sync_allreduce(void *ctx, double *buf, int n) {
 }
 
 /* The query encoder, and for MoCo its momentum copy. */
-static int make_encoders(pretrainer *p) {
+static int make_encoders(pretrainer *p, int for_gpu) {
     const visc_train_config *c = p->c;
     visc_model_config mc = c->model;
+    mc.for_gpu = for_gpu;
     mc.num_classes = mc.num_classes > 0 ? mc.num_classes : p->train->num_classes;
     mc.in_channels = p->train->channels;
     mc.image_size = p->train->height;
@@ -941,7 +960,7 @@ static int setup(pretrainer *p) {
     if (p->steps_per_epoch < 1)
         return visc_set_error("--batch-size %d is larger than the training set (%lld images)",
                               c->batch_size, (long long)p->train->size);
-    if (make_encoders(p)) return -1;
+    if (make_encoders(p, gpu_index >= 0)) return -1;
     visc_model *q = p->query;
 
     visc_opt_kind kind;

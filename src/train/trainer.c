@@ -446,10 +446,27 @@ static int stop_early(trainer *t, visc_progress *bar, epoch_sums *sums, const ch
     return save_all(t, 0) ? -1 : 1;
 }
 
+/* Stopped by a signal (stop_signal.c): as --max-steps, then one line on
+ * how to go on. */
+static int stop_for_signal(trainer *t, visc_progress *bar, epoch_sums *sums, int sig) {
+    char why[64];
+    snprintf(why, sizeof why, "stopped by %s", visc_signal_name(sig));
+    int rc = stop_early(t, bar, sums, why);
+    if (rc < 0) return -1;
+    visc_stop_signal_obeyed(sig);
+    if (t->rank == 0)
+        printf("stopped by %s after step %lld; --resume %s/checkpoint_last.safetensors goes on\n",
+               visc_signal_name(sig), (long long)t->state.step, t->c->output);
+    return rc;
+}
+
 static int run_epochs(trainer *t) {
     const visc_train_config *c = t->c;
     visc_model *m = t->model;
     double flops_per_img = 3.0 * m->flops_per_image; /* forward + backward */
+    /* from here a signal stops the run after a step, with a checkpoint
+     * (before, it ends the process: there is nothing to keep yet) */
+    visc_stop_signals_install();
     while (t->state.epoch < c->epochs) {
         int64_t epoch = t->state.epoch;
         /* Mid-epoch resume starts at the saved cursor (bad samples skipped
@@ -536,6 +553,12 @@ static int run_epochs(trainer *t) {
                 return stop_early(t, &bar, &sums, "stopped at --max-steps");
             if (c->hooks && c->hooks->should_stop && c->hooks->should_stop(c->hooks->ctx))
                 return stop_early(t, &bar, &sums, "stopped by the swarm");
+            int sig;
+            if (visc_dist_stop_signal(t->dist, &sig)) {
+                visc_progress_end(&bar, NULL);
+                return -1;
+            }
+            if (sig) return stop_for_signal(t, &bar, &sums, sig);
         }
         if (settle_steps(t, &sums, epoch)) { /* before anything is saved */
             visc_progress_end(&bar, NULL);
@@ -801,6 +824,7 @@ int visc_train(const visc_train_config *c) {
     mc.in_channels = t.train->channels;
     mc.image_size = t.train->height;
     mc.batch = B;
+    mc.for_gpu = gpu_index >= 0;
     if (mc.num_classes < t.train->num_classes) {
         visc_set_error("--num-classes %d is smaller than the dataset's %d classes", mc.num_classes,
                        t.train->num_classes);

@@ -205,9 +205,31 @@ int visc_cuda_profile_report(visc_cuda *ctx, FILE *f, int steps) {
     return visc_set_error("the stand-in GPU has no profiler");
 }
 
+/* The stand-in device's size: VISC_STANDIN_DEVICE_MEMORY ("64M"), for
+ * the tests of what a full GPU says; unset, as much as the host has. */
+static long long standin_device_bytes(void) {
+    const char *s = getenv("VISC_STANDIN_DEVICE_MEMORY");
+    long long bytes;
+    if (!s || !*s) return -1;
+    if (visc_parse_size(s, &bytes)) visc_die("VISC_STANDIN_DEVICE_MEMORY='%s': not a size", s);
+    return bytes;
+}
+
 /* "Device" memory is host memory that starts out as NaNs, so that a read
- * of anything never written shows (cudaMalloc's memory holds leftovers). */
+ * of anything never written shows (cudaMalloc's memory holds leftovers).
+ * A full device fails as cudaMalloc's does (context.cu). */
 void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes) {
+    const long long size = standin_device_bytes();
+    pthread_mutex_lock(&ctx->mu);
+    const size_t now = ctx->mem_now;
+    pthread_mutex_unlock(&ctx->mu);
+    if (size >= 0 && now + bytes > (size_t)size) {
+        visc_set_error("out of device memory: %.0f MiB needed, %.0f MiB free of %.0f MiB",
+                       (double)bytes / (1 << 20),
+                       (double)((size_t)size > now ? size - now : 0) / (1 << 20),
+                       (double)size / (1 << 20));
+        return NULL;
+    }
     float *p = visc_alloc_aligned(bytes ? bytes : 1, "stand-in device memory");
     for (size_t i = 0; i < bytes / sizeof(float); i++) p[i] = __builtin_nanf("");
     pthread_mutex_lock(&ctx->mu);

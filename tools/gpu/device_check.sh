@@ -56,7 +56,7 @@ part() {
         return 1
     fi
     if declare -F "$1" >/dev/null; then export -f "$1"; fi # a function of this script
-    timeout $left bash -c '"$@"' "$name" "$@" >"$OUT/$name.log" 2>&1
+    timeout -k 10 $left bash -c '"$@"' "$name" "$@" >"$OUT/$name.log" 2>&1
     rc=$?
     printf '%-10s %s (exit %d, %ds)%s\n' "$name" "$([ $rc -eq 0 ] && echo ok || echo FAILED)" \
         $rc $(($(date +%s) - start)) "$([ "$required" = 1 ] || echo ', informational')" |
