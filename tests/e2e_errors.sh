@@ -3,7 +3,7 @@
 # (signals give 128+N), never a hang, never a half-written checkpoint.
 set -uo pipefail
 V=${VISC:-build/visc}
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+tmp=$(mktemp -d); trap 'umount "$tmp/full" 2>/dev/null; rm -rf "$tmp"' EXIT
 fails=0
 expect_error() { # expect_error PATTERN ARGS...
     local pattern=$1; shift
@@ -87,11 +87,28 @@ expect_error "checkpoint_last.safetensors" train "${quick[@]}" --max-steps 1 --o
 [ "$(md5sum <"$tmp/blocked/model_last.safetensors")" = "$before" ] || { echo "FAIL: model file changed"; fails=$((fails + 1)); }
 if ls "$tmp/blocked" | grep -q tmp; then echo "FAIL: temporary file left behind"; fails=$((fails + 1)); fi
 
+# A full disk (a 2 MiB tmpfs: the model file fits, the checkpoint with its
+# optimizer state does not): one line naming the file and the cause, the
+# model file already there untouched, no temporary file left behind.
+mkdir -p "$tmp/full"
+if ! mount -t tmpfs -o size=2m tmpfs "$tmp/full"; then
+    echo "FAIL: cannot mount a tmpfs for the full-disk case (the tests run as root)"
+    fails=$((fails + 1))
+else
+    cp "$tmp/good/model_last.safetensors" "$tmp/full/"
+    before=$(md5sum <"$tmp/full/model_last.safetensors")
+    expect_error "cannot write '$tmp/full/checkpoint_last.safetensors' (write failed): No space left on device" \
+        train "${quick[@]}" --max-steps 1 --output "$tmp/full"
+    [ "$(md5sum <"$tmp/full/model_last.safetensors")" = "$before" ] || { echo "FAIL: model file changed on a full disk"; fails=$((fails + 1)); }
+    if ls "$tmp/full" | grep -q tmp; then echo "FAIL: temporary file left on a full disk"; fails=$((fails + 1)); fi
+    umount "$tmp/full"
+fi
+
 # Plans larger than the memory there is: one line before anything is
 # touched, where Linux's overcommit would let the allocation through and
 # kill the process without a word once it is filled. VISC_MEMORY_LIMIT
 # stands in for a small machine, so the case is the same on every runner.
-big=(--data "flat:$shared/imagenet-samples" --img-size 224 --batch-size 32 --max-steps 1 --no-progress)
+big=(--data "flat:$shared/imagenet-samples" --img-size 224 --batch-size 64 --max-steps 1 --no-progress)
 VISC_MEMORY_LIMIT=3G expect_error "not enough memory for the activation arena: [0-9]* MiB needed.*grad-checkpointing" \
     train --model resnet50 "${big[@]}" --output "$tmp/small-machine"
 [ ! -e "$tmp/small-machine/checkpoint_last.safetensors" ] || { echo "FAIL: a refused run wrote a checkpoint"; fails=$((fails + 1)); }

@@ -173,6 +173,79 @@ TEST(conv_7x7_on_3x2_plane) {
     run_conv_case(&(conv_shape){2, 3, 3, 2, 4, 7, 7, 2, 3, 1, 1, 0}, 14);
 }
 
+/* Every convolution shares one workspace (conv2d.c): a layer's results do
+ * not depend on what another left there (NaNs everywhere it reached, in
+ * blocked layouts whose channel padding a layer with 5 channels reads
+ * past), nor on the workspace growing after the layer was made (its
+ * memories point at the new one). Bit for bit. */
+typedef struct {
+    visc_conv2d c;
+    float *in, *w, *out, *dout, *din, *dw;
+} conv_run;
+
+static void conv_run_make(conv_run *r, const conv_shape *s, uint64_t seed, float fill_with) {
+    visc_conv2d_init(&r->c, s->N, s->C, s->H, s->W, s->K, s->R, s->S, s->stride, s->pad, s->dil,
+                     s->groups, 0);
+    size_t nin = (size_t)s->N * s->C * s->H * s->W, nw = (size_t)s->K * s->C * s->R * s->S;
+    size_t nout = (size_t)s->N * s->K * r->c.P * r->c.Q;
+    r->in = falloc(nin), r->w = falloc(nw), r->out = falloc(nout), r->dout = falloc(nout);
+    r->din = falloc(nin), r->dw = falloc(nw);
+    visc_rng g = visc_rng_make(seed, 0, 0);
+    fill(&g, r->in, nin, -1, 1);
+    fill(&g, r->w, nw, -0.5f, 0.5f);
+    fill(&g, r->dout, nout, -1, 1);
+    if (fill_with != 0.0f)
+        for (size_t i = 0; i < nin; i++) r->in[i] = r->dout[i % nout] = fill_with;
+}
+
+static void conv_run_step(conv_run *r) {
+    visc_conv2d_forward(&r->c, r->out, r->in, r->w, NULL);
+    visc_conv2d_backward(&r->c, r->din, r->dw, NULL, r->dout, r->in, r->w);
+}
+
+static int conv_run_same(const conv_run *r, const float *out, const float *din, const float *dw) {
+    const visc_conv2d *c = &r->c;
+    size_t nin = (size_t)c->N * c->C * c->H * c->W, nw = (size_t)c->K * c->C * c->R * c->S;
+    size_t nout = (size_t)c->N * c->K * c->P * c->Q;
+    return !memcmp(out, r->out, nout * 4) && !memcmp(din, r->din, nin * 4) &&
+           !memcmp(dw, r->dw, nw * 4);
+}
+
+static void conv_run_free(conv_run *r) {
+    visc_conv2d_destroy(&r->c);
+    free(r->in), free(r->w), free(r->out), free(r->dout), free(r->din), free(r->dw);
+}
+
+TEST(conv_layers_share_a_workspace) {
+    /*                                        N  C   H   W   K  R  S st pd dl g bias */
+    const conv_shape odd = {2, 5, 9, 9, 20, 3, 3, 1, 1, 1, 1, 0};
+    const conv_shape big = {2, 16, 12, 12, 32, 3, 3, 1, 1, 1, 1, 0};
+    const conv_shape bigger = {2, 32, 16, 16, 48, 3, 3, 1, 1, 1, 1, 0};
+    conv_run a, b, c;
+    conv_run_make(&a, &odd, 41, 0.0f);
+    size_t nin = (size_t)2 * 5 * 9 * 9, nw = (size_t)20 * 5 * 9, nout = (size_t)2 * 20 * 9 * 9;
+    float *out = falloc(nout), *din = falloc(nin), *dw = falloc(nw);
+    conv_run_step(&a); /* alone: the workspace is its own */
+    memcpy(out, a.out, nout * 4), memcpy(din, a.din, nin * 4), memcpy(dw, a.dw, nw * 4);
+    CHECK(isfinite(out[0]) && isfinite(din[0]) && isfinite(dw[0]));
+
+    conv_run_make(&b, &big, 42, NAN); /* grows it: a's memories now point at a freed one */
+    conv_run_step(&b);
+    conv_run_step(&a);
+    CHECK(conv_run_same(&a, out, din, dw));
+    conv_run_make(&c, &bigger, 43, NAN); /* grows it again */
+    conv_run_step(&c);
+    conv_run_step(&b);
+    conv_run_step(&a);
+    CHECK(conv_run_same(&a, out, din, dw));
+    conv_run_free(&c);
+    conv_run_free(&b);
+    conv_run_step(&a);
+    CHECK(conv_run_same(&a, out, din, dw));
+    conv_run_free(&a);
+    free(out), free(din), free(dw);
+}
+
 /* ============================== batchnorm2d ============================= */
 
 typedef struct {

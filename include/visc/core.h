@@ -46,10 +46,10 @@ int visc_parse_size(const char *s, long long *bytes);
  * VISC_MEMORY_LIMIT ("8G", "512M") over this process's resident set;
  * SIZE_MAX where none of these can be read. */
 size_t visc_memory_available(void);
-/* Dies with "not enough memory for <what>: N MiB needed, M MiB available
- * (<hint>)"
- * when an allocation of 64 MiB or more would not fit; the allocators above
- * call it, and so does visc_arena_init with advice on what needs less. */
+/* Dies with "not enough memory for <what>: N MiB needed, M MiB available,
+ * 256 of them kept for the rest of the run (<hint>)" when an allocation of
+ * 64 MiB or more would not leave 256 MiB; the allocators above call it,
+ * and so does visc_arena_init with advice on what needs less. */
 void visc_require_memory(size_t bytes, const char *what, const char *hint);
 /* What a plan too large for its memory (host or device) is told. */
 #define VISC_ARENA_ADVICE "a smaller batch or image size, or --grad-checkpointing, needs less"

@@ -10,6 +10,10 @@
 /* Below this an allocation is not checked against the free memory: the
  * check reads /proc, and small buffers cannot be what sinks a machine. */
 #define CHECKED_ALLOCATION_BYTES ((size_t)64 << 20)
+/* What a checked allocation leaves for everything else the run still
+ * allocates (the loader's images, oneDNN's primitives, small buffers):
+ * an arena that took all but a few MiB got the process killed later. */
+#define RESERVED_BYTES ((size_t)256 << 20)
 
 /* The "Name: N kB" field of /proc/meminfo, in bytes; -1 when absent. */
 static long long meminfo_bytes(const char *text, const char *name) {
@@ -102,12 +106,14 @@ size_t visc_memory_available(void) {
 void visc_require_memory(size_t bytes, const char *what, const char *hint) {
     if (bytes < CHECKED_ALLOCATION_BYTES) return;
     size_t avail = visc_memory_available();
-    if (bytes <= avail) return;
+    if (bytes <= avail && avail - bytes >= RESERVED_BYTES) return;
     /* Linux overcommits: malloc would succeed and the first touch of these
      * pages would get the process killed without a word. */
-    visc_die("not enough memory for %s: %.0f MiB needed, %.0f MiB available%s%s%s", what,
-             (double)bytes / (1 << 20), (double)avail / (1 << 20), hint ? " (" : "",
-             hint ? hint : "", hint ? ")" : "");
+    visc_die("not enough memory for %s: %.0f MiB needed, %.0f MiB available, %.0f of them kept "
+             "for the rest of the run%s%s%s",
+             what, (double)bytes / (1 << 20), (double)avail / (1 << 20),
+             (double)RESERVED_BYTES / (1 << 20), hint ? " (" : "", hint ? hint : "",
+             hint ? ")" : "");
 }
 
 void *visc_malloc(size_t bytes, const char *what) {
