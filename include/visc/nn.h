@@ -35,6 +35,11 @@ typedef struct {
 
 void visc_conv2d_init(visc_conv2d *c, int N, int C, int H, int W, int K, int R, int S, int stride,
                       int pad, int dilation, int groups, int has_bias);
+/* The shape alone, for a layer of a model bound for a GPU (model.h:
+ * for_gpu), which reads only the shape: no oneDNN primitives, no share of
+ * the CPU's workspace; a CPU forward or backward of it is a bug (asserted). */
+void visc_conv2d_init_shape(visc_conv2d *c, int N, int C, int H, int W, int K, int R, int S,
+                            int stride, int pad, int dilation, int groups, int has_bias);
 void visc_conv2d_forward(visc_conv2d *c, float *out, const float *in, const float *weight,
                          const float *bias);
 /* din may be NULL; dbias is ignored without bias. */

@@ -112,7 +112,10 @@ static void add_conv(visc_model *m, conv_layer *c, const char *name, int N, int 
     char key[VISC_MAX_NAME + 16]; /* names are short; visc_table_add checks the length */
     snprintf(key, sizeof key, "%s.weight", name);
     c->weight = visc_table_add(&m->params, key, 4, shape, 0);
-    visc_conv2d_init(&c->op, N, C, H, H, K, kernel, kernel, stride, kernel / 2, 1, 1, 0);
+    /* a GPU's convolutions are cuDNN's: the shape is all it reads */
+    (m->cfg.for_gpu ? visc_conv2d_init_shape : visc_conv2d_init)(&c->op, N, C, H, H, K, kernel,
+                                                                 kernel, stride, kernel / 2, 1, 1,
+                                                                 0);
 }
 
 static void add_bn(visc_model *m, resnet *r, bn_layer *b, const char *name, int N, int C, int HW,

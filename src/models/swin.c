@@ -1013,8 +1013,9 @@ visc_model *visc_swin_create(const visc_model_config *cfg, uint64_t seed) {
     s->pe_b = visc_table_add(&m->params, "patch_embed.proj.bias", 1, pb, BIAS_FLAGS);
     s->pe_nw = visc_table_add(&m->params, "patch_embed.norm.weight", 1, pb, NORM_FLAGS);
     s->pe_nb = visc_table_add(&m->params, "patch_embed.norm.bias", 1, pb, NORM_FLAGS);
-    visc_conv2d_init(&s->patch, B, cfg->in_channels, S, S, E, sp->patch, sp->patch, sp->patch, 0, 1,
-                     1, 1);
+    (cfg->for_gpu ? visc_conv2d_init_shape : visc_conv2d_init)(&s->patch, B, cfg->in_channels, S, S,
+                                                               E, sp->patch, sp->patch, sp->patch,
+                                                               0, 1, 1, 1);
     int C = E, res = s->grid, site = 0, total = 0;
     for (int i = 0; i < sp->stages; i++) total += sp->depths[i];
     for (int i = 0; i < sp->stages; i++)

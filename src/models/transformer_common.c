@@ -170,8 +170,9 @@ void visc_tf_add_patch_embed(visc_model *m, visc_tf_patch_embed *p, const char *
     p->grid = image / patch;
     p->tokens = tokens;
     p->first = first;
-    visc_conv2d_init(&p->conv, batch, in_channels, image, image, C, patch, patch, patch, 0, 1, 1,
-                     1);
+    (m->cfg.for_gpu ? visc_conv2d_init_shape : visc_conv2d_init)(&p->conv, batch, in_channels,
+                                                                 image, image, C, patch, patch,
+                                                                 patch, 0, 1, 1, 1);
 }
 
 void visc_tf_patch_embed_forward(visc_model *m, visc_tf_patch_embed *p, float *tokens,

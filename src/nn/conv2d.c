@@ -275,8 +275,8 @@ static const dnnl_memory_desc_t *pd_md(const_dnnl_primitive_desc_t pd, dnnl_quer
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 
-void visc_conv2d_init(visc_conv2d *c, int N, int C, int H, int W, int K, int R, int S, int stride,
-                      int pad, int dilation, int groups, int has_bias) {
+void visc_conv2d_init_shape(visc_conv2d *c, int N, int C, int H, int W, int K, int R, int S,
+                            int stride, int pad, int dilation, int groups, int has_bias) {
     VISC_ASSERT(N > 0 && C > 0 && H > 0 && W > 0 && K > 0 && R > 0 && S > 0);
     VISC_ASSERT(stride > 0 && pad >= 0 && dilation > 0 && groups > 0);
     /* cppcheck-suppress zerodivcond ; the assert above dies when groups <= 0 */
@@ -289,6 +289,12 @@ void visc_conv2d_init(visc_conv2d *c, int N, int C, int H, int W, int K, int R, 
     c->Q = (W + 2 * pad - dilation * (S - 1) - 1) / stride + 1;
     VISC_ASSERT(c->P > 0 && c->Q > 0);
     c->device = VISC_DEVICE_CPU;
+    c->impl = NULL;
+}
+
+void visc_conv2d_init(visc_conv2d *c, int N, int C, int H, int W, int K, int R, int S, int stride,
+                      int pad, int dilation, int groups, int has_bias) {
+    visc_conv2d_init_shape(c, N, C, H, W, K, R, S, stride, pad, dilation, groups, has_bias);
     conv_impl *im = visc_calloc(1, sizeof *im, "conv2d primitives");
     c->impl = im;
     if (use_dense(c)) {
@@ -393,7 +399,9 @@ void visc_conv2d_init(visc_conv2d *c, int N, int C, int H, int W, int K, int R, 
 
 void visc_conv2d_forward(visc_conv2d *c, float *out, const float *in, const float *weight,
                          const float *bias) {
+    VISC_ASSERT(c->impl); /* not a visc_conv2d_init_shape layer */
     conv_impl *im = c->impl;
+    /* cppcheck-suppress nullPointerRedundantCheck ; asserted non-NULL above */
     if (im->is_dense) {
         dense_forward(c, im, out, in, weight, c->has_bias ? bias : NULL);
         return;
@@ -414,7 +422,9 @@ void visc_conv2d_forward(visc_conv2d *c, float *out, const float *in, const floa
 
 void visc_conv2d_backward(visc_conv2d *c, float *din, float *dweight, float *dbias,
                           const float *dout, const float *in, const float *weight) {
+    VISC_ASSERT(c->impl); /* not a visc_conv2d_init_shape layer */
     conv_impl *im = c->impl;
+    /* cppcheck-suppress nullPointerRedundantCheck ; asserted non-NULL above */
     if (im->is_dense) {
         dense_backward(c, im, din, dweight, dbias, dout, in, weight);
         return;
