@@ -73,12 +73,12 @@ void visc_arena_free(visc_arena *a);
  * signal ends the process at once. */
 void visc_stop_signals_install(void);
 int visc_stop_signal(void); /* the signal received, 0 none */
-/* A rank that stops for another rank's signal records it as its own. */
-void visc_stop_signal_note(int sig);
-/* A training loop that stopped for the signal says so (after saving), and
- * the program's exit status is then 128 + its number; 0 while no loop
- * did (a signal after the last step changes nothing). */
-void visc_stop_signal_obeyed(int sig);
+/* A training loop that stopped for sig (any rank's: dist.h) after step,
+ * its checkpoint saved in output, says so: one line on rank 0, and the
+ * program's exit status is then 128 + the signal's number. */
+void visc_stop_signal_obeyed(int sig, long long step, const char *output, int rank);
+/* 0 while no loop stopped for a signal (one after the last step changes
+ * nothing). */
 int visc_stop_signal_exit_status(void);
 const char *visc_signal_name(int sig);
 

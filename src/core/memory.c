@@ -136,13 +136,18 @@ void *visc_realloc(void *old, size_t bytes, const char *what) {
     return p;
 }
 
-void *visc_alloc_aligned(size_t bytes, const char *what) {
+/* 64-byte aligned and zeroed; hint: what the refusal advises (NULL none) */
+static void *zeroed_aligned(size_t bytes, const char *what, const char *hint) {
     size_t rounded = (bytes + 63) & ~(size_t)63;
-    visc_require_memory(rounded, what, NULL);
+    visc_require_memory(rounded, what, hint);
     void *p = aligned_alloc(64, rounded ? rounded : 64);
     if (!p) visc_die("out of memory allocating %zu bytes for %s", bytes, what);
     memset(p, 0, rounded ? rounded : 64);
     return p;
+}
+
+void *visc_alloc_aligned(size_t bytes, const char *what) {
+    return zeroed_aligned(bytes, what, NULL);
 }
 
 void visc_free_aligned(void *p) { free(p); }
@@ -158,8 +163,7 @@ void visc_arena_init(visc_arena *a, size_t bytes) {
     a->size = bytes;
     a->used = 0;
     a->device = VISC_DEVICE_CPU;
-    visc_require_memory(bytes, "the activation arena", VISC_ARENA_ADVICE);
-    a->base = bytes ? visc_alloc_aligned(bytes, "activation arena") : NULL;
+    a->base = bytes ? zeroed_aligned(bytes, "the activation arena", VISC_ARENA_ADVICE) : NULL;
 }
 
 void *visc_arena_take(visc_arena *a, size_t bytes) {

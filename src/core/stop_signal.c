@@ -9,6 +9,7 @@
  * signal gets the default action and ends the process at once. */
 #define _POSIX_C_SOURCE 200809L
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -37,13 +38,14 @@ void visc_stop_signals_install(void) {
 
 int visc_stop_signal(void) { return received; }
 
-void visc_stop_signal_note(int sig) {
-    if (!received) received = sig;
-}
-
 static int obeyed;
 
-void visc_stop_signal_obeyed(int sig) { obeyed = sig; }
+void visc_stop_signal_obeyed(int sig, long long step, const char *output, int rank) {
+    obeyed = sig;
+    if (rank == 0)
+        printf("stopped by %s after step %lld; --resume %s/checkpoint_last.safetensors goes on\n",
+               visc_signal_name(sig), step, output);
+}
 
 int visc_stop_signal_exit_status(void) { return obeyed ? 128 + obeyed : 0; }
 

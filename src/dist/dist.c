@@ -401,7 +401,6 @@ int visc_dist_stop_signal(visc_dist *d, int *sig) {
     int64_t any = *sig;
     if (visc_dist_allreduce(d, &any, 1, VISC_DT_I64, VISC_OP_MAX)) return -1;
     *sig = (int)any;
-    visc_stop_signal_note(*sig);
     return 0;
 }
 

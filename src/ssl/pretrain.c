@@ -727,10 +727,7 @@ static int stop_for_signal(pretrainer *p, visc_progress *bar, int sig) {
     snprintf(why, sizeof why, "stopped by %s", visc_signal_name(sig));
     visc_progress_end(bar, why);
     if (save_all(p, 0)) return -1;
-    visc_stop_signal_obeyed(sig);
-    if (p->rank == 0)
-        printf("stopped by %s after step %lld; --resume %s/checkpoint_last.safetensors goes on\n",
-               visc_signal_name(sig), (long long)p->state.step, p->c->output);
+    visc_stop_signal_obeyed(sig, (long long)p->state.step, p->c->output, p->rank);
     return 1;
 }
 

@@ -453,10 +453,7 @@ static int stop_for_signal(trainer *t, visc_progress *bar, epoch_sums *sums, int
     snprintf(why, sizeof why, "stopped by %s", visc_signal_name(sig));
     int rc = stop_early(t, bar, sums, why);
     if (rc < 0) return -1;
-    visc_stop_signal_obeyed(sig);
-    if (t->rank == 0)
-        printf("stopped by %s after step %lld; --resume %s/checkpoint_last.safetensors goes on\n",
-               visc_signal_name(sig), (long long)t->state.step, t->c->output);
+    visc_stop_signal_obeyed(sig, (long long)t->state.step, t->c->output, t->rank);
     return rc;
 }
 
