@@ -18,7 +18,9 @@
  *                    [--classes 10] [--in-channels 3] [--small-stem]
  *                    [--warmup 3] [--steps 10] [--seconds 0] [--threads 0]
  *                    [--no-peak] [--quiet] [--precision fp32|bf16]
- *                    [--device cpu|cuda|cuda:N] [--profile N]
+ *                    [--device cpu|cuda|cuda:N] [--profile N] [--cudnn-benchmark]
+ * --cudnn-benchmark (GPU): convolution algorithms by cuDNN's timed search
+ * (train's flag of that name; PyTorch's cudnn.benchmark).
  * --profile N (GPU): after the timed steps, N more under the CUDA backend's
  * profiler, then its table: GPU time per kind of work (each kernel, cuDNN
  * convolution and cuBLASLt product), per step.
@@ -49,7 +51,7 @@
 
 typedef struct {
     visc_model_config model;
-    int warmup, steps, threads, peak, quiet, profile;
+    int warmup, steps, threads, peak, quiet, profile, cudnn_benchmark;
     double seconds;
     visc_precision precision;
     char device[16]; /* cpu | cuda | cuda:N */
@@ -59,7 +61,7 @@ static void usage(void) {
     fprintf(stderr, "usage: bench_train [--model NAME] [--batch N] [--image-size PX] "
                     "[--classes K] [--in-channels C] [--small-stem] [--warmup N] [--steps N] "
                     "[--seconds S] [--threads N] [--no-peak] [--quiet] [--precision fp32|bf16] "
-                    "[--device cpu|cuda|cuda:N] [--profile N]\n");
+                    "[--device cpu|cuda|cuda:N] [--profile N] [--cudnn-benchmark]\n");
     exit(2);
 }
 
@@ -95,6 +97,7 @@ static options parse(int argc, char **argv) {
         else if (!strcmp(a, "--no-peak")) o.peak = 0;
         else if (!strcmp(a, "--quiet")) o.quiet = 1;
         else if (!strcmp(a, "--profile")) o.profile = int_arg(argc, argv, &i);
+        else if (!strcmp(a, "--cudnn-benchmark")) o.cudnn_benchmark = 1;
         else if (!strcmp(a, "--device") && i + 1 < argc)
             snprintf(o.device, sizeof o.device, "%s", argv[++i]);
         else if (!strcmp(a, "--precision") && i + 1 < argc) {
@@ -199,6 +202,7 @@ int main(int argc, char **argv) {
         gpu = visc_gpu_open(gpu_index);
         if (!gpu || visc_gpu_memory_used(gpu, &mem0)) visc_die("%s", visc_last_error());
         visc_gpu_set_precision(gpu, o.precision);
+        visc_gpu_set_conv_benchmark(gpu, o.cudnn_benchmark);
     } else {
         o.precision = visc_set_matmul_precision(o.precision);
     }

@@ -118,9 +118,12 @@ awk -v a="$top1" -v b="$(sed 's/.*top1 \([0-9.]*\)%.*/\1/' <<<"$cpu")" \
     { echo "FAIL: the CPU evaluates the GPU's model to another accuracy than logged ($top1)"; exit 1; }
 # The same epoch in bf16 (the ResNet's activations bf16 channels-last, its
 # convolutions and the classifier with bf16 operands, fp32 accumulation):
-# it must learn as well.
+# it must learn as well. Its convolutions' algorithms come from cuDNN's
+# timed search (--cudnn-benchmark; the benchmark and test_cuda_model run
+# the heuristic's in bf16).
 "$V" train --config configs/fashion_mnist.ini --data "$data" --epochs 1 --warmup-epochs 0.3 \
-    --device cuda --precision bf16 --no-progress --print-freq 100 --output "$tmp/gpu-bf16" |
+    --device cuda --precision bf16 --cudnn-benchmark --no-progress --print-freq 100 \
+    --output "$tmp/gpu-bf16" |
     tee "$tmp/gpu-bf16.log"
 grep -q ', bf16 matmuls, on cuda$' <(head -1 "$tmp/gpu-bf16.log")
 top1=$(grep '"type":"val"' "$tmp/gpu-bf16/log.jsonl" | tail -1 | sed 's/.*"top1":\([0-9.]*\).*/\1/')

@@ -316,7 +316,18 @@ TEST(add_and_add_inplace) {
     fill_uniform(a, n, -1, 1, 16);
     visc_add_inplace(a, b, n);
     CHECK_ARRAYS("add_inplace", a, want, n, 0, 0);
-    free(a), free(b), free(out), free(want);
+    /* two gradient paths joined through a ReLU: the sum where the ReLU's
+     * output is positive (0 at an output of exactly 0), aliased either way */
+    float *relu_out = malloc(sizeof(float) * n);
+    fill_uniform(relu_out, n, -1, 1, 18);
+    for (int i = 0; i < n; i += 7) relu_out[i] = 0.0f;
+    fill_uniform(a, n, -1, 1, 16);
+    for (int i = 0; i < n; i++) want[i] = relu_out[i] > 0.0f ? a[i] + b[i] : 0.0f;
+    visc_add_relu_backward(out, a, b, relu_out, n);
+    CHECK_ARRAYS("add_relu_backward", out, want, n, 0, 0);
+    visc_add_relu_backward(b, a, b, relu_out, n); /* din aliases b */
+    CHECK_ARRAYS("add_relu_backward aliased", b, want, n, 0, 0);
+    free(a), free(b), free(out), free(want), free(relu_out);
 }
 
 /* ---- dropout ---- */

@@ -118,6 +118,13 @@ void *visc_cuda_alloc(visc_cuda *ctx, size_t bytes); /* NULL with the error set 
  * norm's sums in another fixed order), a way round the wide accesses
  * should they fail on a device. */
 void visc_cuda_set_vector_access(visc_cuda *ctx, int on);
+/* Convolution algorithms: by default cuDNN's heuristic's first
+ * deterministic choice per shape, the same on every run; on (as PyTorch's
+ * cudnn.benchmark), the fastest deterministic one that cuDNN's timed
+ * search finds at a shape's first use, which may differ from run to run
+ * and so give other last bits. A shape's choice is kept: set this before
+ * its first convolution. */
+void visc_cuda_set_conv_benchmark(visc_cuda *ctx, int on);
 /* Products with a bias take it in cuBLASLt's epilogue; where cuBLASLt has
  * no algorithm for that, the bias is added by a kernel (a note says so
  * once). Off, always by the kernel: the kernel test's way to that path. A
@@ -475,13 +482,19 @@ int visc_cuda_linear_forward_to_operand(visc_cuda *ctx, float *out, const float 
 int visc_cuda_add(visc_cuda *ctx, float *out, const float *a, const float *b, size_t n);
 /* out = relu(out + identity): the end of a residual block */
 int visc_cuda_add_relu(visc_cuda *ctx, float *out, const float *identity, size_t n);
-/* The same three on bf16 tensors (the sum in fp32, rounded to bf16). */
+/* din = a + b where out > 0, else 0, as visc_add_relu_backward (din may
+ * alias a or b) */
+int visc_cuda_add_relu_backward(visc_cuda *ctx, float *din, const float *a, const float *b,
+                                const float *out, size_t n);
+/* The same on bf16 tensors (the sum in fp32, rounded to bf16). */
 int visc_cuda_add_bf16(visc_cuda *ctx, uint16_t *out, const uint16_t *a, const uint16_t *b,
                        size_t n);
 int visc_cuda_add_relu_bf16(visc_cuda *ctx, uint16_t *out, const uint16_t *identity, size_t n);
 /* din = dout where out > 0, else 0 (din may alias dout) */
 int visc_cuda_relu_backward_bf16(visc_cuda *ctx, uint16_t *din, const uint16_t *dout,
                                  const uint16_t *out, size_t n);
+int visc_cuda_add_relu_backward_bf16(visc_cuda *ctx, uint16_t *din, const uint16_t *a,
+                                     const uint16_t *b, const uint16_t *out, size_t n);
 int visc_cuda_zero(visc_cuda *ctx, void *p, size_t bytes);
 int visc_cuda_copy(visc_cuda *ctx, void *dst, const void *src, size_t bytes);
 
@@ -593,11 +606,15 @@ int visc_cuda_batchnorm_forward_eval_add(visc_cuda *ctx, const visc_cuda_bn_shap
                                          const void *in, const void *residual, const float *gamma,
                                          const float *beta, const float *running_mean,
                                          const float *running_var);
-/* din may be NULL (parameter gradients only) or alias dout. */
+/* din may be NULL (parameter gradients only) or alias dout. out: the
+ * forward's output, for the fused ReLU's mask; NULL: the mask from that
+ * output made again from in, gamma, beta and the saved statistics (the
+ * same bits where the output came from them: after a training forward),
+ * one read of a tensor fewer in each of the two passes. */
 int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *din,
                                  float *dgamma, float *dbeta, const void *dout, const void *in,
-                                 const void *out, const float *gamma, const float *save_mean,
-                                 const float *save_rstd);
+                                 const void *out, const float *gamma, const float *beta,
+                                 const float *save_mean, const float *save_rstd);
 /* Synchronized statistics (SyncBN), as visc_batchnorm2d_sync_* (nn.h) in
  * the same order with the same acc (2C + 1 doubles on the host): each
  * pass copies what it needs of acc to the device and what it produces

@@ -68,6 +68,9 @@ void visc_gpu_close(visc_cuda *ctx);
  * before a model moves here: its arena is planned for it. Unlike the
  * CPU's, bf16 is always there. */
 void visc_gpu_set_precision(visc_cuda *ctx, visc_precision p);
+/* --cudnn-benchmark: each convolution shape's algorithm by cuDNN's timed
+ * search instead of its heuristic (visc_cuda_set_conv_benchmark). */
+void visc_gpu_set_conv_benchmark(visc_cuda *ctx, int on);
 /* Waits for the queued work; -1 with the error if any of it failed. */
 int visc_gpu_sync(visc_cuda *ctx);
 /* Device memory in use on the device, in bytes (-1 with the error). */
@@ -204,10 +207,15 @@ void visc_gpu_batchnorm2d_forward_eval_add_relu(visc_cuda *ctx, const visc_batch
                                                 const void *identity, const float *gamma,
                                                 const float *beta, const float *running_mean,
                                                 const float *running_var);
+/* out: the forward's output (its fused ReLU's mask), read under SyncBN;
+ * a process alone makes the mask again from in, gamma, beta and the saved
+ * statistics instead, so out may be NULL there (the output of a training
+ * forward: visc_cuda_batchnorm_backward). */
 void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, visc_gpu_act act,
                                    void *din, float *dgamma, float *dbeta, const void *dout,
                                    const void *in, const void *out, const float *gamma,
-                                   const float *save_mean, const float *save_rstd);
+                                   const float *beta, const float *save_mean,
+                                   const float *save_rstd);
 void visc_gpu_maxpool2d_forward(visc_cuda *ctx, const visc_pool2d *p, visc_gpu_act act, void *out,
                                 int32_t *argmax, const void *in);
 void visc_gpu_maxpool2d_backward(visc_cuda *ctx, const visc_pool2d *p, visc_gpu_act act, void *din,
@@ -220,9 +228,12 @@ void visc_gpu_global_avgpool_backward(visc_cuda *ctx, visc_gpu_act act, void *di
 /* out = relu(out + identity): a residual block's end after its norm (SyncBN's: a
  * process alone adds in the norm's pass, visc_gpu_batchnorm2d_*_add_relu) */
 void visc_gpu_add_relu(visc_cuda *ctx, visc_gpu_act act, void *out, const void *identity, size_t n);
-/* out = a + b and ReLU's backward (masked by the output) in either form */
+/* out = a + b and ReLU's backward (masked by the output) in either form;
+ * and the two in one pass, din = a + b where out > 0 */
 void visc_gpu_cnn_add(visc_cuda *ctx, visc_gpu_act act, void *out, const void *a, const void *b,
                       size_t n);
+void visc_gpu_cnn_add_relu_backward(visc_cuda *ctx, visc_gpu_act act, void *din, const void *a,
+                                    const void *b, const void *out, size_t n);
 void visc_gpu_cnn_relu_backward(visc_cuda *ctx, visc_gpu_act act, void *din, const void *dout,
                                 const void *out, size_t n);
 

@@ -169,6 +169,10 @@ void visc_relu_backward(float *din, const float *dout, const float *out, size_t 
 void visc_add_forward(float *out, const float *a, const float *b,
                       size_t n);                             /* out may alias a or b */
 void visc_add_inplace(float *acc, const float *x, size_t n); /* acc += x */
+/* din = a + b where out > 0, else 0: two gradient paths joining at the
+ * output of a ReLU (a ResNet block's input), and the ReLU's backward, in
+ * one pass with the bits of the two. din may alias a or b. */
+void visc_add_relu_backward(float *din, const float *a, const float *b, const float *out, size_t n);
 
 /* ---- dropout.c: inverted dropout; the mask is a pure function of (seed, offset) ---- */
 /* mask: [n] bytes (1 kept, 0 dropped), kept for backward. p in [0, 1). */

@@ -71,6 +71,8 @@ typedef struct {
     char precision[8]; /* fp32 | bf16: the linear layers' products (nn.h; on a CPU without
                         * bf16, fp32), on a GPU also the ResNets' convolutions (gpu.h) */
     char device[16];   /* cpu | cuda | cuda:N (gpu.h) */
+    /* GPU convolutions' algorithms by cuDNN's timed search (gpu.h) */
+    int cudnn_benchmark;
     char output[512], resume[512], weights[512];
     /* data-parallel processes (dist.h): under mpirun the batch is split
      * over the ranks, each reads its shard, gradients are averaged */

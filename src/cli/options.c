@@ -86,6 +86,9 @@ static const option options[] = {
      "ResNets' convolutions)"},
     {"device", NULL, STR, O(device),
      "where the model trains: cpu | cuda | cuda:N (under mpirun, cuda: each rank its own GPU)"},
+    {"cudnn-benchmark", NULL, FLAG, O(cudnn_benchmark),
+     "GPU: each convolution shape's algorithm by cuDNN's timed search, the fastest deterministic "
+     "one (PyTorch's cudnn.benchmark; runs may then differ in their last bits)"},
     {"workers", "j", INT, O(workers), "data loading threads (default: all cores)"},
     {"print-freq", "p", INT, O(print_freq), "log every N steps"},
     {"output", "o", STR, O(output), "folder for checkpoints and logs"},

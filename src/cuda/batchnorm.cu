@@ -26,7 +26,9 @@
  * kernels' test's tolerances). A ResNet block's last norm may also add
  * the block's residual and apply the ReLU in its output pass
  * (visc_cuda_batchnorm_*_add); visc_cuda_batchnorm_apply writes a
- * training forward's output again from its saved statistics. */
+ * training forward's output again from its saved statistics, and the
+ * backward passes, given no output, make its ReLU mask again the same
+ * way (bn_dy) instead of reading it. */
 #include <cuda_bf16.h>
 
 #include "common.cuh"
@@ -194,15 +196,49 @@ __device__ __forceinline__ void bn_out(const visc_cuda_bn_shape &s, void *out, c
     act_stv<V>(out, a, s.bf16, y);
 }
 
+/* What a backward pass needs to make the forward's output again where it
+ * does not read it (out NULL): the saved mean, the scale gamma rstd and
+ * the shift beta, as bn_finish_kernel had them (0 for a NULL gamma or
+ * beta: SyncBN's passes, which read out). */
+template <int V> struct bn_refit { float mean[V], scale[V], shift[V]; };
+
+template <int V>
+__device__ __forceinline__ bn_refit<V> bn_refit_of(const bn_lane &L, const float *gamma,
+                                                   const float *beta, const float *save_mean,
+                                                   const float *save_rstd) {
+    bn_refit<V> r;
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        const int c = L.c + j;
+        r.mean[j] = save_mean[c];
+        r.scale[j] = gamma ? (float)(gamma[c] * (double)save_rstd[c]) : 0.0f;
+        r.shift[j] = beta ? beta[c] : 0.0f;
+    }
+    return r;
+}
+
 /* dout at a .. a + V - 1 masked by the fused ReLU: the gradient reaching
- * bn's output. */
+ * bn's output. The mask is the forward's output, read from out, or with
+ * out NULL made again from x (the input at a) by bn_finish_kernel's
+ * arithmetic and stored form: the same bits, where the output came from
+ * the saved statistics (a training forward), without reading it. */
 template <int V>
 __device__ __forceinline__ void bn_dy(const visc_cuda_bn_shape &s, const void *dout,
-                                      const void *out, size_t a, float *dy) {
+                                      const void *out, size_t a, const float *x,
+                                      const bn_refit<V> &r, float *dy) {
     act_ldv<V>(dout, a, s.bf16, dy);
     if (!s.relu) return;
     float y[V];
-    act_ldv<V>(out, a, s.bf16, y);
+    if (out) {
+        act_ldv<V>(out, a, s.bf16, y);
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const float v = bn_affine(x[j], r.mean[j], r.scale[j], r.shift[j]);
+            y[j] = v > 0 ? v : 0.0f;
+            if (s.bf16) y[j] = __bfloat162float(__float2bfloat16_rn(y[j]));
+        }
+    }
 #pragma unroll
     for (int j = 0; j < V; j++) dy[j] = y[j] > 0 ? dy[j] : 0.0f;
 }
@@ -283,20 +319,24 @@ __global__ void __launch_bounds__(BN_THREADS)
     bn_store_partials<1>(L, part, &ss, NULL);
 }
 
-/* dy and dy (x - mean), mean the saved one */
+/* dy and dy (x - mean), mean the saved one (gamma, beta and save_rstd
+ * read only to make the output again: bn_dy) */
 template <int V>
 __global__ void __launch_bounds__(BN_THREADS)
     bn_grad_sums_kernel(visc_cuda_bn_shape s, double *part, const void *dout, const void *in,
-                        const void *out, const float *save_mean) {
+                        const void *out, const float *gamma, const float *beta,
+                        const float *save_mean, const float *save_rstd) {
     __shared__ double buf[BN_THREADS * V];
     const bn_lane L = bn_lane_of<V>(s);
-    float mean[V], dy[V], x[V];
+    const bn_refit<V> r = bn_refit_of<V>(L, gamma, beta, save_mean, save_rstd);
+    float dy[V], x[V];
+    const float *mean = r.mean;
     double a1[V], a2[V];
 #pragma unroll
-    for (int j = 0; j < V; j++) mean[j] = save_mean[L.c + j], a1[j] = 0, a2[j] = 0;
+    for (int j = 0; j < V; j++) a1[j] = 0, a2[j] = 0;
     for (BN_RANGE(s, L, w)) {
-        bn_dy<V>(s, dout, out, w.a, dy);
         act_ldv<V>(in, w.a, s.bf16, x);
+        bn_dy<V>(s, dout, out, w.a, x, r, dy);
 #pragma unroll
         for (int j = 0; j < V; j++) {
             a1[j] += dy[j];
@@ -405,22 +445,24 @@ __global__ void __launch_bounds__(BN_THREADS)
 template <int V>
 __global__ void __launch_bounds__(BN_THREADS)
     bn_grad_input_kernel(visc_cuda_bn_shape s, const double *acc, void *din, const void *dout,
-                         const void *in, const void *out, const float *gamma,
+                         const void *in, const void *out, const float *gamma, const float *beta,
                          const float *save_mean, const float *save_rstd) {
     const bn_lane L = bn_lane_of<V>(s);
     const double Md = acc[2 * s.C];
-    float mean[V], k[V], mean_dy[V], c2[V], dy[V], x[V], g[V];
+    /* k = gamma rstd is the forward's scale */
+    const bn_refit<V> r = bn_refit_of<V>(L, gamma, beta, save_mean, save_rstd);
+    const float *mean = r.mean, *k = r.scale;
+    float mean_dy[V], c2[V], dy[V], x[V], g[V];
 #pragma unroll
     for (int j = 0; j < V; j++) {
         const int c = L.c + j;
         const double rstd = save_rstd[c];
-        mean[j] = save_mean[c];
-        k[j] = (float)(gamma[c] * rstd), mean_dy[j] = (float)(acc[c] / Md);
+        mean_dy[j] = (float)(acc[c] / Md);
         c2[j] = (float)(acc[s.C + c] / Md * rstd * rstd);
     }
     for (BN_RANGE(s, L, w)) {
-        bn_dy<V>(s, dout, out, w.a, dy);
         act_ldv<V>(in, w.a, s.bf16, x);
+        bn_dy<V>(s, dout, out, w.a, x, r, dy);
 #pragma unroll
         for (int j = 0; j < V; j++)
             g[j] = __fmul_rn(k[j], __fsub_rn(__fsub_rn(dy[j], mean_dy[j]),
@@ -579,28 +621,34 @@ static int bn_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, bn_plan p, con
  * dgamma, dbeta. */
 static int bn_grad_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, bn_plan p, double *acc,
                         float *dgamma, float *dbeta, const void *dout, const void *in,
-                        const void *out, const float *save_mean, const float *save_rstd) {
-    if (s->relu && !out) return visc_set_error("batchnorm backward: the fused ReLU needs `out`");
+                        const void *out, const float *gamma, const float *beta,
+                        const float *save_mean, const float *save_rstd) {
+    if (s->relu && !out && !(gamma && beta))
+        return visc_set_error("batchnorm backward: the fused ReLU needs `out`, or gamma and beta");
     if (p.V == BN_VEC)
-        bn_grad_sums_kernel<BN_VEC><<<bn_grid(s, p), BN_THREADS, 0, ctx->stream>>>(
-            *s, bn_partials(acc, s), dout, in, out, save_mean);
+        bn_grad_sums_kernel<BN_VEC>
+            <<<bn_grid(s, p), BN_THREADS, 0, ctx->stream>>>(*s, bn_partials(acc, s), dout, in, out,
+                                                            gamma, beta, save_mean, save_rstd);
     else
-        bn_grad_sums_kernel<1><<<bn_grid(s, p), BN_THREADS, 0, ctx->stream>>>(
-            *s, bn_partials(acc, s), dout, in, out, save_mean);
+        bn_grad_sums_kernel<1>
+            <<<bn_grid(s, p), BN_THREADS, 0, ctx->stream>>>(*s, bn_partials(acc, s), dout, in, out,
+                                                            gamma, beta, save_mean, save_rstd);
     if (visc_cuda_launched("batchnorm gradient sums")) return -1;
     return bn_combine(ctx, s, BN_GRADS, p, acc, NULL, dgamma, dbeta, save_rstd, NULL);
 }
 
-static int bn_grad_input(visc_cuda *ctx, const visc_cuda_bn_shape *s, bn_plan p,
-                         const double *acc, void *din, const void *dout, const void *in,
-                         const void *out, const float *gamma, const float *save_mean,
+static int bn_grad_input(visc_cuda *ctx, const visc_cuda_bn_shape *s, bn_plan p, const double *acc,
+                         void *din, const void *dout, const void *in, const void *out,
+                         const float *gamma, const float *beta, const float *save_mean,
                          const float *save_rstd) {
     if (p.V == BN_VEC)
-        bn_grad_input_kernel<BN_VEC><<<bn_grid(s, p), BN_THREADS, 0, ctx->stream>>>(
-            *s, acc, din, dout, in, out, gamma, save_mean, save_rstd);
+        bn_grad_input_kernel<BN_VEC>
+            <<<bn_grid(s, p), BN_THREADS, 0, ctx->stream>>>(*s, acc, din, dout, in, out, gamma,
+                                                            beta, save_mean, save_rstd);
     else
-        bn_grad_input_kernel<1><<<bn_grid(s, p), BN_THREADS, 0, ctx->stream>>>(
-            *s, acc, din, dout, in, out, gamma, save_mean, save_rstd);
+        bn_grad_input_kernel<1>
+            <<<bn_grid(s, p), BN_THREADS, 0, ctx->stream>>>(*s, acc, din, dout, in, out, gamma,
+                                                            beta, save_mean, save_rstd);
     return visc_cuda_launched("batchnorm backward");
 }
 
@@ -673,16 +721,17 @@ int visc_cuda_batchnorm_forward_eval_add(visc_cuda *ctx, const visc_cuda_bn_shap
 
 int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *din,
                                  float *dgamma, float *dbeta, const void *dout, const void *in,
-                                 const void *out, const float *gamma, const float *save_mean,
-                                 const float *save_rstd) {
+                                 const void *out, const float *gamma, const float *beta,
+                                 const float *save_mean, const float *save_rstd) {
     if (bn_check(s)) return -1;
     const void *tensors[] = {din, dout, in, out};
     const bn_plan p = bn_plan_for(ctx, s, tensors, 4);
     double *acc = bn_acc(ctx, s, p);
-    if (!acc ||
-        bn_grad_sums(ctx, s, p, acc, dgamma, dbeta, dout, in, out, save_mean, save_rstd))
+    if (!acc || bn_grad_sums(ctx, s, p, acc, dgamma, dbeta, dout, in, out, gamma, beta, save_mean,
+                             save_rstd))
         return -1;
-    return din ? bn_grad_input(ctx, s, p, acc, din, dout, in, out, gamma, save_mean, save_rstd)
+    return din ? bn_grad_input(ctx, s, p, acc, din, dout, in, out, gamma, beta, save_mean,
+                               save_rstd)
                : 0;
 }
 
@@ -741,7 +790,9 @@ int visc_cuda_bn_sync_grad_sums(visc_cuda *ctx, const visc_cuda_bn_shape *s, dou
     const void *tensors[] = {dout, in, out};
     const bn_plan p = bn_plan_for(ctx, s, tensors, 3);
     double *d = bn_acc(ctx, s, p);
-    if (!d || bn_grad_sums(ctx, s, p, d, dgamma, dbeta, dout, in, out, save_mean, save_rstd) ||
+    if (!d ||
+        bn_grad_sums(ctx, s, p, d, dgamma, dbeta, dout, in, out, NULL, NULL, save_mean,
+                     save_rstd) ||
         acc_copy(ctx, acc, d, 2 * s->C, cudaMemcpyDeviceToHost))
         return -1;
     acc[2 * s->C] = (double)s->N * s->HW;
@@ -757,5 +808,6 @@ int visc_cuda_bn_sync_grad_input(visc_cuda *ctx, const visc_cuda_bn_shape *s, co
     const bn_plan p = bn_plan_for(ctx, s, tensors, 4);
     double *d = bn_acc(ctx, s, p);
     if (!d || acc_copy(ctx, d, acc, 2 * s->C + 1, cudaMemcpyHostToDevice)) return -1;
-    return bn_grad_input(ctx, s, p, d, din, dout, in, out, gamma, save_mean, save_rstd);
+    if (s->relu && !out) return visc_set_error("SyncBN backward: the fused ReLU needs `out`");
+    return bn_grad_input(ctx, s, p, d, din, dout, in, out, gamma, NULL, save_mean, save_rstd);
 }

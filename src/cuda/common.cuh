@@ -33,6 +33,7 @@ struct visc_cuda {
     size_t attn_chunk_bytes; /* attention's cap on N x N workspaces; 0: the defaults */
     int attn_unfused; /* 1: bf16 attention as products, not fused (attention_flash.cu) */
     int scalar_access; /* 1: one value a thread in the memory-bound kernels (batchnorm.cu, eltwise.cu) */
+    int conv_benchmark;      /* 1: convolution algorithms by cuDNN's timed search (conv.cu) */
     int lt_no_bias_epilogue; /* 1: products add their bias by a kernel (matmul.cu; a test's) */
     void *lt_sums;           /* fp32 sums of a bf16 product whose bias a kernel adds */
     size_t lt_sums_bytes;

@@ -129,6 +129,7 @@ cublasLtHandle_t visc_cuda_lt(visc_cuda *ctx) {
 }
 
 void visc_cuda_set_vector_access(visc_cuda *ctx, int on) { ctx->scalar_access = !on; }
+void visc_cuda_set_conv_benchmark(visc_cuda *ctx, int on) { ctx->conv_benchmark = on; }
 void visc_cuda_set_bias_epilogue(visc_cuda *ctx, int on) { ctx->lt_no_bias_epilogue = !on; }
 
 int visc_cuda_sync(visc_cuda *ctx) {

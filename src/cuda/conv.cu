@@ -4,8 +4,10 @@
  * A plan holds the shape's descriptors and, per direction, the algorithm
  * and its workspace size, chosen on first use: cuDNN's heuristic list
  * (the _v7 queries, no timing runs, so the choice does not depend on the
- * machine's load), first entry that succeeded, is deterministic (the
- * backward-weights algorithms 0 and 3 add with atomics), for fp32 is a
+ * machine's load; or, asked for, its timed search's, fastest first:
+ * visc_cuda_set_conv_benchmark), first entry that succeeded, is deterministic (the
+ * backward-weights algorithms 0 and 3 add with atomics; bf16 takes a
+ * non-deterministic one, and says so, only where none is), for fp32 is a
  * GEMM-like algorithm (no FFT, no Winograd), and fits
  * VISC_CONV_WORKSPACE_MAX. fp32 runs with CUDNN_FMA_MATH: cuDNN's default
  * math allows TF32 on Hopper (10 mantissa bits), which would break parity
@@ -163,11 +165,28 @@ static int gemm_like(int dir, int algo) {
     }
 }
 
+/* bf16's second pass (BF16_ANY_DETERMINISM) takes a non-deterministic
+ * entry where the heuristic lists no deterministic one: cuDNN's
+ * documentation leaves open which kernels a channel count that is not a
+ * multiple of 8 (a stem's 3) gets, and a run that stops at its first
+ * backward would be worse than one whose stem's weight gradient may
+ * differ in its last bits from run to run (said once, below). */
+enum { BF16_ANY_DETERMINISM = 1 };
+
 template <typename Perf> static int acceptable(const Perf &r, int dir, int bf16, int pass) {
-    if (r.status != CUDNN_STATUS_SUCCESS || r.determinism != CUDNN_DETERMINISTIC) return 0;
-    if (bf16) return 1;
+    if (r.status != CUDNN_STATUS_SUCCESS) return 0;
+    if (bf16) return r.determinism == CUDNN_DETERMINISTIC || pass == BF16_ANY_DETERMINISM;
+    if (r.determinism != CUDNN_DETERMINISTIC) return 0;
     return gemm_like(dir, (int)r.algo) &&
            r.mathType == (pass == 0 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH);
+}
+
+static void say_nondeterministic(const visc_cuda_conv_shape *s, int dir) {
+    fprintf(stderr,
+            "visc: note: convolution %s for N %d C %d %dx%d -> K %d, %dx%d stride %d pad %d: "
+            "cuDNN offers no deterministic bf16 algorithm, so a non-deterministic one runs (this "
+            "layer's results may differ in their last bits from run to run)\n",
+            direction_name[dir], s->N, s->C, s->H, s->W, s->K, s->R, s->S, s->stride, s->pad);
 }
 
 /* The workspace size of `algo` in direction `dir` with the plan's math. */
@@ -189,7 +208,7 @@ static cudnnStatus_t workspace_of(visc_conv_state *st, conv_plan *p, int dir, in
 template <typename Perf>
 static int pick(visc_conv_state *st, conv_plan *p, int dir, const Perf *perf, int n) {
     const int bf16 = p->shape.type == VISC_CUDA_CONV_BF16_NHWC;
-    for (int pass = 0; pass < (bf16 ? 1 : 2); pass++)
+    for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < n; i++) {
             if (!acceptable(perf[i], dir, bf16, pass)) continue;
             const cudnnMathType_t math = bf16 ? perf[i].mathType : CUDNN_FMA_MATH;
@@ -202,40 +221,86 @@ static int pick(visc_conv_state *st, conv_plan *p, int dir, const Perf *perf, in
             p->math[dir] = math;
             p->ws[dir] = bytes;
             p->chosen[dir] = 1;
+            if (perf[i].determinism != CUDNN_DETERMINISTIC) say_nondeterministic(&p->shape, dir);
             return 0;
         }
     const visc_cuda_conv_shape *s = &p->shape;
-    return visc_set_error("convolution %s: cuDNN offers no deterministic %s algorithm for N %d C "
+    return visc_set_error("convolution %s: cuDNN offers no %s algorithm for N %d C "
                           "%d %dx%d -> K %d, %dx%d stride %d pad %d",
-                          direction_name[dir], bf16 ? "bf16" : "fp32 (FMA)", s->N, s->C, s->H, s->W,
-                          s->K, s->R, s->S, s->stride, s->pad);
+                          direction_name[dir], bf16 ? "bf16" : "deterministic fp32 (FMA)", s->N,
+                          s->C, s->H, s->W, s->K, s->R, s->S, s->stride, s->pad);
 }
 
-static int choose(visc_conv_state *st, conv_plan *p, int dir) {
+/* cuDNN's list for direction `dir` into perf (n entries): the heuristic's,
+ * or with `timed` its search's, which runs every algorithm (on memory of
+ * its own) and lists them fastest first. */
+static cudnnStatus_t list_algos(visc_conv_state *st, conv_plan *p, int dir, int timed, void *perf,
+                                int *n) {
+    switch (dir) {
+    case FWD: {
+        cudnnConvolutionFwdAlgoPerf_t *f = (cudnnConvolutionFwdAlgoPerf_t *)perf;
+        return timed ? visc_dnn.fwd_find(st->handle, p->x, p->w, p->conv, p->y,
+                                         VISC_CONV_HEURISTICS, n, f)
+                     : visc_dnn.fwd_algos(st->handle, p->x, p->w, p->conv, p->y,
+                                          VISC_CONV_HEURISTICS, n, f);
+    }
+    case BWD_DATA: {
+        cudnnConvolutionBwdDataAlgoPerf_t *f = (cudnnConvolutionBwdDataAlgoPerf_t *)perf;
+        return timed ? visc_dnn.bwd_data_find(st->handle, p->w, p->y, p->conv, p->x,
+                                              VISC_CONV_HEURISTICS, n, f)
+                     : visc_dnn.bwd_data_algos(st->handle, p->w, p->y, p->conv, p->x,
+                                               VISC_CONV_HEURISTICS, n, f);
+    }
+    default: {
+        cudnnConvolutionBwdFilterAlgoPerf_t *f = (cudnnConvolutionBwdFilterAlgoPerf_t *)perf;
+        return timed ? visc_dnn.bwd_filter_find(st->handle, p->x, p->y, p->conv, p->w,
+                                                VISC_CONV_HEURISTICS, n, f)
+                     : visc_dnn.bwd_filter_algos(st->handle, p->x, p->y, p->conv, p->w,
+                                                 VISC_CONV_HEURISTICS, n, f);
+    }
+    }
+}
+
+/* Direction dir's algorithm, on first use: from the timed search's list
+ * where the context asks for it (visc_cuda_set_conv_benchmark) and the
+ * search ran (it allocates memory of its own, which a full device may
+ * not have: then, said once, the heuristic's), else the heuristic's. The
+ * math type is the plan's again before a list is made: pick sets it per
+ * entry it tries. */
+static int choose(visc_cuda *ctx, visc_conv_state *st, conv_plan *p, int dir) {
     if (p->chosen[dir]) return 0;
-    int n = 0;
-    if (dir == FWD) {
-        cudnnConvolutionFwdAlgoPerf_t perf[VISC_CONV_HEURISTICS];
-        if (visc_dnn_check(visc_dnn.fwd_algos(st->handle, p->x, p->w, p->conv, p->y,
-                                              VISC_CONV_HEURISTICS, &n, perf),
-                           "convolution forward heuristic"))
+    static const char *const listing[DIRECTIONS] = {"convolution forward heuristic",
+                                                    "convolution backward-data heuristic",
+                                                    "convolution backward-weights heuristic"};
+    union {
+        cudnnConvolutionFwdAlgoPerf_t fwd[VISC_CONV_HEURISTICS];
+        cudnnConvolutionBwdDataAlgoPerf_t bwd_data[VISC_CONV_HEURISTICS];
+        cudnnConvolutionBwdFilterAlgoPerf_t bwd_filter[VISC_CONV_HEURISTICS];
+    } perf;
+    const int bf16 = p->shape.type == VISC_CUDA_CONV_BF16_NHWC;
+    int n = 0, timed = ctx->conv_benchmark;
+    cudnnStatus_t rc = CUDNN_STATUS_SUCCESS;
+    for (;;) {
+        if (visc_dnn_check(visc_dnn.conv_math(p->conv,
+                                              bf16 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH),
+                           "convolution math type"))
             return -1;
-        return pick(st, p, dir, perf, n);
+        rc = list_algos(st, p, dir, timed, &perf, &n);
+        if (rc == CUDNN_STATUS_SUCCESS || !timed) break;
+        static int said;
+        if (!said) {
+            said = 1;
+            fprintf(stderr,
+                    "visc: note: cuDNN's timed search of convolution algorithms failed (%s); "
+                    "its heuristic chooses instead\n",
+                    visc_dnn.error_string(rc));
+        }
+        timed = 0;
     }
-    if (dir == BWD_DATA) {
-        cudnnConvolutionBwdDataAlgoPerf_t perf[VISC_CONV_HEURISTICS];
-        if (visc_dnn_check(visc_dnn.bwd_data_algos(st->handle, p->w, p->y, p->conv, p->x,
-                                                   VISC_CONV_HEURISTICS, &n, perf),
-                           "convolution backward-data heuristic"))
-            return -1;
-        return pick(st, p, dir, perf, n);
-    }
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[VISC_CONV_HEURISTICS];
-    if (visc_dnn_check(visc_dnn.bwd_filter_algos(st->handle, p->x, p->y, p->conv, p->w,
-                                                 VISC_CONV_HEURISTICS, &n, perf),
-                       "convolution backward-weights heuristic"))
-        return -1;
-    return pick(st, p, dir, perf, n);
+    if (visc_dnn_check(rc, listing[dir])) return -1;
+    if (dir == FWD) return pick(st, p, dir, perf.fwd, n);
+    if (dir == BWD_DATA) return pick(st, p, dir, perf.bwd_data, n);
+    return pick(st, p, dir, perf.bwd_filter, n);
 }
 
 /* The plan of shape s with direction dir chosen, its math set on the
@@ -247,7 +312,7 @@ static conv_plan *prepare(visc_cuda *ctx, const visc_cuda_conv_shape *s, int dir
     visc_conv_state *st = state(ctx);
     if (!st) return NULL;
     conv_plan *p = plan_for(st, s);
-    if (!p || choose(st, p, dir) ||
+    if (!p || choose(ctx, st, p, dir) ||
         visc_dnn_check(visc_dnn.conv_math(p->conv, p->math[dir]), "convolution math type"))
         return NULL;
     if (p->ws[dir] > st->ws_bytes) {

@@ -56,6 +56,9 @@ static void load(void) {
         resolve(lib, &t.fwd_algos, "cudnnGetConvolutionForwardAlgorithm_v7") ||
         resolve(lib, &t.bwd_data_algos, "cudnnGetConvolutionBackwardDataAlgorithm_v7") ||
         resolve(lib, &t.bwd_filter_algos, "cudnnGetConvolutionBackwardFilterAlgorithm_v7") ||
+        resolve(lib, &t.fwd_find, "cudnnFindConvolutionForwardAlgorithm") ||
+        resolve(lib, &t.bwd_data_find, "cudnnFindConvolutionBackwardDataAlgorithm") ||
+        resolve(lib, &t.bwd_filter_find, "cudnnFindConvolutionBackwardFilterAlgorithm") ||
         resolve(lib, &t.fwd_ws, "cudnnGetConvolutionForwardWorkspaceSize") ||
         resolve(lib, &t.bwd_data_ws, "cudnnGetConvolutionBackwardDataWorkspaceSize") ||
         resolve(lib, &t.bwd_filter_ws, "cudnnGetConvolutionBackwardFilterWorkspaceSize") ||

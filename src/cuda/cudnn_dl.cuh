@@ -26,6 +26,9 @@ typedef struct {
     decltype(&cudnnGetConvolutionForwardAlgorithm_v7) fwd_algos;
     decltype(&cudnnGetConvolutionBackwardDataAlgorithm_v7) bwd_data_algos;
     decltype(&cudnnGetConvolutionBackwardFilterAlgorithm_v7) bwd_filter_algos;
+    decltype(&cudnnFindConvolutionForwardAlgorithm) fwd_find;
+    decltype(&cudnnFindConvolutionBackwardDataAlgorithm) bwd_data_find;
+    decltype(&cudnnFindConvolutionBackwardFilterAlgorithm) bwd_filter_find;
     decltype(&cudnnGetConvolutionForwardWorkspaceSize) fwd_ws;
     decltype(&cudnnGetConvolutionBackwardDataWorkspaceSize) bwd_data_ws;
     decltype(&cudnnGetConvolutionBackwardFilterWorkspaceSize) bwd_filter_ws;

@@ -25,12 +25,15 @@ typedef struct {
 } lt_plan;
 
 /* What a plan depends on: everything but the pointers themselves (and
- * beta, a scalar of the call), of which only the alignments matter. */
+ * beta, a scalar of the call), of which only the alignments matter; the
+ * bias's too, since the heuristic reads the bias pointer for its
+ * alignment (cublasLt.h, CUBLASLT_MATMUL_DESC_BIAS_POINTER): a plan made
+ * for one bias is not reused for a bias aligned less. */
 typedef struct {
     cudaDataType_t ab, d;
     int M, N, K, trans_a, trans_b, has_bias, batch;
     int64_t lda, ldb, ldd, stride_a, stride_b, stride_d;
-    uint32_t align_a, align_b, align_d;
+    uint32_t align_a, align_b, align_d, align_bias;
 } plan_key;
 
 static void plan_free(lt_plan *p) {
@@ -271,6 +274,7 @@ static int matmul(visc_cuda *ctx, const product *x) {
     key.align_a = batch_alignment(x->A, x->stride_a, ab_bytes, x->batch);
     key.align_b = batch_alignment(x->B, x->stride_b, ab_bytes, x->batch);
     key.align_d = batch_alignment(x->D, x->stride_d, element_bytes(x->d), x->batch);
+    key.align_bias = x->bias ? alignment_of(x->bias) : 0;
     lt_plan made = {};
     lt_plan *p = plan_lookup(ctx, &key);
     int rc = 0, owned = 0;

@@ -99,6 +99,7 @@ void visc_gpu_free(visc_cuda *ctx, void *p) {
 void visc_gpu_set_precision(visc_cuda *ctx, visc_precision p) {
     visc_cuda_set_bf16(ctx, p == VISC_PRECISION_BF16);
 }
+void visc_gpu_set_conv_benchmark(visc_cuda *ctx, int on) { visc_cuda_set_conv_benchmark(ctx, on); }
 #else
 /* Nothing is ever opened without the backend. */
 void visc_gpu_close(visc_cuda *ctx) { (void)ctx; }
@@ -137,5 +138,9 @@ void visc_gpu_free(visc_cuda *ctx, void *p) {
 void visc_gpu_set_precision(visc_cuda *ctx, visc_precision p) {
     (void)ctx;
     (void)p;
+}
+void visc_gpu_set_conv_benchmark(visc_cuda *ctx, int on) {
+    (void)ctx;
+    (void)on;
 }
 #endif

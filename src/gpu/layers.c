@@ -237,7 +237,8 @@ void visc_gpu_batchnorm2d_forward_eval_add_relu(visc_cuda *ctx, const visc_batch
 void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, visc_gpu_act act,
                                    void *din, float *dgamma, float *dbeta, const void *dout,
                                    const void *in, const void *out, const float *gamma,
-                                   const float *save_mean, const float *save_rstd) {
+                                   const float *beta, const float *save_mean,
+                                   const float *save_rstd) {
     const visc_cuda_bn_shape s = bn_shape(b, act);
     if (b->sync) {
         double *acc = b->impl;
@@ -249,8 +250,10 @@ void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, vi
                                              save_rstd));
         return;
     }
-    RUN(visc_cuda_batchnorm_backward(ctx, &s, din, dgamma, dbeta, dout, in, out, gamma, save_mean,
-                                     save_rstd));
+    /* a process alone makes the ReLU's mask again from the statistics
+     * rather than reading the output (visc_cuda_batchnorm_backward) */
+    RUN(visc_cuda_batchnorm_backward(ctx, &s, din, dgamma, dbeta, dout, in, NULL, gamma, beta,
+                                     save_mean, save_rstd));
 }
 
 void visc_gpu_maxpool2d_forward(visc_cuda *ctx, const visc_pool2d *p, visc_gpu_act act, void *out,
@@ -297,6 +300,12 @@ void visc_gpu_cnn_add(visc_cuda *ctx, visc_gpu_act act, void *out, const void *a
                       size_t n) {
     if (act == VISC_GPU_BF16_NHWC) RUN(visc_cuda_add_bf16(ctx, out, a, b, n));
     else RUN(visc_cuda_add(ctx, out, a, b, n));
+}
+
+void visc_gpu_cnn_add_relu_backward(visc_cuda *ctx, visc_gpu_act act, void *din, const void *a,
+                                    const void *b, const void *out, size_t n) {
+    if (act == VISC_GPU_BF16_NHWC) RUN(visc_cuda_add_relu_backward_bf16(ctx, din, a, b, out, n));
+    else RUN(visc_cuda_add_relu_backward(ctx, din, a, b, out, n));
 }
 
 void visc_gpu_cnn_relu_backward(visc_cuda *ctx, visc_gpu_act act, void *din, const void *dout,

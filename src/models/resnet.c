@@ -554,7 +554,8 @@ static void bn_bwd(visc_model *m, bn_layer *b, float *din, const float *dout, co
                    const float *out) {
     if (m->cuda)
         visc_gpu_batchnorm2d_backward(m->cuda, &b->op, act_of(m), din, G(b->gamma), G(b->beta),
-                                      dout, in, out, P(b->gamma), b->save_mean, b->save_rstd);
+                                      dout, in, out, P(b->gamma), P(b->beta), b->save_mean,
+                                      b->save_rstd);
     else
         visc_batchnorm2d_backward(&b->op, din, G(b->gamma), G(b->beta), dout, in, out, P(b->gamma),
                                   b->save_mean, b->save_rstd);
@@ -579,6 +580,17 @@ static void act_relu_backward(visc_model *m, float *din, const float *dout, cons
     else visc_relu_backward(din, dout, out, n);
 }
 
+/* din = a + b, the two paths of a block's input gradient joined; with
+ * relu_out (the ReLU's output that was that input) also through the
+ * ReLU, in the same pass: the bits of the two passes, one read and write
+ * of the tensor fewer. */
+static void act_join(visc_model *m, float *din, const float *a, const float *b,
+                     const float *relu_out, size_t n) {
+    if (!relu_out) act_add(m, din, a, b, n);
+    else if (m->cuda) visc_gpu_cnn_add_relu_backward(m->cuda, act_of(m), din, a, b, relu_out, n);
+    else visc_add_relu_backward(din, a, b, relu_out, n);
+}
+
 /* The output of norm b (with its ReLU) that forward computed from `in`,
  * for backward: the kept one, or by default the same bits again in
  * `spare` (visc_batchnorm2d_apply from the saved statistics after a
@@ -596,12 +608,16 @@ static const float *norm_output_again(visc_model *m, resnet *r, bn_layer *b, con
     return spare;
 }
 
-/* dout: gradient w.r.t. the block output (modified in place); writes the
- * gradient w.r.t. the block input to din (din != dout). Until its last
- * step din is free, and holds the norms' outputs recomputed. */
-static void block_backward(visc_model *m, resnet *r, block *b, float *din, float *dout) {
+/* dout: gradient w.r.t. the block output (modified in place), already
+ * through the block's final ReLU when out_masked; writes the gradient
+ * w.r.t. the block input to din (din != dout), through the ReLU whose
+ * output the input was when in_relu_out (the previous block's output) is
+ * given. Until its last step din is free, and holds the norms' outputs
+ * recomputed. */
+static void block_backward(visc_model *m, resnet *r, block *b, float *din, float *dout,
+                           int out_masked, const float *in_relu_out) {
     /* through the final relu: its output is b->out */
-    act_relu_backward(m, dout, dout, b->out, b->out_size);
+    if (!out_masked) act_relu_backward(m, dout, dout, b->out, b->out_size);
     float *t1 = b->scratch.t1, *t2 = b->scratch.t2;
     const float *b1;
     if (b->bottleneck) {
@@ -626,9 +642,9 @@ static void block_backward(visc_model *m, resnet *r, block *b, float *din, float
     if (b->has_down) {
         bn_bwd(m, &b->down_bn, t1, dout, b->dc, NULL);
         conv_bwd(m, &b->down_conv, din, t1, b->in);
-        act_add(m, din, din, t2, b->in_size);
+        act_join(m, din, din, t2, in_relu_out, b->in_size);
     } else {
-        act_add(m, din, dout, t2, b->in_size);
+        act_join(m, din, dout, t2, in_relu_out, b->in_size);
     }
 }
 
@@ -669,7 +685,13 @@ static void trunk_backward(visc_model *m, resnet *r) {
             act_copy(m, s->g0, dout, r->blocks[i].out_size);
             dout = s->g0, din = s->g1;
         }
-        block_backward(m, r, &r->blocks[i], din, dout);
+        /* each block's input gradient leaves through the previous
+         * block's final ReLU (the first's: the stem's, in its norm's
+         * backward); the last block's output gradient comes from the
+         * pooling, not yet through its ReLU */
+        const int out_masked = i < r->num_blocks - 1;
+        const float *in_relu_out = i > 0 ? r->blocks[i - 1].out : NULL;
+        block_backward(m, r, &r->blocks[i], din, dout, out_masked, in_relu_out);
         float *swap = dout;
         dout = din;
         din = swap;
@@ -680,8 +702,12 @@ static void trunk_backward(visc_model *m, resnet *r) {
         if (m->cuda)
             visc_gpu_maxpool2d_backward(m->cuda, &r->maxpool, r->act, din, dout, r->pool_argmax);
         else visc_maxpool2d_backward(&r->maxpool, din, dout, r->pool_argmax);
-        /* the stem norm's output again, where the first block's input gradient was */
-        stem_out = norm_output_again(m, r, &r->stem_bn, r->stem_b, dout, r->stem_c);
+        /* the stem norm's output again, where the first block's input
+         * gradient was: only its ReLU's mask is read, which a GPU alone
+         * makes again from the statistics (visc_gpu_batchnorm2d_backward) */
+        stem_out = m->cuda && !r->stem_bn.op.sync
+                       ? NULL
+                       : norm_output_again(m, r, &r->stem_bn, r->stem_b, dout, r->stem_c);
         dout = din;
     }
     bn_bwd(m, &r->stem_bn, dout, dout, r->stem_c, stem_out);

@@ -1,4 +1,5 @@
-/* eltwise.c: elementwise ReLU and residual additions.
+/* eltwise.c: elementwise ReLU and residual additions (and the sum of two
+ * gradient paths masked by a ReLU's output, one pass for two).
  *
  * Plain loops the compiler vectorizes; threads only when the array is large
  * enough to pay for waking them. */
@@ -27,6 +28,16 @@ void visc_relu_backward(float *din, const float *dout, const float *out, size_t 
 void visc_add_forward(float *out, const float *a, const float *b, size_t n) {
 #pragma omp parallel for simd if (n > PAR_MIN)
     for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void visc_add_relu_backward(float *din, const float *a, const float *b, const float *out,
+                            size_t n) {
+/* the sum's bits where out > 0, as visc_add_forward then visc_relu_backward */
+#pragma omp parallel for simd if (n > PAR_MIN)
+    for (size_t i = 0; i < n; i++) {
+        float g = a[i] + b[i];
+        din[i] = out[i] > 0.0f ? g : 0.0f;
+    }
 }
 
 void visc_add_inplace(float *acc, const float *x, size_t n) {

@@ -1084,6 +1084,7 @@ static int open_gpu(pretrainer *p) {
     p->gpu = visc_gpu_open(index);
     if (!p->gpu || visc_gpu_memory_used(p->gpu, &p->gpu_mem_base)) return -1;
     visc_gpu_set_precision(p->gpu, p->precision);
+    visc_gpu_set_conv_benchmark(p->gpu, p->c->cudnn_benchmark);
     if (visc_model_to_gpu(p->query, p->gpu) || (p->key && visc_model_to_gpu(p->key, p->gpu)) ||
         visc_proj_head_to_gpu(&p->head, p->gpu) ||
         (p->key && visc_proj_head_to_gpu(&p->key_head, p->gpu)))

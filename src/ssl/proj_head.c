@@ -154,8 +154,8 @@ void visc_proj_head_backward(visc_proj_head *h, const float *dout, float *dx) {
     linear_backward(h, h->da, dout, h->a, h->w2, h->b2, h->hidden, h->out);
     if (h->batchnorm && gpu)
         visc_gpu_batchnorm2d_backward(gpu, &h->bn, VISC_GPU_F32_NCHW, h->dh, HG(h->gamma),
-                                      HG(h->beta), h->da, h->h, h->a, HP(h->gamma), h->save_mean,
-                                      h->save_rstd);
+                                      HG(h->beta), h->da, h->h, h->a, HP(h->gamma), HP(h->beta),
+                                      h->save_mean, h->save_rstd);
     else if (h->batchnorm)
         visc_batchnorm2d_backward(&h->bn, h->dh, HG(h->gamma), HG(h->beta), h->da, h->h, h->a,
                                   HP(h->gamma), h->save_mean, h->save_rstd);

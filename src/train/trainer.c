@@ -653,6 +653,7 @@ static int open_gpu(trainer *t) {
     t->gpu = visc_gpu_open(index);
     if (!t->gpu || visc_gpu_memory_used(t->gpu, &t->gpu_mem_base)) return -1;
     visc_gpu_set_precision(t->gpu, t->precision);
+    visc_gpu_set_conv_benchmark(t->gpu, t->c->cudnn_benchmark);
     if (visc_model_to_gpu(t->model, t->gpu)) return -1;
     t->gpu_opt = visc_gpu_optim_create(t->gpu, &t->opt);
     if (!t->gpu_opt) return -1;

@@ -182,8 +182,9 @@ int visc_cuda_memory_used(visc_cuda *ctx, size_t *used) {
     return 0;
 }
 
-/* The CPU's layers have no wide accesses to turn off. */
+/* The CPU's layers have no wide accesses to turn off, nor cuDNN algorithms to time. */
 void visc_cuda_set_vector_access(visc_cuda *ctx, int on) { (void)ctx, (void)on; }
+void visc_cuda_set_conv_benchmark(visc_cuda *ctx, int on) { (void)ctx, (void)on; }
 /* Nor an epilogue: the CPU's products add their bias themselves. */
 void visc_cuda_set_bias_epilogue(visc_cuda *ctx, int on) { (void)ctx, (void)on; }
 
@@ -670,17 +671,34 @@ int visc_cuda_batchnorm_forward_eval_add(visc_cuda *ctx, const visc_cuda_bn_shap
                : 0;
 }
 
+/* The forward's output made again where backward is given none: the
+ * CPU's apply, stored as the forward stored it (fp32 NCHW here). */
+static float *bn_output_again(const visc_cuda_bn_shape *s, const visc_batchnorm2d *b,
+                              const float *x, const float *gamma, const float *beta,
+                              const float *save_mean, const float *save_rstd) {
+    const size_t n = (size_t)s->N * s->C * s->HW;
+    float *y = visc_alloc_aligned(n * sizeof(float), "stand-in batch norm output");
+    visc_batchnorm2d_apply(b, y, x, gamma, beta, save_mean, save_rstd);
+    if (s->bf16)
+        for (size_t i = 0; i < n; i++) y[i] = visc_bf16_to_f32(visc_f32_to_bf16(y[i]));
+    return y;
+}
+
 int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *din,
                                  float *dgamma, float *dbeta, const void *dout, const void *in,
-                                 const void *out, const float *gamma, const float *save_mean,
-                                 const float *save_rstd) {
+                                 const void *out, const float *gamma, const float *beta,
+                                 const float *save_mean, const float *save_rstd) {
     visc_batchnorm2d *b = bn_for(ctx, s);
     if (!b) return -1;
     const float *dy = bn_read(s, dout), *x = bn_read(s, in), *y = bn_read(s, out);
+    float *again =
+        s->relu && !out ? bn_output_again(s, b, x, gamma, beta, save_mean, save_rstd) : NULL;
     float *dx = bn_target(s, din);
-    visc_batchnorm2d_backward(b, dx, dgamma, dbeta, dy, x, y, gamma, save_mean, save_rstd);
+    visc_batchnorm2d_backward(b, dx, dgamma, dbeta, dy, x, again ? again : y, gamma, save_mean,
+                              save_rstd);
     bn_write(s, din, dx);
     bn_done(s, dy), bn_done(s, x), bn_done(s, y);
+    visc_free_aligned(again);
     return 0;
 }
 
@@ -800,6 +818,13 @@ int visc_cuda_relu_backward(visc_cuda *ctx, float *din, const float *dout, const
 int visc_cuda_add(visc_cuda *ctx, float *out, const float *a, const float *b, size_t n) {
     (void)ctx;
     visc_add_forward(out, a, b, n);
+    return 0;
+}
+
+int visc_cuda_add_relu_backward(visc_cuda *ctx, float *din, const float *a, const float *b,
+                                const float *out, size_t n) {
+    (void)ctx;
+    visc_add_relu_backward(din, a, b, out, n);
     return 0;
 }
 

@@ -83,6 +83,16 @@ int visc_cuda_relu_backward_bf16(visc_cuda *ctx, uint16_t *din, const uint16_t *
     return 0;
 }
 
+int visc_cuda_add_relu_backward_bf16(visc_cuda *ctx, uint16_t *din, const uint16_t *a,
+                                     const uint16_t *b, const uint16_t *out, size_t n) {
+    (void)ctx;
+    for (size_t i = 0; i < n; i++) {
+        const uint16_t sum = visc_f32_to_bf16(bf(a[i]) + bf(b[i]));
+        din[i] = bf(out[i]) > 0.0f ? sum : 0;
+    }
+    return 0;
+}
+
 /* ---- poolings: the CPU layers on NCHW copies ---- */
 
 static int pooled(int in, int k, int stride, int pad) { return (in + 2 * pad - k) / stride + 1; }

@@ -48,6 +48,7 @@
  *   attention          against a double-precision reference: rtol 1e-4,
  *                      atol 2e-5 x the tensor's largest |value|
  * This program links the CPU twins' objects, not libvisc.a (no oneDNN). */
+#include <dlfcn.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1569,9 +1570,24 @@ static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offs
     launched(visc_cuda_batchnorm_forward_train(ctx, &s, d_out, d_mean, d_rstd, d_x, d_g, d_b, d_rm,
                                                d_rv),
              "batchnorm forward (training)");
-    launched(visc_cuda_batchnorm_backward(ctx, &s, d_dx, d_dg, d_db, d_dy, d_x, d_out_cpu, d_g,
+    launched(visc_cuda_batchnorm_backward(ctx, &s, d_dx, d_dg, d_db, d_dy, d_x, d_out_cpu, d_g, d_b,
                                           d_mean_cpu, d_rstd_cpu),
              "batchnorm backward");
+    /* The fused ReLU's mask made again from the statistics (out NULL)
+     * instead of read: the bits of reading the GPU forward's own output. */
+    void *d_dx_read = dev(elem * n), *d_dx_again = dev(elem * n);
+    float *d_grads = dev(sizeof(float) * 4 * C);
+    launched(visc_cuda_batchnorm_backward(ctx, &s, d_dx_read, d_grads, d_grads + C, d_dy, d_x,
+                                          d_out, d_g, d_b, d_mean, d_rstd),
+             "batchnorm backward, the mask read");
+    launched(visc_cuda_batchnorm_backward(ctx, &s, d_dx_again, d_grads + 2 * C, d_grads + 3 * C,
+                                          d_dy, d_x, NULL, d_g, d_b, d_mean, d_rstd),
+             "batchnorm backward, the mask made again");
+    float *h_dx_read = bf16 ? down_bf16(d_dx_read, n) : down(d_dx_read, n);
+    float *h_dx_again = bf16 ? down_bf16(d_dx_again, n) : down(d_dx_again, n);
+    float *h_grads = down(d_grads, 4 * (size_t)C);
+    void *dmask[] = {d_dx_read, d_dx_again, d_grads};
+    for (size_t i = 0; i < sizeof dmask / sizeof *dmask; i++) visc_cuda_free(ctx, dmask[i]);
     void *d_again = dev(elem * n);
     launched(visc_cuda_batchnorm_apply(ctx, &s, d_again, d_x, d_g, d_b, d_mean, d_rstd),
              "batchnorm output from the saved statistics");
@@ -1611,6 +1627,11 @@ static void check_batchnorm(int N, int C, int HW, int relu, int nchw, float offs
     expect_fp32(name, h_rv, rv, (size_t)C);
     snprintf(name, sizeof name, "%s: backward din", tag);
     expect_act(name, h_dx, dx, n);
+    snprintf(name, sizeof name, "%s: backward, the ReLU's mask made again: the read one's bits",
+             tag);
+    expect_bits(name, h_dx_again, h_dx_read, n, sizeof(float));
+    expect_bits(name, h_grads + 2 * C, h_grads, 2 * (size_t)C, sizeof(float));
+    free(h_dx_read), free(h_dx_again), free(h_grads);
     expect_bn_param_grads(tag, h_dg, h_db, dg, db, x, dy, out, mean, rstd, N, C, HW, relu);
     void *dfree[] = {d_x,        d_dy,  d_out_cpu, d_g,  d_b,    d_rm,   d_rv, d_mean_cpu,
                      d_rstd_cpu, d_out, d_eval,    d_dx, d_mean, d_rstd, d_dg, d_db};
@@ -3175,14 +3196,24 @@ static void check_talking_heads(int B, int H, int T, int D) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
-/* ---- sums: visc_add_forward's bits, and the residual block's add + ReLU ---- */
+/* ---- sums: visc_add_forward's bits, the residual block's add + ReLU,
+ * and two gradient paths joined through a ReLU (visc_add_relu_backward's
+ * bits, which are visc_add_forward's then visc_relu_backward's) ---- */
 static void check_add(size_t n) {
     char name[128];
     float *a = random_floats(n, -2, 2), *b = random_floats(n, -2, 2);
+    float *mask = random_floats(n, -1, 1);
     a[3] = NAN;
     b[7] = INFINITY;
+    for (size_t i = 0; i < n; i += 89) mask[i] = 0.0f; /* ReLU's gradient at 0 is 0 */
     float *sum = malloc(sizeof(float) * n), *res = malloc(sizeof(float) * n);
+    float *joined = malloc(sizeof(float) * n);
     visc_add_forward(sum, a, b, n);
+    visc_relu_backward(joined, sum, mask, n);
+    float *cpu_joined = malloc(sizeof(float) * n);
+    visc_add_relu_backward(cpu_joined, a, b, mask, n);
+    snprintf(name, sizeof name, "add + relu backward [%zu]: the CPU's one pass is its two", n);
+    expect_bits(name, cpu_joined, joined, n, sizeof(float));
     for (size_t i = 0; i < n; i++) { /* models/resnet.c's add_relu */
         const float v = a[i] + b[i];
         res[i] = v > 0.0f ? v : 0.0f;
@@ -3196,15 +3227,27 @@ static void check_add(size_t n) {
     if (visc_cuda_upload(ctx, d_a, a, sizeof(float) * n)) die_cuda("upload");
     launched(visc_cuda_add_relu(ctx, d_a, d_b, n), "add + relu");
     float *h_res = down(d_a, n);
+    float *d_mask = up(mask, sizeof(float) * n);
+    if (visc_cuda_upload(ctx, d_a, a, sizeof(float) * n)) die_cuda("upload");
+    launched(visc_cuda_add_relu_backward(ctx, d_out, d_a, d_b, d_mask, n), "add + relu backward");
+    float *h_joined = down(d_out, n);
+    launched(visc_cuda_add_relu_backward(ctx, d_b, d_a, d_b, d_mask, n),
+             "add + relu backward in place"); /* din aliases b */
+    float *h_joined_inplace = down(d_b, n);
+    snprintf(name, sizeof name, "add + relu backward [%zu]: bit-identical", n);
+    expect_bits(name, h_joined, joined, n, sizeof(float));
+    snprintf(name, sizeof name, "add + relu backward in place [%zu]: bit-identical", n);
+    expect_bits(name, h_joined_inplace, joined, n, sizeof(float));
     snprintf(name, sizeof name, "add [%zu]: bit-identical", n);
     expect_bits(name, h_sum, sum, n, sizeof(float));
     snprintf(name, sizeof name, "add in place [%zu]: bit-identical", n);
     expect_bits(name, h_inplace, sum, n, sizeof(float));
     snprintf(name, sizeof name, "add + relu [%zu]: bit-identical", n);
     expect_bits(name, h_res, res, n, sizeof(float));
-    void *dfree[] = {d_a, d_b, d_out};
+    void *dfree[] = {d_a, d_b, d_out, d_mask};
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
-    void *hfree[] = {a, b, sum, res, h_sum, h_inplace, h_res};
+    void *hfree[] = {a,     b,    sum,    res,        h_sum,    h_inplace,
+                     h_res, mask, joined, cpu_joined, h_joined, h_joined_inplace};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
@@ -3216,16 +3259,20 @@ static void check_add_bf16(size_t n) {
     for (size_t i = 0; i < n; i++) {
         a[i] = bf16_round(a[i]), b[i] = bf16_round(b[i]), g[i] = bf16_round(g[i]);
         if (i % 61 == 3) a[i] = 0.0f; /* ReLU's backward at 0 */
+        if (i % 67 == 5) g[i] = 0.0f; /* and where g is the output */
     }
     float *sum = malloc(sizeof(float) * n), *res = malloc(sizeof(float) * n);
-    float *dx = malloc(sizeof(float) * n);
+    float *dx = malloc(sizeof(float) * n), *joined = malloc(sizeof(float) * n);
     for (size_t i = 0; i < n; i++) {
         const float v = a[i] + b[i];
         sum[i] = bf16_round(v);
         res[i] = bf16_round(v > 0.0f ? v : 0.0f);
         dx[i] = a[i] > 0.0f ? g[i] : 0.0f;
+        joined[i] =
+            g[i] > 0.0f ? sum[i] : 0.0f; /* the rounded sum through a ReLU whose output was g */
     }
     void *d_a = up_bf16(a, n), *d_b = up_bf16(b, n), *d_g = up_bf16(g, n);
+    uint16_t *d_mask = up_bf16(g, n), *d_a2 = up_bf16(a, n);
     void *d_out = dev(sizeof(uint16_t) * n);
     launched(visc_cuda_add_bf16(ctx, d_out, d_a, d_b, n), "add (bf16)");
     float *h_sum = down_bf16(d_out, n);
@@ -3233,8 +3280,18 @@ static void check_add_bf16(size_t n) {
     float *h_dx = down_bf16(d_out, n);
     launched(visc_cuda_relu_backward_bf16(ctx, d_g, d_g, d_a, n), "relu backward (bf16) in place");
     float *h_dx_inplace = down_bf16(d_g, n);
+    launched(visc_cuda_add_relu_backward_bf16(ctx, d_out, d_a, d_b, d_mask, n),
+             "add + relu backward (bf16)");
+    float *h_joined = down_bf16(d_out, n);
+    launched(visc_cuda_add_relu_backward_bf16(ctx, d_a2, d_a2, d_b, d_mask, n),
+             "add + relu backward (bf16) in place"); /* din aliases a */
+    float *h_joined_inplace = down_bf16(d_a2, n);
     launched(visc_cuda_add_relu_bf16(ctx, d_a, d_b, n), "add + relu (bf16)");
     float *h_res = down_bf16(d_a, n);
+    snprintf(name, sizeof name, "add + relu backward bf16 [%zu]: bit-identical", n);
+    expect_bits(name, h_joined, joined, n, sizeof(float));
+    snprintf(name, sizeof name, "add + relu backward bf16 in place [%zu]: bit-identical", n);
+    expect_bits(name, h_joined_inplace, joined, n, sizeof(float));
     snprintf(name, sizeof name, "add bf16 [%zu]: the rounded fp32 sum, bit-identical", n);
     expect_bits(name, h_sum, sum, n, sizeof(float));
     snprintf(name, sizeof name, "add + relu bf16 [%zu]: bit-identical", n);
@@ -3251,9 +3308,22 @@ static void check_add_bf16(size_t n) {
     float *h_sum1 = down_bf16(d_out, n);
     snprintf(name, sizeof name, "add bf16 unaligned [%zu]: bit-identical", n - 1);
     expect_bits(name, h_sum1 + 1, sum + 1, n - 1, sizeof(float));
-    void *dfree[] = {d_a, d_b, d_g, d_out, d_a1, d_b1};
+    void *dfree[] = {d_a, d_b, d_g, d_out, d_a1, d_b1, d_mask, d_a2};
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
-    void *hfree[] = {a, b, g, sum, res, dx, h_sum, h_dx, h_dx_inplace, h_res, h_sum1};
+    void *hfree[] = {a,
+                     b,
+                     g,
+                     sum,
+                     res,
+                     dx,
+                     h_sum,
+                     h_dx,
+                     h_dx_inplace,
+                     h_res,
+                     h_sum1,
+                     joined,
+                     h_joined,
+                     h_joined_inplace};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
@@ -3549,6 +3619,37 @@ static void group_swin(void) {
     if (rc == -1) printf("     (%s)\n", visc_last_error());
 }
 
+/* The timed searches the emulator's cuDNN made (it counts them); -1 on
+ * a GPU's cuDNN, which has no such count. */
+static int emulated_cudnn_finds(void) {
+    void *lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_NOLOAD);
+    int (*finds)(void) = NULL;
+    if (lib) *(void **)&finds = dlsym(lib, "visc_emu_cudnn_finds");
+    const int n = finds ? finds() : -1;
+    if (lib) dlclose(lib);
+    return n;
+}
+
+/* Algorithms by cuDNN's timed search (visc_cuda_set_conv_benchmark): the
+ * emulator's lists the heuristic's entries in reverse, so other
+ * algorithms run, and the layer's results must hold all the same; the
+ * search must have run, once per direction, for shapes of their own. */
+static void check_conv_benchmark(void) {
+    const int before = emulated_cudnn_finds();
+    visc_cuda_set_conv_benchmark(ctx, 1);
+    check_conv("ResNet stage 1, timed search", 3, 64, 28, 28, 64, 3, 1, 1, VISC_CUDA_CONV_F32_NCHW);
+    check_conv("ResNet stage 1, timed search", 3, 64, 28, 28, 64, 3, 1, 1,
+               VISC_CUDA_CONV_BF16_NHWC_F32W);
+    visc_cuda_set_conv_benchmark(ctx, 0);
+    const int after = emulated_cudnn_finds();
+    if (before < 0) {
+        printf("     (timed search: a GPU's cuDNN, whose searches are not counted)\n");
+        return;
+    }
+    report("conv: the timed search ran for each direction of the two shapes", after - before != 6,
+           1, 0, after - before, 6, 0.0);
+}
+
 static void group_conv(void) {
     /* fp32; bf16 channels-last; bf16 channels-last tensors with fp32
      * weights (a ResNet under bf16) */
@@ -3566,6 +3667,16 @@ static void group_conv(void) {
         check_conv("ResNet-20 stage 2 entry, 3x3/2", 16, 16, 32, 32, 32, 3, 2, 1, type);
         check_conv("ResNet-20 downsample, 1x1/2", 16, 16, 32, 32, 32, 1, 2, 0, type);
     }
+    /* bf16 where cuDNN's heuristic lists no deterministic algorithm (as
+     * the emulator does under VISC_EMU_CUDNN_NONDETERMINISTIC; a GPU's
+     * cuDNN ignores it): a non-deterministic one runs, said once, where
+     * the first choice refused the layer. A shape of its own, so that no
+     * plan chosen above is reused. */
+    setenv("VISC_EMU_CUDNN_NONDETERMINISTIC", "1", 1);
+    check_conv("CIFAR stem, no deterministic algorithm listed", 5, 3, 32, 32, 16, 3, 1, 1,
+               VISC_CUDA_CONV_BF16_NHWC_F32W);
+    unsetenv("VISC_EMU_CUDNN_NONDETERMINISTIC");
+    check_conv_benchmark();
     /* A bad shape is refused before cuDNN is asked (no pointer is read). */
     const visc_cuda_conv_shape bad = {1, 3, 8, 8, 4, 3, 3, 0, 1, VISC_CUDA_CONV_F32_NCHW};
     const int rc = visc_cuda_conv_forward(ctx, &bad, NULL, NULL, NULL);

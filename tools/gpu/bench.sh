@@ -100,6 +100,19 @@ for s in "${settings[@]}"; do
         >>"$OUT/bench.md"
 done
 [ $have_torch -eq 1 ] || echo "(no PyTorch with CUDA and timm here: the torch columns are empty)" >>"$OUT/bench.md"
+# ResNet-50 once more with its convolutions' algorithms from cuDNN's timed
+# search (--cudnn-benchmark, as PyTorch's runs above set cudnn.benchmark),
+# where the table's visc column has the heuristic's (visc's default: the
+# same algorithms, so the same bits, on every run). Last, so that the
+# search's time cannot take the table's.
+if [ -z "${BENCH_MODELS:-}" ] || grep -qw resnet50 <<<"$BENCH_MODELS"; then
+    r=$(run "$BUILD/bench/bench_train" --model resnet50 --batch 256 --image-size 224 --classes 1000 \
+        --device cuda --precision bf16 --warmup 3 --steps 10 --quiet --cudnn-benchmark)
+    ri=$(field img_s "$r")
+    echo "
+ResNet-50 with --cudnn-benchmark (cuDNN's timed search): ${ri:-$r} img/s, $(field mem_mib "$r") MiB." \
+        >>"$OUT/bench.md"
+fi
 [ -z "${BENCH_MODELS:-}" ] || grep -qw vit_small_patch16_224 <<<"$BENCH_MODELS" || exit 0
 p=$(VISC_CUDA_ATTENTION=products run "$BUILD/bench/bench_train" --model vit_small_patch16_224 \
     --batch 256 --image-size 224 --classes 1000 --device cuda --precision bf16 --warmup 3 \

@@ -222,6 +222,14 @@ const listed bwd_filter_list[] = {{CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, 0},
                                   {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, 0}};
 const size_t WORKSPACE = (size_t)1 << 20; /* what each listed algorithm asks for */
 
+/* VISC_EMU_CUDNN_NONDETERMINISTIC=1 (read at each query): every listed
+ * algorithm marked non-deterministic, as cuDNN may list them for a shape
+ * (conv.cu's bf16 fallback). */
+static int none_deterministic(void) {
+    const char *e = getenv("VISC_EMU_CUDNN_NONDETERMINISTIC");
+    return e && strcmp(e, "1") == 0;
+}
+
 template <typename Perf, size_t N>
 cudnnStatus_t heuristic(const listed (&list)[N], cudnnDataType_t type, cudnnMathType_t math,
                         int requested, int *returned, Perf *perf) {
@@ -238,7 +246,9 @@ cudnnStatus_t heuristic(const listed (&list)[N], cudnnDataType_t type, cudnnMath
             p.algo = (decltype(p.algo))list[i].algo;
             p.status = CUDNN_STATUS_SUCCESS;
             p.memory = WORKSPACE;
-            p.determinism = list[i].deterministic ? CUDNN_DETERMINISTIC : CUDNN_NON_DETERMINISTIC;
+            p.determinism = list[i].deterministic && !none_deterministic()
+                                ? CUDNN_DETERMINISTIC
+                                : CUDNN_NON_DETERMINISTIC;
             p.mathType = maths[v];
         }
     }
@@ -260,6 +270,18 @@ template <size_t N> cudnnStatus_t workspace(const listed (&list)[N], int algo, s
             return CUDNN_STATUS_SUCCESS;
         }
     return bad("the workspace of an algorithm the heuristic does not list");
+}
+
+int finds; /* the timed searches made (visc_emu_cudnn_finds) */
+template <typename Perf> cudnnStatus_t timed(cudnnStatus_t s, int *returned, Perf *perf) {
+    if (s != CUDNN_STATUS_SUCCESS) return s;
+    finds++;
+    for (int i = 0, j = *returned - 1; i < j; i++, j--) {
+        const Perf t = perf[i];
+        perf[i] = perf[j];
+        perf[j] = t;
+    }
+    return s;
 }
 
 } // namespace
@@ -371,6 +393,38 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(
     const cudnnStatus_t s = agree(x, dw, cv, dy);
     if (s != CUDNN_STATUS_SUCCESS) return s;
     return heuristic(bwd_filter_list, x->type, cv->math, requested, returned, perf);
+}
+
+/* The timed searches: the heuristic's entries in reverse order (another
+ * first choice, as a search may find), each call counted for the kernel
+ * test (visc_emu_cudnn_finds). */
+int visc_emu_cudnn_finds(void) { return finds; }
+cudnnStatus_t cudnnFindConvolutionForwardAlgorithm(cudnnHandle_t h, cudnnTensorDescriptor_t x,
+                                                   cudnnFilterDescriptor_t w,
+                                                   cudnnConvolutionDescriptor_t cv,
+                                                   cudnnTensorDescriptor_t y, int requested,
+                                                   int *returned,
+                                                   cudnnConvolutionFwdAlgoPerf_t *perf) {
+    return timed(cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, cv, y, requested, returned, perf),
+                 returned, perf);
+}
+cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t h, cudnnFilterDescriptor_t w,
+                                                        cudnnTensorDescriptor_t dy,
+                                                        cudnnConvolutionDescriptor_t cv,
+                                                        cudnnTensorDescriptor_t dx, int requested,
+                                                        int *returned,
+                                                        cudnnConvolutionBwdDataAlgoPerf_t *perf) {
+    return timed(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, dy, cv, dx, requested, returned,
+                                                             perf),
+                 returned, perf);
+}
+cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithm(
+    cudnnHandle_t h, cudnnTensorDescriptor_t x, cudnnTensorDescriptor_t dy,
+    cudnnConvolutionDescriptor_t cv, cudnnFilterDescriptor_t dw, int requested, int *returned,
+    cudnnConvolutionBwdFilterAlgoPerf_t *perf) {
+    return timed(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x, dy, cv, dw, requested,
+                                                               returned, perf),
+                 returned, perf);
 }
 
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, cudnnTensorDescriptor_t x,
