@@ -513,6 +513,17 @@ int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
 int visc_cuda_droppath_add_from_windows(visc_cuda *ctx, float *out, const float *x,
                                         const float *branch, float *keep, int all_kept,
                                         const visc_cuda_swin_grid *g, int B, int C);
+/* (linear.cu) Swin V1's output projection backward from its output's
+ * gradient dout in token order, [B H W, out_features]:
+ * visc_cuda_swin_partition of dout into `windowed` (as many floats, the
+ * caller's), then visc_cuda_linear_operand_backward from it, with the
+ * same bits. Under bf16 the partition is gathered by the pass that rounds
+ * dY and sums db, and `windowed` is not written. din may be dout. */
+int visc_cuda_linear_operand_backward_from_windows(visc_cuda *ctx, float *din, float *dweight,
+                                                   float *dbias, const float *dout, float *windowed,
+                                                   const visc_cuda_swin_grid *g, int B,
+                                                   const float *in, const float *weight,
+                                                   int in_features, int out_features);
 /* (layernorm.cu) Swin V1's first norm and the partition after it in one
  * pass: visc_cuda_layernorm_operand_forward of the [B H W, C] token rows
  * `in`, each output row written at its windowed place (out as

@@ -354,6 +354,14 @@ void visc_gpu_droppath_add_from_windows(visc_cuda *ctx, float *out, const float 
                                         const float *branch, float *keep, float *keep_host, int H,
                                         int W, int wh, int ww, int sh, int sw, int B, int C,
                                         float p, int train, uint64_t seed, uint64_t offset);
+/* Swin V1's output projection backward from the token-order gradient of
+ * its output (visc_cuda_linear_operand_backward_from_windows; windowed:
+ * the partition's room, used in fp32 only). */
+void visc_gpu_linear_operand_backward_from_windows(visc_cuda *ctx, float *din, float *dweight,
+                                                   float *dbias, const float *dout, float *windowed,
+                                                   int H, int W, int wh, int ww, int sh, int sw,
+                                                   int B, const float *in, const float *weight,
+                                                   int in_features, int out_features);
 /* Swin V1's first norm into windowed order as the qkv projection's operand,
  * and its backward from windowed order (visc_cuda_layernorm_operand_to_windows). */
 void visc_gpu_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *save_mean,

@@ -185,9 +185,12 @@ int visc_cuda_column_sums_into(visc_cuda *ctx, float *out, const float *a, int64
  * whose output went through GELU, from the GELU output's gradient, with no
  * fp32 dY in between. part: visc_cuda_col_chunks(rows) * C floats of the
  * caller's, since `rounded` is in the scratch the plain form takes them
- * from. */
+ * from. windows (NULL: none): a's rows are in token order, the sums and
+ * `rounded` in the grid's windowed order (visc_cuda_swin_partition of a
+ * gathered by the pass; gelu_in, if any, in windowed order). */
 int visc_cuda_column_sums_rounded(visc_cuda *ctx, float *out, uint16_t *rounded, float *part,
-                                  const float *a, const uint16_t *gelu_in, int64_t rows, int C);
+                                  const float *a, const uint16_t *gelu_in,
+                                  const visc_cuda_swin_grid *windows, int64_t rows, int C);
 /* A linear layer whose output h then went through GELU, backward from the
  * GELU output's gradient dact, with its input and h in the operand form
  * (visc_cuda_linear_operand_*): as visc_cuda_gelu_backward into dact and

@@ -13,6 +13,7 @@
 
 #include "common.cuh"
 #include "gelu.cuh"
+#include "swin_window.cuh"
 
 int visc_cuda_check(cudaError_t e, const char *what) {
     if (e == cudaSuccess) return 0;
@@ -349,21 +350,24 @@ int visc_cuda_add_partials(visc_cuda *ctx, float *out, const float *part, int ch
  * value also rounded to bf16 into `rounded` when it is not NULL. The
  * values are a's, or a times GELU'(gelu_in) when gelu_in (bf16: an MLP's
  * hidden layer in the operand form) is not NULL (the product
- * gelu_backward_bf16_kernel makes, operation for operation). */
+ * gelu_backward_bf16_kernel makes, operation for operation). With
+ * `windowed`, row r takes a's row visc_swin_token_row(g, r): a in token
+ * order summed and rounded in windowed order, the partition gathered by
+ * the pass. */
 __global__ void column_partials_kernel(float *part, __nv_bfloat16 *rounded, const float *a,
                                        const __nv_bfloat16 *gelu_in, int64_t rows, int C,
-                                       int chunks) {
+                                       int chunks, visc_cuda_swin_grid g, int windowed) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     int64_t r0, r1;
     visc_chunk_rows(rows, blockIdx.y, chunks, &r0, &r1);
     float s = 0.0f;
     for (int64_t r = r0; r < r1; r++) {
+        const float x = a[(windowed ? visc_swin_token_row(g, r) : r) * C + c];
         /* __fmul_rn: never contracted into the sum's add, so v and the sum
          * are those of the product stored first (the two-call form) */
-        const float v = gelu_in ? __fmul_rn(a[r * C + c],
-                                            visc_gelu_grad(__bfloat162float(gelu_in[r * C + c])))
-                                : a[r * C + c];
+        const float v =
+            gelu_in ? __fmul_rn(x, visc_gelu_grad(__bfloat162float(gelu_in[r * C + c]))) : x;
         s += v;
         if (rounded) rounded[r * C + c] = __float2bfloat16_rn(v);
     }
@@ -371,10 +375,13 @@ __global__ void column_partials_kernel(float *part, __nv_bfloat16 *rounded, cons
 }
 
 static int column_partials(visc_cuda *ctx, float *part, __nv_bfloat16 *rounded, const float *a,
-                           const __nv_bfloat16 *gelu_in, int64_t rows, int C, int chunks) {
+                           const __nv_bfloat16 *gelu_in, const visc_cuda_swin_grid *windows,
+                           int64_t rows, int C, int chunks) {
     const unsigned threads = visc_cuda_col_threads(C);
-    column_partials_kernel<<<dim3((C + threads - 1) / threads, chunks), threads, 0, ctx->stream>>>(
-        part, rounded, a, gelu_in, rows, C, chunks);
+    const visc_cuda_swin_grid g = windows ? *windows : visc_cuda_swin_grid{};
+    column_partials_kernel<<<dim3((C + threads - 1) / threads, chunks), threads, 0,
+                             ctx->stream>>>(part, rounded, a, gelu_in, rows, C, chunks, g,
+                                            windows != NULL);
     return visc_cuda_launched("column sums");
 }
 
@@ -387,19 +394,20 @@ int visc_cuda_column_sums_into(visc_cuda *ctx, float *out, const float *a, int64
         return accumulate ? 0
                           : visc_cuda_check(cudaMemsetAsync(out, 0, sizeof(float) * C, ctx->stream),
                                             "column sums");
-    if (column_partials(ctx, part, NULL, a, NULL, rows, C, chunks)) return -1;
+    if (column_partials(ctx, part, NULL, a, NULL, NULL, rows, C, chunks)) return -1;
     return add_partials(ctx, out, part, chunks, C, C, accumulate);
 }
 
 int visc_cuda_column_sums_rounded(visc_cuda *ctx, float *out, uint16_t *rounded, float *part,
-                                  const float *a, const uint16_t *gelu_in, int64_t rows, int C) {
+                                  const float *a, const uint16_t *gelu_in,
+                                  const visc_cuda_swin_grid *windows, int64_t rows, int C) {
     if (rows == 0)
         return out ? visc_cuda_check(cudaMemsetAsync(out, 0, sizeof(float) * C, ctx->stream),
                                      "column sums")
                    : 0;
     const int chunks = visc_cuda_col_chunks(rows);
     if (column_partials(ctx, part, (__nv_bfloat16 *)rounded, a, (const __nv_bfloat16 *)gelu_in,
-                        rows, C, chunks))
+                        windows, rows, C, chunks))
         return -1;
     return out ? add_partials(ctx, out, part, chunks, C, C, 0) : 0;
 }

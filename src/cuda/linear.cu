@@ -10,6 +10,7 @@
  * they are needed, so the model's tensors stay fp32 and nothing else
  * changes; the scratch grows on the first step and is then kept. */
 #include "common.cuh"
+#include "swin_window.cuh"
 
 /* The bf16 forward product, X already rounded (x16): W rounded into w16. */
 static int forward_bf16(visc_cuda *ctx, float *out, const uint16_t *x16, uint16_t *w16,
@@ -46,18 +47,21 @@ int visc_cuda_linear_forward_rounded(visc_cuda *ctx, float *out, const uint16_t 
 }
 
 /* The bf16 backward products, X already rounded (x16): dY (dout, or dout
- * x GELU'(gelu_in), gelu_in bf16, when it is not NULL) rounded into dy16 in the pass
- * that sums its columns into dbias when that is asked (part: its partials,
- * visc_cuda_col_chunks(N) * out_features floats), W into w16 (when din is
- * asked). */
+ * x GELU'(gelu_in), gelu_in bf16, when it is not NULL; with windows, dout
+ * in token order partitioned into the grid's windows) rounded into dy16
+ * in the pass that sums its columns into dbias when that is asked (part:
+ * its partials, visc_cuda_col_chunks(N) * out_features floats), W into
+ * w16 (when din is asked). */
 static int backward_bf16(visc_cuda *ctx, float *din, float *dweight, float *dbias, float *part,
-                         const float *dout, const uint16_t *gelu_in, uint16_t *dy16,
-                         const uint16_t *x16, const float *weight, uint16_t *w16, int N,
-                         int in_features, int out_features) {
+                         const float *dout, const uint16_t *gelu_in,
+                         const visc_cuda_swin_grid *windows, uint16_t *dy16, const uint16_t *x16,
+                         const float *weight, uint16_t *w16, int N, int in_features,
+                         int out_features) {
     const size_t ndy = (size_t)N * out_features;
-    if (dbias || gelu_in ? visc_cuda_column_sums_rounded(ctx, dbias, dy16, part, dout, gelu_in, N,
-                                                         out_features)
-                         : visc_cuda_f32_to_bf16(ctx, dy16, dout, ndy))
+    if (dbias || gelu_in || windows
+            ? visc_cuda_column_sums_rounded(ctx, dbias, dy16, part, dout, gelu_in, windows, N,
+                                            out_features)
+            : visc_cuda_f32_to_bf16(ctx, dy16, dout, ndy))
         return -1;
     /* dX[N, in] = dY[N, out] W[out, in] */
     if (din && (visc_cuda_f32_to_bf16(ctx, w16, weight, (size_t)out_features * in_features) ||
@@ -94,8 +98,8 @@ int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float 
     uint16_t *c[4]; /* dY, X, W, dbias's partials */
     if (visc_cuda_bf16_scratch(ctx, c, counts, 4) || visc_cuda_f32_to_bf16(ctx, c[1], in, nx))
         return -1;
-    return backward_bf16(ctx, din, dweight, dbias, (float *)c[3], dout, NULL, c[0], c[1], weight,
-                         c[2], N, in_features, out_features);
+    return backward_bf16(ctx, din, dweight, dbias, (float *)c[3], dout, NULL, NULL, c[0], c[1],
+                         weight, c[2], N, in_features, out_features);
 }
 
 /* visc_cuda_linear_backward_rounded with dY = dout x GELU'(gelu_in) when
@@ -108,8 +112,8 @@ static int backward_rounded(visc_cuda *ctx, float *din, float *dweight, float *d
                               partials_room(dbias || gelu_in, N, out_features)};
     uint16_t *c[3]; /* dY, W, the column partials */
     if (visc_cuda_bf16_scratch(ctx, c, counts, 3)) return -1;
-    return backward_bf16(ctx, din, dweight, dbias, (float *)c[2], dout, gelu_in, c[0], in, weight,
-                         c[1], N, in_features, out_features);
+    return backward_bf16(ctx, din, dweight, dbias, (float *)c[2], dout, gelu_in, NULL, c[0], in,
+                         weight, c[1], N, in_features, out_features);
 }
 
 int visc_cuda_linear_backward_rounded(visc_cuda *ctx, float *din, float *dweight, float *dbias,
@@ -173,6 +177,30 @@ int visc_cuda_linear_operand_backward(visc_cuda *ctx, float *din, float *dweight
                                          in_features, out_features);
     return visc_cuda_linear_backward_rounded(ctx, din, dweight, dbias, dout, (const uint16_t *)in,
                                              weight, N, in_features, out_features);
+}
+
+int visc_cuda_linear_operand_backward_from_windows(visc_cuda *ctx, float *din, float *dweight,
+                                                   float *dbias, const float *dout, float *windowed,
+                                                   const visc_cuda_swin_grid *g, int B,
+                                                   const float *in, const float *weight,
+                                                   int in_features, int out_features) {
+    if (visc_swin_grid_check(g, B, out_features)) return -1;
+    const int64_t rows = (int64_t)B * g->H * g->W;
+    if (rows > INT32_MAX) return visc_set_error("linear from windows: %lld rows", (long long)rows);
+    const int N = (int)rows;
+    if (!ctx->bf16)
+        return visc_cuda_swin_partition(ctx, windowed, dout, g, B, out_features) ||
+                       visc_cuda_linear_backward(ctx, din, dweight, dbias, windowed, in, weight, N,
+                                                 in_features, out_features)
+                   ? -1
+                   : 0;
+    const size_t counts[3] = {(size_t)N * out_features,
+                              din ? (size_t)out_features * in_features : 0,
+                              partials_room(1, N, out_features)};
+    uint16_t *c[3]; /* dY, W, the column partials */
+    if (visc_cuda_bf16_scratch(ctx, c, counts, 3)) return -1;
+    return backward_bf16(ctx, din, dweight, dbias, (float *)c[2], dout, NULL, g, c[0],
+                         (const uint16_t *)in, weight, c[1], N, in_features, out_features);
 }
 
 int visc_cuda_linear_gelu_operand_backward(visc_cuda *ctx, float *din, float *dweight,

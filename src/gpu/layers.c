@@ -546,6 +546,16 @@ void visc_gpu_swin_reverse(visc_cuda *ctx, float *out, const float *in, int H, i
     RUN(visc_cuda_swin_reverse(ctx, out, in, &g, B, C));
 }
 
+void visc_gpu_linear_operand_backward_from_windows(visc_cuda *ctx, float *din, float *dweight,
+                                                   float *dbias, const float *dout, float *windowed,
+                                                   int H, int W, int wh, int ww, int sh, int sw,
+                                                   int B, const float *in, const float *weight,
+                                                   int in_features, int out_features) {
+    const visc_cuda_swin_grid g = {H, W, wh, ww, sh, sw};
+    RUN(visc_cuda_linear_operand_backward_from_windows(ctx, din, dweight, dbias, dout, windowed, &g,
+                                                       B, in, weight, in_features, out_features));
+}
+
 void visc_gpu_droppath_add_from_windows(visc_cuda *ctx, float *out, const float *x,
                                         const float *branch, float *keep, float *keep_host, int H,
                                         int W, int wh, int ww, int sh, int sw, int B, int C,

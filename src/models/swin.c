@@ -380,6 +380,25 @@ static void reverse(visc_model *m, float *out, const float *in, const visc_swin_
     else visc_swin_reverse(out, in, g, B, C);
 }
 
+/* V1's output projection backward from dout, the gradient of its output
+ * in token order (the residual stream's): the partition into windowed
+ * order and the layer's backward, din into `din` (may be dout). The GPU
+ * gathers the partition in the pass that rounds dY under bf16, where
+ * `scratch` is not touched; the CPU partitions into it first. */
+static void proj_backward_from_windows(visc_model *m, swin_block *b, float *din, const float *dout,
+                                       float *scratch, int B) {
+    const visc_swin_grid *g = &b->g;
+    const int C = b->C, R = B * g->H * g->W;
+    if (m->cuda) {
+        visc_gpu_linear_operand_backward_from_windows(m->cuda, din, G(b->projw), G(b->projb), dout,
+                                                      scratch, g->H, g->W, g->wh, g->ww, g->sh,
+                                                      g->sw, B, b->ao, P(b->projw), C, C);
+    } else {
+        visc_swin_partition(scratch, dout, g, B, C);
+        visc_linear_backward(din, G(b->projw), G(b->projb), scratch, b->ao, P(b->projw), R, C, C);
+    }
+}
+
 /* V1's first norm, windowed for the qkv projection: into xw, its operand.
  * The GPU does both in one pass; the CPU norms into `scratch` first. */
 static void norm1_to_windows(visc_model *m, swin_block *b, float *scratch, int B) {
@@ -644,9 +663,7 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
         md_layernorm_backward_add(m, gx, G(b->n2w), G(b->n2b), sa, b->x1, P(b->n2w), b->mean2,
                                   b->rstd2, R, C);
         const float *dbr = branch_grad(m, s, b, sa, gx, b->keep1);
-        partition(m, sb, dbr, &b->g, B, C);
-        md_linear_operand_backward(m, sa, G(b->projw), G(b->projb), sb, b->ao, P(b->projw), (int)R,
-                                   C, C);
+        proj_backward_from_windows(m, b, sa, dbr, sb, B);
         md_attention_operand_backward(m, &b->attn, sh, sh + C, sh + 2 * C, s->dbias, NULL, sa,
                                       b->qkv, md_operand_at(m, b->qkv, C),
                                       md_operand_at(m, b->qkv, 2 * C), b->ao, b->lse);

@@ -1258,6 +1258,19 @@ int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
     return 0;
 }
 
+/* The projection's backward from token order: the partition, then the layer's backward. */
+int visc_cuda_linear_operand_backward_from_windows(visc_cuda *ctx, float *din, float *dweight,
+                                                   float *dbias, const float *dout, float *windowed,
+                                                   const visc_cuda_swin_grid *g, int B,
+                                                   const float *in, const float *weight,
+                                                   int in_features, int out_features) {
+    return visc_cuda_swin_partition(ctx, windowed, dout, g, B, out_features) ||
+                   visc_cuda_linear_operand_backward(ctx, din, dweight, dbias, windowed, in, weight,
+                                                     B * g->H * g->W, in_features, out_features)
+               ? -1
+               : 0;
+}
+
 /* Swin V1's first norm with the partition after it, and its backward: the
  * CPU's two calls each, through a temporary of the stand-in's own (the GPU
  * does them in one pass; the rows' values are no different). */

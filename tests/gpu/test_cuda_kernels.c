@@ -1208,6 +1208,52 @@ static void check_swin_residual(int B, int H, int W, int window, int shifted, in
     free(x), free(branch), free(keep);
 }
 
+/* Swin V1's output projection backward from the token-order gradient
+ * (visc_cuda_linear_operand_backward_from_windows), fp32 and bf16: the
+ * bits of the partition followed by visc_cuda_linear_operand_backward,
+ * also with din in dout's place. */
+static void check_swin_proj_backward(int B, int H, int W, int window, int shifted, int C) {
+    char name[224];
+    const swin_case sc = swin_case_make(B, H, W, window, shifted, C);
+    const visc_cuda_swin_grid cg = sc.cg;
+    const int N = B * H * W, was_bf16 = visc_cuda_bf16(ctx);
+    const size_t n = (size_t)N * C, nw = (size_t)C * C;
+    float *x = random_floats(n, -1, 1), *w = random_floats(nw, -0.2f, 0.2f);
+    float *dy = random_floats(n, -1, 1);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        visc_cuda_set_bf16(ctx, bf16);
+        float *d_in = bf16 ? (float *)up_bf16(x, n) : up(x, sizeof(float) * n);
+        float *d_w = up(w, sizeof(float) * nw), *d_dy = up(dy, sizeof(float) * n);
+        float *d_tmp = dev(sizeof(float) * n), *d_scratch = dev(sizeof(float) * n);
+        float *g_ref = dev(sizeof(float) * (n + nw + C)), *g = dev(sizeof(float) * (n + nw + C));
+        launched(visc_cuda_swin_partition(ctx, d_tmp, d_dy, &cg, B, C), "swin partition");
+        launched(visc_cuda_linear_operand_backward(ctx, g_ref, g_ref + n, g_ref + n + nw, d_tmp,
+                                                   d_in, d_w, N, C, C),
+                 "linear backward");
+        launched(visc_cuda_linear_operand_backward_from_windows(ctx, g, g + n, g + n + nw, d_dy,
+                                                                d_scratch, &cg, B, d_in, d_w, C, C),
+                 "linear backward from windows");
+        float *ref = down(g_ref, n + nw + C), *got = down(g, n + nw + C);
+        snprintf(name, sizeof name, "linear backward from windows %s%s: as partition + backward",
+                 sc.what, bf16 ? ", bf16" : "");
+        expect_bits(name, got, ref, n + nw + C, sizeof(float));
+        free(got);
+        /* din where dout was */
+        launched(visc_cuda_linear_operand_backward_from_windows(ctx, d_dy, g + n, g + n + nw, d_dy,
+                                                                d_scratch, &cg, B, d_in, d_w, C, C),
+                 "linear backward from windows, din in dout's place");
+        got = down(d_dy, n);
+        snprintf(name, sizeof name, "linear backward from windows %s%s, din in dout's place",
+                 sc.what, bf16 ? ", bf16" : "");
+        expect_bits(name, got, ref, n, sizeof(float));
+        free(got), free(ref);
+        float *dfree[] = {d_in, d_w, d_dy, d_tmp, d_scratch, g_ref, g};
+        for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    }
+    visc_cuda_set_bf16(ctx, was_bf16);
+    free(x), free(w), free(dy);
+}
+
 /* ---- convolutions ---- */
 typedef struct {
     int N, C, H, W, K, R, S, stride, pad, P, Q;
@@ -3611,6 +3657,8 @@ static void group_swin(void) {
     check_swin_norm(3, 8, 8, 4, 0, 40);   /* C not a multiple of 32 */
     check_swin_residual(4, 14, 14, 7, 1, 96);
     check_swin_residual(3, 8, 8, 4, 0, 40);
+    check_swin_proj_backward(2, 14, 14, 7, 1, 96); /* Swin-T's first stage, shifted */
+    check_swin_proj_backward(3, 8, 8, 4, 0, 40);
     /* A grid the kernel would index outside the tensor with is refused
      * before any launch (the pointers are never touched). */
     const visc_cuda_swin_grid bad = {8, 8, 4, 4, -2, 0};
