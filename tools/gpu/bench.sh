@@ -21,10 +21,11 @@
 # operands, and the ResNets keep their activations in bf16 channels-last
 # (convolutions, batch norm, pooling and sums in bf16, as autocast with
 # channels_last); the transformers' attention runs fused on tensor cores
-# with bf16 operands, and what only a linear layer reads is written in bf16
-# (the MLP's GELU, the norms before qkv and the MLP, attention's output),
-# but their residual stream and attention's q, k, v are still fp32, and
-# the table says so rather than compare unlike precisions silently. Memory,
+# with bf16 operands, and what only a linear layer or attention reads is
+# written in bf16 (q, k, v of ViT and Swin V1, the MLP's GELU, the norms
+# before qkv and the MLP, attention's output), but their residual stream
+# is still fp32 (as autocast keeps it), and the table says so rather than
+# compare unlike precisions silently. Memory,
 # one measure for both: the most the run's buffers held (visc: its
 # allocation table, visc_cuda_memory_allocated, which counts every buffer:
 # weights, gradients, optimizer state, the arena, workspaces; PyTorch:
