@@ -210,7 +210,9 @@ void visc_gpu_batchnorm2d_forward_eval_add_relu(visc_cuda *ctx, const visc_batch
 /* out: the forward's output (its fused ReLU's mask), read under SyncBN;
  * a process alone makes the mask again from in, gamma, beta and the saved
  * statistics instead, so out may be NULL there (the output of a training
- * forward: visc_cuda_batchnorm_backward). */
+ * forward: visc_cuda_batchnorm_backward). _reads_output says which: 1
+ * where out is read. */
+int visc_gpu_batchnorm2d_reads_output(const visc_batchnorm2d *b);
 void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, visc_gpu_act act,
                                    void *din, float *dgamma, float *dbeta, const void *dout,
                                    const void *in, const void *out, const float *gamma,

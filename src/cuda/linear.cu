@@ -103,23 +103,25 @@ int visc_cuda_linear_backward(visc_cuda *ctx, float *din, float *dweight, float 
 }
 
 /* visc_cuda_linear_backward_rounded with dY = dout x GELU'(gelu_in) when
- * gelu_in (bf16) is not NULL. */
+ * gelu_in (bf16) is not NULL, and dout partitioned into the windows of
+ * `windows` when that is not NULL. */
 static int backward_rounded(visc_cuda *ctx, float *din, float *dweight, float *dbias,
-                            const float *dout, const uint16_t *gelu_in, const uint16_t *in,
+                            const float *dout, const uint16_t *gelu_in,
+                            const visc_cuda_swin_grid *windows, const uint16_t *in,
                             const float *weight, int N, int in_features, int out_features) {
     const size_t counts[3] = {(size_t)N * out_features,
                               din ? (size_t)out_features * in_features : 0,
-                              partials_room(dbias || gelu_in, N, out_features)};
+                              partials_room(dbias || gelu_in || windows, N, out_features)};
     uint16_t *c[3]; /* dY, W, the column partials */
     if (visc_cuda_bf16_scratch(ctx, c, counts, 3)) return -1;
-    return backward_bf16(ctx, din, dweight, dbias, (float *)c[2], dout, gelu_in, NULL, c[0], in,
+    return backward_bf16(ctx, din, dweight, dbias, (float *)c[2], dout, gelu_in, windows, c[0], in,
                          weight, c[1], N, in_features, out_features);
 }
 
 int visc_cuda_linear_backward_rounded(visc_cuda *ctx, float *din, float *dweight, float *dbias,
                                       const float *dout, const uint16_t *in, const float *weight,
                                       int N, int in_features, int out_features) {
-    return backward_rounded(ctx, din, dweight, dbias, dout, NULL, in, weight, N, in_features,
+    return backward_rounded(ctx, din, dweight, dbias, dout, NULL, NULL, in, weight, N, in_features,
                             out_features);
 }
 
@@ -194,13 +196,8 @@ int visc_cuda_linear_operand_backward_from_windows(visc_cuda *ctx, float *din, f
                                                  in_features, out_features)
                    ? -1
                    : 0;
-    const size_t counts[3] = {(size_t)N * out_features,
-                              din ? (size_t)out_features * in_features : 0,
-                              partials_room(1, N, out_features)};
-    uint16_t *c[3]; /* dY, W, the column partials */
-    if (visc_cuda_bf16_scratch(ctx, c, counts, 3)) return -1;
-    return backward_bf16(ctx, din, dweight, dbias, (float *)c[2], dout, NULL, g, c[0],
-                         (const uint16_t *)in, weight, c[1], N, in_features, out_features);
+    return backward_rounded(ctx, din, dweight, dbias, dout, NULL, g, (const uint16_t *)in, weight,
+                            N, in_features, out_features);
 }
 
 int visc_cuda_linear_gelu_operand_backward(visc_cuda *ctx, float *din, float *dweight,
@@ -214,6 +211,6 @@ int visc_cuda_linear_gelu_operand_backward(visc_cuda *ctx, float *din, float *dw
                    ? -1
                    : 0;
     /* h and in: the operand form, bf16 */
-    return backward_rounded(ctx, din, dweight, dbias, dact, (const uint16_t *)h,
+    return backward_rounded(ctx, din, dweight, dbias, dact, (const uint16_t *)h, NULL,
                             (const uint16_t *)in, weight, N, in_features, out_features);
 }

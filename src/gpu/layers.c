@@ -234,6 +234,10 @@ void visc_gpu_batchnorm2d_forward_eval_add_relu(visc_cuda *ctx, const visc_batch
                                              running_var));
 }
 
+int visc_gpu_batchnorm2d_reads_output(const visc_batchnorm2d *b) {
+    return b->relu && b->sync != NULL;
+}
+
 void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, visc_gpu_act act,
                                    void *din, float *dgamma, float *dbeta, const void *dout,
                                    const void *in, const void *out, const float *gamma,
@@ -252,7 +256,8 @@ void visc_gpu_batchnorm2d_backward(visc_cuda *ctx, const visc_batchnorm2d *b, vi
     }
     /* a process alone makes the ReLU's mask again from the statistics
      * rather than reading the output (visc_cuda_batchnorm_backward) */
-    RUN(visc_cuda_batchnorm_backward(ctx, &s, din, dgamma, dbeta, dout, in, NULL, gamma, beta,
+    RUN(visc_cuda_batchnorm_backward(ctx, &s, din, dgamma, dbeta, dout, in,
+                                     visc_gpu_batchnorm2d_reads_output(b) ? out : NULL, gamma, beta,
                                      save_mean, save_rstd));
 }
 

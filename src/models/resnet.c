@@ -703,9 +703,9 @@ static void trunk_backward(visc_model *m, resnet *r) {
             visc_gpu_maxpool2d_backward(m->cuda, &r->maxpool, r->act, din, dout, r->pool_argmax);
         else visc_maxpool2d_backward(&r->maxpool, din, dout, r->pool_argmax);
         /* the stem norm's output again, where the first block's input
-         * gradient was: only its ReLU's mask is read, which a GPU alone
-         * makes again from the statistics (visc_gpu_batchnorm2d_backward) */
-        stem_out = m->cuda && !r->stem_bn.op.sync
+         * gradient was: only its ReLU's mask is read, which the GPU's
+         * backward may make again from the statistics instead */
+        stem_out = m->cuda && !visc_gpu_batchnorm2d_reads_output(&r->stem_bn.op)
                        ? NULL
                        : norm_output_again(m, r, &r->stem_bn, r->stem_b, dout, r->stem_c);
         dout = din;
