@@ -507,6 +507,12 @@ int visc_cuda_swin_partition(visc_cuda *ctx, float *out, const float *in,
                              const visc_cuda_swin_grid *g, int B, int C);
 int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
                            const visc_cuda_swin_grid *g, int B, int C);
+/* The partition into the operand form (visc_cuda_operand_bytes: bf16
+ * under bf16, each value rounded once), and acc += the reverse of in. */
+int visc_cuda_swin_partition_operand(visc_cuda *ctx, float *out, const float *in,
+                                     const visc_cuda_swin_grid *g, int B, int C);
+int visc_cuda_swin_reverse_add(visc_cuda *ctx, float *acc, const float *in,
+                               const visc_cuda_swin_grid *g, int B, int C);
 /* A residual sum whose branch is in windowed order: visc_cuda_swin_reverse
  * of branch, then visc_cuda_droppath_add_forward (all_kept: _kept) of it,
  * in one pass (out may be x). */
@@ -540,6 +546,19 @@ int visc_cuda_layernorm_backward_from_windows_add(visc_cuda *ctx, float *din, fl
                                                   const float *gamma, const float *save_mean,
                                                   const float *save_rstd,
                                                   const visc_cuda_swin_grid *g, int B, int C);
+/* (layernorm.cu) Swin V2's post-norm of the output projection, whose rows
+ * are in windowed order, and the reverse before it, in one pass: `in`
+ * windowed, out (fp32) in token order, as visc_cuda_swin_reverse then
+ * visc_cuda_layernorm_forward. And its backward to windowed order: dout
+ * in token order, din and in windowed (din not dout). The statistics are
+ * at the input's rows: windowed order (V1's pair keeps them in token order). */
+int visc_cuda_layernorm_from_windows(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
+                                     const float *in, const float *gamma, const float *beta,
+                                     const visc_cuda_swin_grid *g, int B, int C, float eps);
+int visc_cuda_layernorm_backward_to_windows(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                            const float *dout, const float *in, const float *gamma,
+                                            const float *save_mean, const float *save_rstd,
+                                            const visc_cuda_swin_grid *g, int B, int C);
 
 /* ---- conv.cu: cuDNN convolutions (dilation 1, groups 1, no bias: ResNets) ----
  * Two forms: fp32 in NCHW (x [N, C, H, W], w [K, C, R, S], y [N, K, P, Q],

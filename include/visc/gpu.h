@@ -346,10 +346,11 @@ void visc_gpu_token_mean_backward(visc_cuda *ctx, float *din, const float *dout,
                                   int C);
 
 /* ---- layers.c: Swin's pieces (models/swin_window.h; grids as visc_swin_grid) ---- */
-void visc_gpu_swin_partition(visc_cuda *ctx, float *out, const float *in, int H, int W, int wh,
-                             int ww, int sh, int sw, int B, int C);
-void visc_gpu_swin_reverse(visc_cuda *ctx, float *out, const float *in, int H, int W, int wh,
-                           int ww, int sh, int sw, int B, int C);
+/* the partition into the operand form, and acc += the reverse of in */
+void visc_gpu_swin_partition_operand(visc_cuda *ctx, float *out, const float *in, int H, int W,
+                                     int wh, int ww, int sh, int sw, int B, int C);
+void visc_gpu_swin_reverse_add(visc_cuda *ctx, float *acc, const float *in, int H, int W, int wh,
+                               int ww, int sh, int sw, int B, int C);
 /* out = x + drop_path(branch) with branch in windowed order (rolled back
  * on the way), the draws as visc_gpu_droppath_add_forward's. */
 void visc_gpu_droppath_add_from_windows(visc_cuda *ctx, float *out, const float *x,
@@ -375,6 +376,16 @@ void visc_gpu_layernorm_backward_from_windows_add(visc_cuda *ctx, float *din, fl
                                                   const float *gamma, const float *save_mean,
                                                   const float *save_rstd, int H, int W, int wh,
                                                   int ww, int sh, int sw, int B, int C);
+/* Swin V2's post-norm from windowed rows to token order, and its backward
+ * to windowed order (visc_cuda_layernorm_from_windows). */
+void visc_gpu_layernorm_from_windows(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
+                                     const float *in, const float *gamma, const float *beta, int H,
+                                     int W, int wh, int ww, int sh, int sw, int B, int C,
+                                     float eps);
+void visc_gpu_layernorm_backward_to_windows(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                            const float *dout, const float *in, const float *gamma,
+                                            const float *save_mean, const float *save_rstd, int H,
+                                            int W, int wh, int ww, int sh, int sw, int B, int C);
 void visc_gpu_swin_gather_bias(visc_cuda *ctx, float *bias, const float *table, const int32_t *rel,
                                int H, int N, int sigmoid16);
 void visc_gpu_swin_scatter_bias(visc_cuda *ctx, float *dtable, const float *dbias,

@@ -13,18 +13,29 @@
 
 #define ROWS_PER_BLOCK 8 /* warps of 32 threads */
 
-/* The norm's rows in token order, or (Swin) the output and its gradient in
- * windowed order: row r of the output is the norm of the token row that the
- * window partition puts there. The input, its gradient and the statistics
- * stay in token order. */
+/* The norm's rows in token order, or (Swin) one side of it in windowed
+ * order: the output and its gradient (V1's first norm, whose output is the
+ * qkv projection's operand), or the input and its gradient (V2's post-norm
+ * after the output projection). Row r of the windowed side is the token
+ * row t that the window partition puts there; the other side's row is t.
+ * The statistics are kept at the input's rows (as the CPU's norm of the
+ * same rows keeps them). */
+enum ln_windowed { LN_IN_ORDER, LN_OUT_WINDOWED, LN_IN_WINDOWED };
 struct ln_rows {
     visc_cuda_swin_grid g;
-    int windowed;
+    ln_windowed side;
 };
 __device__ __forceinline__ int64_t token_row(const ln_rows &m, int64_t r) {
-    return m.windowed ? visc_swin_token_row(m.g, r) : r;
+    return m.side == LN_IN_ORDER ? r : visc_swin_token_row(m.g, r);
 }
-static const ln_rows tokens_in_order = {{0, 0, 0, 0, 0, 0}, 0};
+/* the input's row (and its gradient's) and the output's, of row r and its token row t */
+__device__ __forceinline__ int64_t in_row(const ln_rows &m, int64_t r, int64_t t) {
+    return m.side == LN_IN_WINDOWED ? r : t;
+}
+__device__ __forceinline__ int64_t out_row(const ln_rows &m, int64_t r, int64_t t) {
+    return m.side == LN_IN_WINDOWED ? t : r;
+}
+static const ln_rows tokens_in_order = {{0, 0, 0, 0, 0, 0}, LN_IN_ORDER};
 
 /* out holds fp32, or bf16 with bf16_out (each value rounded once) */
 __global__ void ln_forward_kernel(void *out, float *save_mean, float *save_rstd, const float *in,
@@ -33,8 +44,8 @@ __global__ void ln_forward_kernel(void *out, float *save_mean, float *save_rstd,
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
     if (r >= rows) return; /* whole warps leave together: r is the warp's */
-    const int64_t t = token_row(map, r);
-    const float *x = in + t * C;
+    const int64_t t = token_row(map, r), i = in_row(map, r, t), o = out_row(map, r, t);
+    const float *x = in + i * C;
     const float x0 = x[0];
     float sum = 0.0f;
     for (int c = lane; c < C; c += 32) sum += x[c] - x0;
@@ -47,12 +58,12 @@ __global__ void ln_forward_kernel(void *out, float *save_mean, float *save_rstd,
         float v = (x[c] - mean) * rstd;
         if (gamma) v *= gamma[c];
         if (beta) v += beta[c];
-        if (bf16_out) ((__nv_bfloat16 *)out)[r * C + c] = __float2bfloat16_rn(v);
-        else ((float *)out)[r * C + c] = v;
+        if (bf16_out) ((__nv_bfloat16 *)out)[o * C + c] = __float2bfloat16_rn(v);
+        else ((float *)out)[o * C + c] = v;
     }
     if (lane == 0) {
-        save_mean[t] = mean;
-        save_rstd[t] = rstd;
+        save_mean[i] = mean;
+        save_rstd[i] = rstd;
     }
 }
 
@@ -89,7 +100,17 @@ int visc_cuda_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *sa
                                            int C, float eps) {
     if (visc_swin_grid_check(g, B, C)) return -1;
     return ln_forward(ctx, out, save_mean, save_rstd, in, gamma, beta, (int64_t)B * g->H * g->W, C,
-                      eps, ctx->bf16, ln_rows{*g, 1});
+                      eps, ctx->bf16, ln_rows{*g, LN_OUT_WINDOWED});
+}
+
+int visc_cuda_layernorm_from_windows(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
+                                     const float *in, const float *gamma, const float *beta,
+                                     const visc_cuda_swin_grid *g, int B, int C, float eps) {
+    if (visc_swin_grid_check(g, B, C)) return -1;
+    if (out == in) /* rows of one are read while the other's are written */
+        return visc_set_error("layernorm from windows: out is in");
+    return ln_forward(ctx, out, save_mean, save_rstd, in, gamma, beta, (int64_t)B * g->H * g->W, C,
+                      eps, 0, ln_rows{*g, LN_IN_WINDOWED});
 }
 
 /* din = the input's gradient, or with acc din += it (a residual stream's
@@ -100,10 +121,10 @@ __global__ void ln_backward_kernel(float *din, int acc, const float *dout, const
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
     if (r >= rows) return;
-    const int64_t t = token_row(map, r);
-    const float *x = in + t * C, *dy = dout + r * C;
-    float *dx = din + t * C;
-    const float mean = save_mean[t], rstd = save_rstd[t];
+    const int64_t t = token_row(map, r), i = in_row(map, r, t);
+    const float *x = in + i * C, *dy = dout + out_row(map, r, t) * C;
+    float *dx = din + i * C;
+    const float mean = save_mean[i], rstd = save_rstd[i];
     float sg = 0.0f, sgx = 0.0f;
     for (int c = lane; c < C; c += 32) {
         const float g = gamma ? dy[c] * gamma[c] : dy[c];
@@ -128,9 +149,9 @@ __global__ void ln_param_partials_kernel(float *part, const float *dout, const f
     visc_chunk_rows(rows, blockIdx.y, chunks, &r0, &r1);
     float sg = 0.0f, sb = 0.0f;
     for (int64_t r = r0; r < r1; r++) {
-        const float dy = dout[r * C + c];
-        const int64_t t = token_row(map, r);
-        sg += dy * (in[t * C + c] - save_mean[t]) * save_rstd[t];
+        const int64_t t = token_row(map, r), i = in_row(map, r, t);
+        const float dy = dout[out_row(map, r, t) * C + c];
+        sg += dy * (in[i * C + c] - save_mean[i]) * save_rstd[i];
         sb += dy;
     }
     float *p = part + (size_t)blockIdx.y * 2 * C;
@@ -193,5 +214,16 @@ int visc_cuda_layernorm_backward_from_windows_add(visc_cuda *ctx, float *din, fl
                                                   const visc_cuda_swin_grid *g, int B, int C) {
     if (visc_swin_grid_check(g, B, C)) return -1;
     return ln_backward(ctx, din, 1, dgamma, dbeta, dout, in, gamma, save_mean, save_rstd,
-                       (int64_t)B * g->H * g->W, C, ln_rows{*g, 1});
+                       (int64_t)B * g->H * g->W, C, ln_rows{*g, LN_OUT_WINDOWED});
+}
+
+int visc_cuda_layernorm_backward_to_windows(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                            const float *dout, const float *in, const float *gamma,
+                                            const float *save_mean, const float *save_rstd,
+                                            const visc_cuda_swin_grid *g, int B, int C) {
+    if (visc_swin_grid_check(g, B, C)) return -1;
+    if (din == dout) /* rows of one are read while the other's are written */
+        return visc_set_error("layernorm backward to windows: din is dout");
+    return ln_backward(ctx, din, 0, dgamma, dbeta, dout, in, gamma, save_mean, save_rstd,
+                       (int64_t)B * g->H * g->W, C, ln_rows{*g, LN_IN_WINDOWED});
 }

@@ -3,18 +3,32 @@
  * windowed row ((b * nH + i) * nW + j) * N + p * ww + q holds the token at
  * grid position ((i * wh + p + sh) mod H, (j * ww + q + sw) mod W), which is
  * torch.roll(x, -shift) followed by window_partition. One thread per float,
- * consecutive threads along C, so reads and writes are both coalesced. */
+ * consecutive threads along C, so reads and writes are both coalesced.
+ * Swin V2 partitions into the qkv projection's operand (bf16 under bf16,
+ * no fp32 copy between) and adds its gradient back in the reverse. */
 #include "swin_window.cuh"
 
-/* reverse = 0: out[windowed] <- in[token]; 1: out[token] <- in[windowed]. */
-__global__ void swin_permute_kernel(float *out, const float *in, visc_cuda_swin_grid g,
-                                    int64_t rows, int C, int reverse) {
+/* What a pass of the map does with each float. */
+enum swin_permute_mode {
+    PARTITION,      /* out[windowed] <- in[token] */
+    PARTITION_BF16, /* the same, out bf16 (each value rounded once) */
+    REVERSE,        /* out[token] <- in[windowed] */
+    REVERSE_ADD     /* out[token] += in[windowed] */
+};
+
+__global__ void swin_permute_kernel(void *out, const float *in, visc_cuda_swin_grid g, int64_t rows,
+                                    int C, swin_permute_mode mode) {
     const int64_t total = rows * C;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / C, c = i % C, tok = visc_swin_token_row(g, r);
-        if (reverse) out[tok * C + c] = in[i];
-        else out[i] = in[tok * C + c];
+        const int64_t r = i / C, c = i % C, tok = visc_swin_token_row(g, r) * C + c;
+        float *o = (float *)out;
+        switch (mode) {
+        case PARTITION: o[i] = in[tok]; break;
+        case PARTITION_BF16: ((__nv_bfloat16 *)out)[i] = __float2bfloat16_rn(in[tok]); break;
+        case REVERSE: o[tok] = in[i]; break;
+        case REVERSE_ADD: o[tok] += in[i]; break;
+        }
     }
 }
 
@@ -28,24 +42,35 @@ int visc_swin_grid_check(const visc_cuda_swin_grid *g, int B, int C) {
     return 0;
 }
 
-static int swin_permute(visc_cuda *ctx, float *out, const float *in, const visc_cuda_swin_grid *g,
-                        int B, int C, int reverse) {
+static int swin_permute(visc_cuda *ctx, void *out, const float *in, const visc_cuda_swin_grid *g,
+                        int B, int C, swin_permute_mode mode) {
     if (visc_swin_grid_check(g, B, C)) return -1;
     const int64_t rows = (int64_t)B * g->H * g->W;
     if (rows == 0) return 0;
     swin_permute_kernel<<<visc_cuda_blocks((size_t)rows * C, 256), 256, 0, ctx->stream>>>(
-        out, in, *g, rows, C, reverse);
-    return visc_cuda_launched(reverse ? "swin window reverse" : "swin window partition");
+        out, in, *g, rows, C, mode);
+    return visc_cuda_launched(mode == PARTITION || mode == PARTITION_BF16 ? "swin window partition"
+                                                                          : "swin window reverse");
 }
 
 int visc_cuda_swin_partition(visc_cuda *ctx, float *out, const float *in,
                              const visc_cuda_swin_grid *g, int B, int C) {
-    return swin_permute(ctx, out, in, g, B, C, 0);
+    return swin_permute(ctx, out, in, g, B, C, PARTITION);
+}
+
+int visc_cuda_swin_partition_operand(visc_cuda *ctx, float *out, const float *in,
+                                     const visc_cuda_swin_grid *g, int B, int C) {
+    return swin_permute(ctx, out, in, g, B, C, ctx->bf16 ? PARTITION_BF16 : PARTITION);
 }
 
 int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
                            const visc_cuda_swin_grid *g, int B, int C) {
-    return swin_permute(ctx, out, in, g, B, C, 1);
+    return swin_permute(ctx, out, in, g, B, C, REVERSE);
+}
+
+int visc_cuda_swin_reverse_add(visc_cuda *ctx, float *acc, const float *in,
+                               const visc_cuda_swin_grid *g, int B, int C) {
+    return swin_permute(ctx, acc, in, g, B, C, REVERSE_ADD);
 }
 
 /* out[token] = x[token] + keep_b in[windowed] with the CPU's roundings

@@ -539,16 +539,16 @@ void visc_gpu_token_mean_backward(visc_cuda *ctx, float *din, const float *dout,
 
 /* ---- Swin ---- */
 
-void visc_gpu_swin_partition(visc_cuda *ctx, float *out, const float *in, int H, int W, int wh,
-                             int ww, int sh, int sw, int B, int C) {
+void visc_gpu_swin_partition_operand(visc_cuda *ctx, float *out, const float *in, int H, int W,
+                                     int wh, int ww, int sh, int sw, int B, int C) {
     const visc_cuda_swin_grid g = {H, W, wh, ww, sh, sw};
-    RUN(visc_cuda_swin_partition(ctx, out, in, &g, B, C));
+    RUN(visc_cuda_swin_partition_operand(ctx, out, in, &g, B, C));
 }
 
-void visc_gpu_swin_reverse(visc_cuda *ctx, float *out, const float *in, int H, int W, int wh,
-                           int ww, int sh, int sw, int B, int C) {
+void visc_gpu_swin_reverse_add(visc_cuda *ctx, float *acc, const float *in, int H, int W, int wh,
+                               int ww, int sh, int sw, int B, int C) {
     const visc_cuda_swin_grid g = {H, W, wh, ww, sh, sw};
-    RUN(visc_cuda_swin_reverse(ctx, out, in, &g, B, C));
+    RUN(visc_cuda_swin_reverse_add(ctx, acc, in, &g, B, C));
 }
 
 void visc_gpu_linear_operand_backward_from_windows(visc_cuda *ctx, float *din, float *dweight,
@@ -587,6 +587,24 @@ void visc_gpu_layernorm_backward_from_windows_add(visc_cuda *ctx, float *din, fl
     const visc_cuda_swin_grid g = {H, W, wh, ww, sh, sw};
     RUN(visc_cuda_layernorm_backward_from_windows_add(ctx, din, dgamma, dbeta, dout, in, gamma,
                                                       save_mean, save_rstd, &g, B, C));
+}
+
+void visc_gpu_layernorm_from_windows(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
+                                     const float *in, const float *gamma, const float *beta, int H,
+                                     int W, int wh, int ww, int sh, int sw, int B, int C,
+                                     float eps) {
+    const visc_cuda_swin_grid g = {H, W, wh, ww, sh, sw};
+    RUN(visc_cuda_layernorm_from_windows(ctx, out, save_mean, save_rstd, in, gamma, beta, &g, B, C,
+                                         eps));
+}
+
+void visc_gpu_layernorm_backward_to_windows(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                            const float *dout, const float *in, const float *gamma,
+                                            const float *save_mean, const float *save_rstd, int H,
+                                            int W, int wh, int ww, int sh, int sw, int B, int C) {
+    const visc_cuda_swin_grid g = {H, W, wh, ww, sh, sw};
+    RUN(visc_cuda_layernorm_backward_to_windows(ctx, din, dgamma, dbeta, dout, in, gamma, save_mean,
+                                                save_rstd, &g, B, C));
 }
 
 void visc_gpu_swin_gather_bias(visc_cuda *ctx, float *bias, const float *table, const int32_t *rel,

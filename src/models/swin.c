@@ -76,7 +76,8 @@ typedef struct {
     int n1w, n1b, table, logit_scale, q_bias, v_bias, cpb0w, cpb0b, cpb2w;
     int qkvw, qkvb, projw, projb, n2w, n2b, fc1w, fc1b, fc2w, fc2b;
     /* activations */
-    /* V2's qkv rows hold q and k normalized (in place), and v */
+    /* V2's qkv rows hold q and k normalized (in place), and v; its a is the
+     * output projection's output, in windowed order (the post-norm's input) */
     float *in, *xw, *qkv, *qnorm, *knorm, *ao, *lse, *a, *x1, *h, *mo, *out;
     float *mean1, *rstd1, *mean2, *rstd2, *keep1, *keep2;
     float *bias, *head_scale, *cpb_h, *cpb_t;
@@ -208,8 +209,8 @@ static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 static void plan_block(visc_model *m, visc_arena *a, swin *s, swin_block *b, int B) {
     size_t R = (size_t)B * b->g.H * b->g.W, C = (size_t)b->C;
     size_t seqs = (size_t)B * b->g.nw, N = (size_t)b->g.N;
-    /* V1's windowed norm is the qkv projection's operand; V2's windows are not */
-    b->xw = b->v2 ? visc_arena_floats(a, R * C) : md_take_operand(m, a, R * C);
+    /* the windowed input of the qkv projection: V1's norm, V2's block input */
+    b->xw = md_take_operand(m, a, R * C);
     /* V1's q, k, v go straight to attention; V2 normalizes q and k first */
     b->qkv = b->v2 ? visc_arena_floats(a, R * 3 * C) : md_take_operand(m, a, R * 3 * C);
     b->ao = md_take_operand(m, a, R * C);
@@ -366,18 +367,63 @@ static void init_params(visc_model *m, const swin *s, uint64_t seed) {
 
 /* ---- the calls of Swin's own pieces, on the CPU or the GPU ---- */
 
-static void partition(visc_model *m, float *out, const float *in, const visc_swin_grid *g, int B,
-                      int C) {
+/* The block input into windowed order as the qkv projection's operand
+ * (V2's; V1's norm writes its windows itself, norm1_to_windows). */
+static void partition_operand(visc_model *m, swin_block *b, int B) {
+    const visc_swin_grid *g = &b->g;
     if (m->cuda)
-        visc_gpu_swin_partition(m->cuda, out, in, g->H, g->W, g->wh, g->ww, g->sh, g->sw, B, C);
-    else visc_swin_partition(out, in, g, B, C);
+        visc_gpu_swin_partition_operand(m->cuda, b->xw, b->in, g->H, g->W, g->wh, g->ww, g->sh,
+                                        g->sw, B, b->C);
+    else visc_swin_partition(b->xw, b->in, g, B, b->C);
 }
 
-static void reverse(visc_model *m, float *out, const float *in, const visc_swin_grid *g, int B,
-                    int C) {
-    if (m->cuda)
-        visc_gpu_swin_reverse(m->cuda, out, in, g->H, g->W, g->wh, g->ww, g->sh, g->sw, B, C);
-    else visc_swin_reverse(out, in, g, B, C);
+/* acc += `windowed` rolled back to token order: the GPU in one pass, the
+ * CPU through `scratch`. */
+static void reverse_add(visc_model *m, const swin_block *b, float *acc, const float *windowed,
+                        float *scratch, int B) {
+    const visc_swin_grid *g = &b->g;
+    if (m->cuda) {
+        visc_gpu_swin_reverse_add(m->cuda, acc, windowed, g->H, g->W, g->wh, g->ww, g->sh, g->sw, B,
+                                  b->C);
+        return;
+    }
+    visc_swin_reverse(scratch, windowed, g, B, b->C);
+    visc_add_inplace(acc, scratch, (size_t)B * g->H * g->W * b->C);
+}
+
+/* V2's post-norm of the attention branch, whose input (the output
+ * projection's, kept in a) is in windowed order, into `out` in token
+ * order. The statistics are kept at a's rows (windowed), so the norm is
+ * one of the same rows as on the GPU, which does it in one pass; the CPU
+ * norms the windowed rows into `scratch` and rolls them back. */
+static void norm1_from_windows(visc_model *m, swin_block *b, float *out, float *scratch, int B) {
+    const visc_swin_grid *g = &b->g;
+    if (m->cuda) {
+        visc_gpu_layernorm_from_windows(m->cuda, out, b->mean1, b->rstd1, b->a, P(b->n1w),
+                                        P(b->n1b), g->H, g->W, g->wh, g->ww, g->sh, g->sw, B, b->C,
+                                        LN_EPS);
+        return;
+    }
+    visc_layernorm_forward(scratch, b->mean1, b->rstd1, b->a, P(b->n1w), P(b->n1b),
+                           (int64_t)B * g->H * g->W, b->C, LN_EPS);
+    visc_swin_reverse(out, scratch, g, B, b->C);
+}
+
+/* Its backward: dout in token order, the gradient w.r.t. a into dwin in
+ * windowed order (not dout): on the GPU in one pass; the CPU partitions
+ * dout into `scratch` first. */
+static void norm1_backward_to_windows(visc_model *m, swin_block *b, float *dwin, const float *dout,
+                                      float *scratch, int B) {
+    const visc_swin_grid *g = &b->g;
+    if (m->cuda) {
+        visc_gpu_layernorm_backward_to_windows(m->cuda, dwin, G(b->n1w), G(b->n1b), dout, b->a,
+                                               P(b->n1w), b->mean1, b->rstd1, g->H, g->W, g->wh,
+                                               g->ww, g->sh, g->sw, B, b->C);
+        return;
+    }
+    visc_swin_partition(scratch, dout, g, B, b->C);
+    visc_layernorm_backward(dwin, G(b->n1w), G(b->n1b), scratch, b->a, P(b->n1w), b->mean1,
+                            b->rstd1, (int64_t)B * g->H * g->W, b->C);
 }
 
 /* V1's output projection backward from dout, the gradient of its output
@@ -543,12 +589,12 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
         residual_add(m, s, b->out, b->x1, s->sa, b->keep2, b, 1, train);
         return;
     }
-    partition(m, b->xw, b->in, &b->g, B, C);
+    partition_operand(m, b, B);
     float *qkvb = s->qkvb;
     md_copy(m, qkvb, P(b->q_bias), (size_t)C);
     md_zero(m, qkvb + C, (size_t)C);
     md_copy(m, qkvb + 2 * C, P(b->v_bias), (size_t)C);
-    md_linear_forward(m, b->qkv, b->xw, P(b->qkvw), qkvb, (int)R, C, 3 * C);
+    md_linear_operand_forward(m, b->qkv, b->xw, P(b->qkvw), qkvb, (int)R, C, 3 * C);
     /* q and k normalized in place: backward needs only the normalized ones
      * (and their norms), so the raw ones are not kept beside them */
     normalize_heads(m, b->qkv, 3 * C, b->qnorm, b->qkv, 3 * C, R, H, b->hd);
@@ -562,9 +608,10 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
     md_linear_forward(m, b->cpb_t, b->cpb_h, P(b->cpb2w), NULL, b->T, CPB_HIDDEN, H);
     gather_bias(m, b->bias, b->cpb_t, b->rel, H, b->g.N, 1);
     md_attention_operand_forward(m, &b->attn, b->ao, b->lse, b->qkv, b->qkv + C, b->qkv + 2 * C);
-    md_linear_operand_forward(m, s->sa, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
-    reverse(m, b->a, s->sa, &b->g, B, C);
-    md_layernorm_forward(m, s->sb, b->mean1, b->rstd1, b->a, P(b->n1w), P(b->n1b), R, C, LN_EPS);
+    /* the projection's output stays in windowed order: the post-norm reads
+     * it from there (and keeps it for its backward) */
+    md_linear_operand_forward(m, b->a, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
+    norm1_from_windows(m, b, s->sb, s->sa, B);
     residual_add(m, s, b->x1, b->in, s->sb, b->keep1, b, 0, train);
     md_linear_forward_to_operand(m, b->h, b->x1, P(b->fc1w), P(b->fc1b), (int)R, C, b->hidden);
     md_gelu_linear_forward(m, b->mo, s->hid, b->h, P(b->fc2w), P(b->fc2b), (int)R, b->hidden, C);
@@ -681,10 +728,10 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
                             hid, C);
     md_linear_backward(m, sa, G(b->fc1w), G(b->fc1b), sh, b->x1, P(b->fc1w), (int)R, C, hid);
     md_add_in(m, gx, sa, RC);
-    const float *dn1 = branch_grad(m, s, b, sa, gx, b->keep1);
-    md_layernorm_backward(m, sb, G(b->n1w), G(b->n1b), dn1, b->a, P(b->n1w), b->mean1, b->rstd1, R,
-                          C);
-    partition(m, sa, sb, &b->g, B, C);
+    /* dn1 in sh (free until attention's backward): the norm's windowed
+     * gradient goes to sa, which it must not be */
+    const float *dn1 = branch_grad(m, s, b, sh, gx, b->keep1);
+    norm1_backward_to_windows(m, b, sa, dn1, sb, B);
     md_linear_operand_backward(m, sb, G(b->projw), G(b->projb), sa, b->ao, P(b->projw), (int)R, C,
                                C);
     /* dq, dk of the normalized q, k and dv into dqkv (sh); then dq, dk
@@ -707,11 +754,11 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
     md_relu_backward(m, s->dcpb_h, s->dcpb_h, b->cpb_h, (size_t)b->T * CPB_HIDDEN);
     md_linear_backward(m, NULL, G(b->cpb0w), G(b->cpb0b), s->dcpb_h, b->coords, P(b->cpb0w), b->T,
                        2, CPB_HIDDEN);
-    md_linear_backward(m, sa, G(b->qkvw), s->dqkvb, sh, b->xw, P(b->qkvw), (int)R, C, 3 * C);
+    md_linear_operand_backward(m, sa, G(b->qkvw), s->dqkvb, sh, b->xw, P(b->qkvw), (int)R, C,
+                               3 * C);
     md_copy(m, G(b->q_bias), s->dqkvb, (size_t)C);
     md_copy(m, G(b->v_bias), s->dqkvb + 2 * C, (size_t)C);
-    reverse(m, sb, sa, &b->g, B, C);
-    md_add_in(m, gx, sb, RC);
+    reverse_add(m, b, gx, sa, sb, B);
 }
 
 static void merge_backward(visc_model *m, swin *s, swin_merge *mg) {

@@ -1258,6 +1258,65 @@ int visc_cuda_swin_reverse(visc_cuda *ctx, float *out, const float *in,
     return 0;
 }
 
+typedef void (*swin_permute_fn)(float *out, const float *in, const visc_swin_grid *g, int B, int C);
+
+/* The norm of the [B H W, C] rows `in` into a temporary, then `permute`
+ * of it into out. */
+static int norm_then_permute(float *out, float *save_mean, float *save_rstd, const float *in,
+                             const float *gamma, const float *beta, const visc_cuda_swin_grid *g,
+                             int B, int C, float eps, swin_permute_fn permute) {
+    const visc_swin_grid s = grid_of(g);
+    const int64_t rows = (int64_t)B * g->H * g->W;
+    float *normed = visc_malloc(sizeof(float) * (size_t)(rows * C), "stand-in");
+    visc_layernorm_forward(normed, save_mean, save_rstd, in, gamma, beta, rows, C, eps);
+    permute(out, normed, &s, B, C);
+    free(normed);
+    return 0;
+}
+
+/* The operand form is fp32 here: the partition itself. */
+int visc_cuda_swin_partition_operand(visc_cuda *ctx, float *out, const float *in,
+                                     const visc_cuda_swin_grid *g, int B, int C) {
+    return visc_cuda_swin_partition(ctx, out, in, g, B, C);
+}
+
+int visc_cuda_swin_reverse_add(visc_cuda *ctx, float *acc, const float *in,
+                               const visc_cuda_swin_grid *g, int B, int C) {
+    const visc_swin_grid s = grid_of(g);
+    const size_t n = (size_t)B * g->H * g->W * C;
+    float *tokens = visc_malloc(sizeof(float) * n, "stand-in");
+    visc_swin_reverse(tokens, in, &s, B, C);
+    visc_add_inplace(acc, tokens, n);
+    free(tokens);
+    (void)ctx;
+    return 0;
+}
+
+/* Swin V2's post-norm from windowed rows, and its backward to them: the
+ * CPU's calls (models/swin.c's), the norm over the windowed rows with a
+ * temporary of the stand-in's own in the token-order side's place. */
+int visc_cuda_layernorm_from_windows(visc_cuda *ctx, float *out, float *save_mean, float *save_rstd,
+                                     const float *in, const float *gamma, const float *beta,
+                                     const visc_cuda_swin_grid *g, int B, int C, float eps) {
+    (void)ctx;
+    return norm_then_permute(out, save_mean, save_rstd, in, gamma, beta, g, B, C, eps,
+                             visc_swin_reverse);
+}
+
+int visc_cuda_layernorm_backward_to_windows(visc_cuda *ctx, float *din, float *dgamma, float *dbeta,
+                                            const float *dout, const float *in, const float *gamma,
+                                            const float *save_mean, const float *save_rstd,
+                                            const visc_cuda_swin_grid *g, int B, int C) {
+    const visc_swin_grid s = grid_of(g);
+    const int64_t rows = (int64_t)B * g->H * g->W;
+    float *windowed = visc_malloc(sizeof(float) * (size_t)(rows * C), "stand-in");
+    visc_swin_partition(windowed, dout, &s, B, C);
+    visc_layernorm_backward(din, dgamma, dbeta, windowed, in, gamma, save_mean, save_rstd, rows, C);
+    free(windowed);
+    (void)ctx;
+    return 0;
+}
+
 /* The projection's backward from token order: the partition, then the layer's backward. */
 int visc_cuda_linear_operand_backward_from_windows(visc_cuda *ctx, float *din, float *dweight,
                                                    float *dbias, const float *dout, float *windowed,
@@ -1278,14 +1337,9 @@ int visc_cuda_layernorm_operand_to_windows(visc_cuda *ctx, float *out, float *sa
                                            float *save_rstd, const float *in, const float *gamma,
                                            const float *beta, const visc_cuda_swin_grid *g, int B,
                                            int C, float eps) {
-    const visc_swin_grid s = grid_of(g);
-    const int64_t rows = (int64_t)B * g->H * g->W;
-    float *normed = visc_malloc(sizeof(float) * (size_t)(rows * C), "stand-in");
-    visc_layernorm_forward(normed, save_mean, save_rstd, in, gamma, beta, rows, C, eps);
-    visc_swin_partition(out, normed, &s, B, C);
-    free(normed);
     (void)ctx;
-    return 0;
+    return norm_then_permute(out, save_mean, save_rstd, in, gamma, beta, g, B, C, eps,
+                             visc_swin_partition);
 }
 
 int visc_cuda_layernorm_backward_from_windows_add(visc_cuda *ctx, float *din, float *dgamma,

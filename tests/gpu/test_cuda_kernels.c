@@ -204,6 +204,28 @@ static void expect_bits(const char *name, const void *g, const void *c, size_t n
     report(name, bad, n, worst, gv, cv, 0.0);
 }
 
+/* A norm's dgamma (gotten g_dg) and dbeta (g_db) against the CPU's (dg,
+ * db) from dy, x and the statistics of its [rows, C] rows, each within
+ * the sum of its column's |terms| (expect_sums). */
+static void expect_norm_param_grads(const char *what, const float *g_dg, const float *g_db,
+                                    const float *dg, const float *db, const float *dy,
+                                    const float *x, const float *mean, const float *rstd,
+                                    int64_t rows, int C) {
+    char name[256];
+    double *abs_g = calloc((size_t)C, sizeof(double)), *abs_b = calloc((size_t)C, sizeof(double));
+    for (int64_t r = 0; r < rows; r++)
+        for (int c = 0; c < C; c++) {
+            const size_t i = (size_t)r * C + c;
+            abs_g[c] += fabs((double)dy[i] * ((double)x[i] - mean[r]) * rstd[r]);
+            abs_b[c] += fabs((double)dy[i]);
+        }
+    snprintf(name, sizeof name, "%s: dgamma", what);
+    expect_sums(name, g_dg, dg, abs_g, (size_t)C);
+    snprintf(name, sizeof name, "%s: dbeta", what);
+    expect_sums(name, g_db, db, abs_b, (size_t)C);
+    free(abs_g), free(abs_b);
+}
+
 /* ---- layer norm ---- */
 static void check_layernorm(int64_t rows, int C, int affine, float offset, float spread) {
     char name[128];
@@ -304,22 +326,10 @@ static void check_layernorm(int64_t rows, int C, int affine, float offset, float
     free(stream), free(sum), free(h_sum);
     if (affine) {
         float *h_dg = down(d_dg, (size_t)C), *h_db = down(d_db, (size_t)C);
-        double *abs_g = calloc((size_t)C, sizeof(double)),
-               *abs_b = calloc((size_t)C, sizeof(double));
-        for (int64_t r = 0; r < rows; r++)
-            for (int c = 0; c < C; c++) {
-                const size_t i = (size_t)r * C + c;
-                abs_g[c] += fabs((double)dy[i] * ((double)x[i] - mean[r]) * rstd[r]);
-                abs_b[c] += fabs((double)dy[i]);
-            }
-        snprintf(name, sizeof name, "layernorm backward [%lld, %d]: dgamma", (long long)rows, C);
-        expect_sums(name, h_dg, dg, abs_g, (size_t)C);
-        snprintf(name, sizeof name, "layernorm backward [%lld, %d]: dbeta", (long long)rows, C);
-        expect_sums(name, h_db, db, abs_b, (size_t)C);
+        snprintf(name, sizeof name, "layernorm backward [%lld, %d]", (long long)rows, C);
+        expect_norm_param_grads(name, h_dg, h_db, dg, db, dy, x, mean, rstd, rows, C);
         free(h_dg);
         free(h_db);
-        free(abs_g);
-        free(abs_b);
     }
     void *dfree[] = {d_x, d_dy, d_g, d_b, d_out, d_mean, d_rstd, d_dx, d_dg, d_db};
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
@@ -356,7 +366,7 @@ static void check_xent(int N, int K, float smoothing) {
     float *h_loss = down(d_loss, 1), *h_probs = down(d_probs, n), *h_dl = down(d_dl, n);
     snprintf(name, sizeof name, "softmax xent forward [%d, %d] smoothing %g: loss", N, K,
              smoothing);
-    expect_close(name, h_loss, &loss, 1, 0.0, 1e-5);
+    expect_close(name, h_loss, (const float[1]){loss}, 1, 0.0, 1e-5); /* one value */
     snprintf(name, sizeof name, "softmax xent forward [%d, %d] smoothing %g: probs", N, K,
              smoothing);
     expect_fp32(name, h_probs, probs, n);
@@ -606,7 +616,7 @@ static void check_xent_soft(int N, int K) {
              "soft cross-entropy backward");
     float *h_loss = down(d_loss, 1), *h_probs = down(d_probs, n), *h_dl = down(d_dl, n);
     snprintf(name, sizeof name, "soft xent forward [%d, %d]: loss", N, K);
-    expect_close(name, h_loss, &loss, 1, 0.0, 1e-5);
+    expect_close(name, h_loss, (const float[1]){loss}, 1, 0.0, 1e-5); /* one value */
     snprintf(name, sizeof name, "soft xent forward [%d, %d]: probs", N, K);
     expect_fp32(name, h_probs, probs, n);
     snprintf(name, sizeof name, "soft xent backward [%d, %d]: dlogits", N, K);
@@ -1027,7 +1037,7 @@ static swin_case swin_case_make(int B, int H, int W, int window, int shifted, in
 }
 
 static void check_swin(int B, int H, int W, int window, int shifted, int C) {
-    char name[160];
+    char name[224];
     const swin_case sc = swin_case_make(B, H, W, window, shifted, C);
     const visc_swin_grid g = sc.g;
     const visc_cuda_swin_grid cg = sc.cg;
@@ -1045,11 +1055,67 @@ static void check_swin(int B, int H, int W, int window, int shifted, int C) {
     expect_bits(name, h_part, part, n, sizeof(float));
     snprintf(name, sizeof name, "swin reverse %s: the input again", sc.what);
     expect_bits(name, h_rev, x, n, sizeof(float));
-    visc_cuda_free(ctx, d_x);
-    visc_cuda_free(ctx, d_part);
-    visc_cuda_free(ctx, d_rev);
-    void *hfree[] = {x, part, rev, h_part, h_rev};
+    /* into the operand form: fp32, the partition's bits; bf16, each value rounded once */
+    const int was_bf16 = visc_cuda_bf16(ctx);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        visc_cuda_set_bf16(ctx, bf16);
+        const size_t elem = (size_t)visc_cuda_operand_bytes(ctx);
+        float *d_op = dev(elem * n);
+        launched(visc_cuda_swin_partition_operand(ctx, d_op, d_x, &cg, B, C),
+                 "swin partition into the operand form");
+        void *got = malloc(elem * n), *want = malloc(elem * n);
+        launched(visc_cuda_download(ctx, got, d_op, elem * n), "download");
+        if (elem == 2)
+            for (size_t i = 0; i < n; i++) ((uint16_t *)want)[i] = visc_f32_to_bf16(part[i]);
+        else memcpy(want, part, sizeof(float) * n);
+        snprintf(name, sizeof name, "swin partition into the operand form %s%s: %s", sc.what,
+                 bf16 ? ", bf16" : "",
+                 elem == 2 ? "the partition rounded" : "the partition's bits");
+        expect_bits(name, got, want, n, elem);
+        visc_cuda_free(ctx, d_op);
+        free(got), free(want);
+    }
+    visc_cuda_set_bf16(ctx, was_bf16);
+    /* acc += reverse(windowed): the bits of the reverse and the add in turn,
+     * and the CPU's sum */
+    float *acc = random_floats(n, -1, 1), *sum = malloc(sizeof(float) * n);
+    visc_swin_reverse(rev, x, &g, B, C); /* x as a windowed tensor */
+    for (size_t i = 0; i < n; i++) sum[i] = acc[i] + rev[i];
+    float *d_acc = up(acc, sizeof(float) * n), *d_ref = up(acc, sizeof(float) * n);
+    launched(visc_cuda_swin_reverse(ctx, d_rev, d_x, &cg, B, C), "swin reverse");
+    launched(visc_cuda_add(ctx, d_ref, d_ref, d_rev, n), "add");
+    launched(visc_cuda_swin_reverse_add(ctx, d_acc, d_x, &cg, B, C), "swin reverse, added");
+    float *h_acc = down(d_acc, n), *h_ref = down(d_ref, n);
+    snprintf(name, sizeof name, "swin reverse added %s: as reverse + add", sc.what);
+    expect_bits(name, h_acc, h_ref, n, sizeof(float));
+    snprintf(name, sizeof name, "swin reverse added %s: the CPU's sum", sc.what);
+    expect_bits(name, h_acc, sum, n, sizeof(float));
+    float *dfree[] = {d_x, d_part, d_rev, d_acc, d_ref};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x, part, rev, h_part, h_rev, acc, sum, h_acc, h_ref};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* A norm fused with a window copy (on the device: out, mean, rstd)
+ * against the GPU's passes in turn (ref, ref_mean, ref_rstd: the same
+ * bits, the statistics at the same rows) and the CPU's output (want,
+ * within fp32). */
+static void expect_fused_norm(const char *what, const char *passes, const float *d_out,
+                              const float *d_ref, const float *d_mean, const float *d_rstd,
+                              const float *d_ref_mean, const float *d_ref_rstd, const float *want,
+                              size_t n, int64_t rows) {
+    char name[256];
+    float *out = down(d_out, n), *ref = down(d_ref, n), *mean = down(d_mean, (size_t)rows);
+    float *rstd = down(d_rstd, (size_t)rows), *ref_mean = down(d_ref_mean, (size_t)rows);
+    float *ref_rstd = down(d_ref_rstd, (size_t)rows);
+    snprintf(name, sizeof name, "%s: out, %s", what, passes);
+    expect_bits(name, out, ref, n, sizeof(float));
+    snprintf(name, sizeof name, "%s: statistics, %s", what, passes);
+    expect_bits(name, mean, ref_mean, (size_t)rows, sizeof(float));
+    expect_bits(name, rstd, ref_rstd, (size_t)rows, sizeof(float));
+    snprintf(name, sizeof name, "%s: out, the CPU's", what);
+    expect_fp32(name, out, want, n);
+    free(out), free(ref), free(mean), free(rstd), free(ref_mean), free(ref_rstd);
 }
 
 /* Swin V1's first norm written to windowed order, and its backward from
@@ -1093,15 +1159,9 @@ static void check_swin_norm(int B, int H, int W, int window, int shifted, int C)
     launched(visc_cuda_layernorm_operand_to_windows(ctx, d_out, d_mean, d_rstd, d_x, d_g, d_b, &cg,
                                                     B, C, 1e-5f),
              "layernorm to windows");
-    float *h_out = down(d_out, n), *h_ref = down(d_ref, n), *h_mean = down(d_mean, rows);
-    float *h_rstd = down(d_rstd, rows), *h_m2 = down(d_m2, rows), *h_r2 = down(d_r2, rows);
-    snprintf(name, sizeof name, "layernorm to windows %s: out, as norm + partition", what);
-    expect_bits(name, h_out, h_ref, n, sizeof(float));
-    snprintf(name, sizeof name, "layernorm to windows %s: statistics, as norm's", what);
-    expect_bits(name, h_mean, h_m2, (size_t)rows, sizeof(float));
-    expect_bits(name, h_rstd, h_r2, (size_t)rows, sizeof(float));
-    snprintf(name, sizeof name, "layernorm to windows %s: out, the CPU's", what);
-    expect_fp32(name, h_out, want, n);
+    snprintf(name, sizeof name, "layernorm to windows %s", what);
+    expect_fused_norm(name, "as norm + partition", d_out, d_ref, d_mean, d_rstd, d_m2, d_r2, want,
+                      n, rows);
     visc_cuda_set_bf16(ctx, 1);
     launched(visc_cuda_layernorm_operand_to_windows(ctx, d_tmp, d_m2, d_r2, d_x, d_g, d_b, &cg, B,
                                                     C, 1e-5f),
@@ -1128,23 +1188,96 @@ static void check_swin_norm(int B, int H, int W, int window, int shifted, int C)
     expect_bits(name, h_dx, h_dref, n, sizeof(float));
     snprintf(name, sizeof name, "layernorm backward from windows %s: din added, the CPU's", what);
     expect_fp32(name, h_dx, dx, n);
-    double *abs_g = calloc((size_t)C, sizeof(double)), *abs_b = calloc((size_t)C, sizeof(double));
-    for (int64_t r = 0; r < rows; r++)
-        for (int c = 0; c < C; c++) {
-            const size_t i = (size_t)r * C + c;
-            abs_g[c] += fabs((double)dyt[i] * ((double)x[i] - mean[r]) * rstd[r]);
-            abs_b[c] += fabs((double)dyt[i]);
-        }
-    snprintf(name, sizeof name, "layernorm backward from windows %s: dgamma", what);
-    expect_sums(name, h_dg, dg, abs_g, (size_t)C);
-    snprintf(name, sizeof name, "layernorm backward from windows %s: dbeta", what);
-    expect_sums(name, h_db, db, abs_b, (size_t)C);
+    snprintf(name, sizeof name, "layernorm backward from windows %s", what);
+    expect_norm_param_grads(name, h_dg, h_db, dg, db, dyt, x, mean, rstd, rows, C);
     float *dfree[] = {d_x,  d_dy,   d_g,    d_b,  d_out, d_ref, d_tmp,
                       d_dx, d_mean, d_rstd, d_m2, d_r2,  d_dg,  d_db};
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
-    void *hfree[] = {x,  dy,   gamma, beta,   normed, want,   mean,   rstd,  dyt,
-                     dx, dg,   db,    h_out,  h_ref,  h_mean, h_rstd, h_m2,  h_r2,
-                     op, wide, h_dx,  h_dref, h_dg,   h_db,   abs_g,  abs_b, dx0};
+    void *hfree[] = {x,  dy, gamma, beta, normed, want,   mean, rstd, dyt, dx,
+                     dg, db, op,    wide, h_dx,   h_dref, h_dg, h_db, dx0};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
+/* Swin V2's post-norm of the output projection, whose rows are windowed,
+ * into token order, and its backward to windowed order: the same bits as
+ * the GPU's reverse and norm (partition and norm backward) in turn, the
+ * statistics (at the windowed rows) and the parameter gradients included,
+ * and the CPU's values within fp32 (models/swin.c's norm of the windowed
+ * rows, then the reverse; the partition, then the norm's backward). */
+static void check_swin_post_norm(int B, int H, int W, int window, int shifted, int C) {
+    char name[200];
+    const swin_case sc = swin_case_make(B, H, W, window, shifted, C);
+    const visc_swin_grid g = sc.g;
+    const visc_cuda_swin_grid cg = sc.cg, cg1 = {H, W, g.wh, g.ww, g.sh, g.sw};
+    const char *what = sc.what;
+    const int64_t rows = (int64_t)B * H * W;
+    const size_t n = (size_t)rows * C;
+    float *x = random_floats(n, -2, 3), *dy = random_floats(n, -1, 1); /* x windowed, dy not */
+    float *gamma = random_floats((size_t)C, 0.5f, 1.5f), *beta = random_floats((size_t)C, -1, 1);
+    float *normed = malloc(sizeof(float) * n), *want = malloc(sizeof(float) * n);
+    float *mean = malloc(sizeof(float) * rows), *rstd = malloc(sizeof(float) * rows);
+    float *dyw = malloc(sizeof(float) * n), *dx = malloc(sizeof(float) * n);
+    float *dg = malloc(sizeof(float) * C), *db = malloc(sizeof(float) * C);
+    visc_layernorm_forward(normed, mean, rstd, x, gamma, beta, rows, C, 1e-5f);
+    visc_swin_reverse(want, normed, &g, B, C);
+    visc_swin_partition(dyw, dy, &g, B, C);
+    visc_layernorm_backward(dx, dg, db, dyw, x, gamma, mean, rstd, rows, C);
+
+    float *d_x = up(x, sizeof(float) * n), *d_dy = up(dy, sizeof(float) * n);
+    float *d_g = up(gamma, sizeof(float) * C), *d_b = up(beta, sizeof(float) * C);
+    float *d_out = dev(sizeof(float) * n), *d_ref = dev(sizeof(float) * n);
+    float *d_tmp = dev(sizeof(float) * n), *d_dx = dev(sizeof(float) * n);
+    float *d_mean = dev(sizeof(float) * rows), *d_rstd = dev(sizeof(float) * rows);
+    float *d_m2 = dev(sizeof(float) * rows), *d_r2 = dev(sizeof(float) * rows);
+    float *d_mw = dev(sizeof(float) * rows), *d_rw = dev(sizeof(float) * rows);
+    float *d_dg = dev(sizeof(float) * 2 * C), *d_dg2 = dev(sizeof(float) * 2 * C);
+    /* the GPU's two passes (statistics in token order, partitioned as one
+     * channel to compare), then the fused one */
+    launched(visc_cuda_swin_reverse(ctx, d_tmp, d_x, &cg, B, C), "swin reverse");
+    launched(visc_cuda_layernorm_forward(ctx, d_ref, d_m2, d_r2, d_tmp, d_g, d_b, rows, C, 1e-5f),
+             "layernorm forward");
+    launched(visc_cuda_swin_partition(ctx, d_mw, d_m2, &cg1, B, 1), "swin partition");
+    launched(visc_cuda_swin_partition(ctx, d_rw, d_r2, &cg1, B, 1), "swin partition");
+    launched(visc_cuda_layernorm_from_windows(ctx, d_out, d_mean, d_rstd, d_x, d_g, d_b, &cg, B, C,
+                                              1e-5f),
+             "layernorm from windows");
+    snprintf(name, sizeof name, "layernorm from windows %s", what);
+    expect_fused_norm(name, "as reverse + norm", d_out, d_ref, d_mean, d_rstd, d_mw, d_rw, want, n,
+                      rows);
+
+    launched(visc_cuda_swin_partition(ctx, d_tmp, d_dy, &cg, B, C), "swin partition");
+    launched(visc_cuda_layernorm_backward(ctx, d_ref, d_dg2, d_dg2 + C, d_tmp, d_x, d_g, d_mean,
+                                          d_rstd, rows, C),
+             "layernorm backward");
+    launched(visc_cuda_layernorm_backward_to_windows(ctx, d_dx, d_dg, d_dg + C, d_dy, d_x, d_g,
+                                                     d_mean, d_rstd, &cg, B, C),
+             "layernorm backward to windows");
+    float *h_dx = down(d_dx, n), *h_dref = down(d_ref, n);
+    float *h_dg = down(d_dg, 2 * (size_t)C), *h_dg2 = down(d_dg2, 2 * (size_t)C);
+    snprintf(name, sizeof name, "layernorm backward to windows %s: din, as partition + backward",
+             what);
+    expect_bits(name, h_dx, h_dref, n, sizeof(float));
+    snprintf(name, sizeof name,
+             "layernorm backward to windows %s: dgamma, dbeta, as partition + backward", what);
+    expect_bits(name, h_dg, h_dg2, 2 * (size_t)C, sizeof(float));
+    snprintf(name, sizeof name, "layernorm backward to windows %s: din, the CPU's", what);
+    expect_fp32(name, h_dx, dx, n);
+    snprintf(name, sizeof name, "layernorm backward to windows %s", what);
+    expect_norm_param_grads(name, h_dg, h_dg + C, dg, db, dyw, x, mean, rstd, rows, C);
+    /* in place would race (a row of one side is another's of the other): refused */
+    int rc =
+        visc_cuda_layernorm_from_windows(ctx, d_x, d_mean, d_rstd, d_x, d_g, d_b, &cg, B, C, 1e-5f);
+    report("layernorm from windows: out in in's place is refused", rc == -1 ? 0 : 1, 1, 0, rc, -1,
+           0.0);
+    rc = visc_cuda_layernorm_backward_to_windows(ctx, d_dy, d_dg, d_dg + C, d_dy, d_x, d_g, d_mean,
+                                                 d_rstd, &cg, B, C);
+    report("layernorm backward to windows: din in dout's place is refused", rc == -1 ? 0 : 1, 1, 0,
+           rc, -1, 0.0);
+    float *dfree[] = {d_x,    d_dy,   d_g,  d_b,  d_out, d_ref, d_tmp, d_dx,
+                      d_mean, d_rstd, d_m2, d_r2, d_mw,  d_rw,  d_dg,  d_dg2};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {x,   dy, gamma, beta, normed, want,   mean, rstd,
+                     dyw, dx, dg,    db,   h_dx,   h_dref, h_dg, h_dg2};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
@@ -3655,6 +3788,8 @@ static void group_swin(void) {
     check_swin_pieces(3, 8, 4, 2, 16);    /* the micro models */
     check_swin_norm(2, 14, 14, 7, 1, 96); /* Swin-T's first stage, shifted (the image 56 / 4) */
     check_swin_norm(3, 8, 8, 4, 0, 40);   /* C not a multiple of 32 */
+    check_swin_post_norm(2, 16, 16, 8, 1, 96); /* SwinV2-T's first stage, shifted (256 / 4) */
+    check_swin_post_norm(3, 8, 8, 4, 0, 40);
     check_swin_residual(4, 14, 14, 7, 1, 96);
     check_swin_residual(3, 8, 8, 4, 0, 40);
     check_swin_proj_backward(2, 14, 14, 7, 1, 96); /* Swin-T's first stage, shifted */
