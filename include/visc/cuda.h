@@ -776,8 +776,13 @@ int visc_cuda_swin_gather_bias(visc_cuda *ctx, float *bias, const float *table, 
 int visc_cuda_swin_scatter_bias(visc_cuda *ctx, float *dtable, const float *dbias,
                                 const float *bias, const int32_t *rel, int T, int H, int N,
                                 int sigmoid16);
-int visc_cuda_swin_normalize_heads(visc_cuda *ctx, float *dst, int64_t ld_dst, float *norms,
-                                   const float *src, int64_t ld_src, int64_t rows, int H, int D);
+/* V2's q and k of the qkv projection's fp32 rows raw [rows, 3 H D]
+ * normalized per head (visc_swin_normalize_qk) into qkv in the operand
+ * form, v beside them (bf16 under bf16: what attention reads), the norms
+ * [rows, H] into qnorm and knorm. And the normalization's backward, y (the
+ * normalized values, ld_y apart) in the operand form. */
+int visc_cuda_swin_qkv_operand(visc_cuda *ctx, float *qkv, float *qnorm, float *knorm,
+                               const float *raw, int64_t rows, int H, int D);
 int visc_cuda_swin_normalize_heads_backward(visc_cuda *ctx, float *dx, int64_t ld_dx,
                                             const float *dy, int64_t ld_dy, const float *y,
                                             int64_t ld_y, const float *norms, int64_t rows, int H,

@@ -391,8 +391,10 @@ void visc_gpu_swin_gather_bias(visc_cuda *ctx, float *bias, const float *table, 
 void visc_gpu_swin_scatter_bias(visc_cuda *ctx, float *dtable, const float *dbias,
                                 const float *bias, const int32_t *rel, int T, int H, int N,
                                 int sigmoid16);
-void visc_gpu_swin_normalize_heads(visc_cuda *ctx, float *dst, int64_t ld_dst, float *norms,
-                                   const float *src, int64_t ld_src, int64_t rows, int H, int D);
+/* Swin V2's q, k normalized and v into the operand form, and the
+ * normalization's backward with y in that form (visc_cuda_swin_qkv_operand) */
+void visc_gpu_swin_qkv_operand(visc_cuda *ctx, float *qkv, float *qnorm, float *knorm,
+                               const float *raw, int64_t rows, int H, int D);
 void visc_gpu_swin_normalize_heads_backward(visc_cuda *ctx, float *dx, int64_t ld_dx,
                                             const float *dy, int64_t ld_dy, const float *y,
                                             int64_t ld_y, const float *norms, int64_t rows, int H,

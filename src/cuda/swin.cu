@@ -1,5 +1,6 @@
 /* swin.cu: Swin's own pieces on the GPU, twins of models/swin_window.c
- * (the bias gather and its scatter, V2's per-head normalization, patch
+ * (the bias gather and its scatter, V2's per-head normalization of q and
+ * k, which writes q, k and v in the attention's operand form, patch
  * merging's gather) and of nn/token_ops.c's token mean, plus V2's per-head
  * temperature exp(min(logit_scale, log 100)). Each output element is
  * computed by one thread with the CPU's formula in the CPU's order (the
@@ -54,49 +55,68 @@ int visc_cuda_swin_scatter_bias(visc_cuda *ctx, float *dtable, const float *dbia
     return visc_cuda_launched("swin bias scatter");
 }
 
-__global__ void normalize_kernel(float *dst, int64_t ld_dst, float *norms, const float *src,
-                                 int64_t ld_src, int64_t rows, int H, int D) {
-    const int64_t n = rows * H;
+/* Thread e: head h of part p (q, k, v) of row r of raw [rows, 3 H D]:
+ * q and k normalized (their norms into qnorm / knorm [rows, H]), v copied;
+ * out in the operand form (bf16: each value rounded once). */
+__global__ void qkv_operand_kernel(void *out, float *qnorm, float *knorm, const float *raw,
+                                   int64_t rows, int H, int D, int bf16) {
+    const int64_t n = rows * 3 * H, ld = (int64_t)3 * H * D;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n;
          e += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = e / H;
-        const int h = (int)(e % H);
-        const float *x = src + r * ld_src + (int64_t)h * D;
-        float *y = dst + r * ld_dst + (int64_t)h * D;
-        float ss = 0.0f;
-        for (int d = 0; d < D; d++) ss = __fadd_rn(ss, __fmul_rn(x[d], x[d]));
-        float nrm = sqrtf(ss);
-        nrm = nrm > 1e-12f ? nrm : 1e-12f;
-        norms[e] = nrm;
-        for (int d = 0; d < D; d++) y[d] = x[d] / nrm;
+        const int64_t r = e / (3 * H);
+        const int p = (int)(e / H % 3), h = (int)(e % H);
+        const int64_t at = r * ld + (int64_t)(p * H + h) * D;
+        const float *x = raw + at;
+        float nrm = 1.0f;
+        if (p < 2) {
+            float ss = 0.0f;
+            for (int d = 0; d < D; d++) ss = __fadd_rn(ss, __fmul_rn(x[d], x[d]));
+            nrm = sqrtf(ss);
+            nrm = nrm > 1e-12f ? nrm : 1e-12f;
+            (p == 0 ? qnorm : knorm)[r * H + h] = nrm;
+        }
+        for (int d = 0; d < D; d++) {
+            const float y = p < 2 ? x[d] / nrm : x[d];
+            if (bf16) ((__nv_bfloat16 *)out)[at + d] = __float2bfloat16_rn(y);
+            else ((float *)out)[at + d] = y;
+        }
     }
 }
 
-__global__ void normalize_backward_kernel(float *dx, int64_t ld_dx, const float *dy,
-                                          int64_t ld_dy, const float *y, int64_t ld_y,
+/* value i of an fp32 tensor, or of a bf16 one with bf16 */
+__device__ __forceinline__ float load_value(const void *p, int bf16, int64_t i) {
+    return bf16 ? __bfloat162float(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];
+}
+
+/* y: fp32, or bf16 with y_bf16 (the operand form) */
+__global__ void normalize_backward_kernel(float *dx, int64_t ld_dx, const float *dy, int64_t ld_dy,
+                                          const void *y, int y_bf16, int64_t ld_y,
                                           const float *norms, int64_t rows, int H, int D) {
     const int64_t n = rows * H;
     for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n;
          e += (int64_t)gridDim.x * blockDim.x) {
         const int64_t r = e / H;
         const int h = (int)(e % H);
-        const float *g = dy + r * ld_dy + (int64_t)h * D, *v = y + r * ld_y + (int64_t)h * D;
+        const int64_t yat = r * ld_y + (int64_t)h * D;
+        const float *g = dy + r * ld_dy + (int64_t)h * D;
         float *o = dx + r * ld_dx + (int64_t)h * D;
         const float nrm = norms[e];
         float dot = 0.0f;
-        for (int d = 0; d < D; d++) dot = __fadd_rn(dot, __fmul_rn(v[d], g[d]));
+        for (int d = 0; d < D; d++)
+            dot = __fadd_rn(dot, __fmul_rn(load_value(y, y_bf16, yat + d), g[d]));
         if (nrm <= 1e-12f) dot = 0.0f; /* below eps the norm is a constant */
-        for (int d = 0; d < D; d++) o[d] = __fsub_rn(g[d], __fmul_rn(v[d], dot)) / nrm;
+        for (int d = 0; d < D; d++)
+            o[d] = __fsub_rn(g[d], __fmul_rn(load_value(y, y_bf16, yat + d), dot)) / nrm;
     }
 }
 
-int visc_cuda_swin_normalize_heads(visc_cuda *ctx, float *dst, int64_t ld_dst, float *norms,
-                                   const float *src, int64_t ld_src, int64_t rows, int H, int D) {
-    const size_t n = (size_t)rows * H;
+int visc_cuda_swin_qkv_operand(visc_cuda *ctx, float *qkv, float *qnorm, float *knorm,
+                               const float *raw, int64_t rows, int H, int D) {
+    const size_t n = (size_t)rows * 3 * H;
     if (n == 0) return 0;
-    normalize_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(dst, ld_dst, norms, src,
-                                                                        ld_src, rows, H, D);
-    return visc_cuda_launched("swin head normalization");
+    qkv_operand_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(qkv, qnorm, knorm, raw,
+                                                                          rows, H, D, ctx->bf16);
+    return visc_cuda_launched("swin q, k normalized into the operand form");
 }
 
 int visc_cuda_swin_normalize_heads_backward(visc_cuda *ctx, float *dx, int64_t ld_dx,
@@ -106,7 +126,7 @@ int visc_cuda_swin_normalize_heads_backward(visc_cuda *ctx, float *dx, int64_t l
     const size_t n = (size_t)rows * H;
     if (n == 0) return 0;
     normalize_backward_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(
-        dx, ld_dx, dy, ld_dy, y, ld_y, norms, rows, H, D);
+        dx, ld_dx, dy, ld_dy, y, ctx->bf16, ld_y, norms, rows, H, D);
     return visc_cuda_launched("swin head normalization backward");
 }
 

@@ -618,9 +618,9 @@ void visc_gpu_swin_scatter_bias(visc_cuda *ctx, float *dtable, const float *dbia
     RUN(visc_cuda_swin_scatter_bias(ctx, dtable, dbias, bias, rel, T, H, N, sigmoid16));
 }
 
-void visc_gpu_swin_normalize_heads(visc_cuda *ctx, float *dst, int64_t ld_dst, float *norms,
-                                   const float *src, int64_t ld_src, int64_t rows, int H, int D) {
-    RUN(visc_cuda_swin_normalize_heads(ctx, dst, ld_dst, norms, src, ld_src, rows, H, D));
+void visc_gpu_swin_qkv_operand(visc_cuda *ctx, float *qkv, float *qnorm, float *knorm,
+                               const float *raw, int64_t rows, int H, int D) {
+    RUN(visc_cuda_swin_qkv_operand(ctx, qkv, qnorm, knorm, raw, rows, H, D));
 }
 
 void visc_gpu_swin_normalize_heads_backward(visc_cuda *ctx, float *dx, int64_t ld_dx,

@@ -76,7 +76,7 @@ typedef struct {
     int n1w, n1b, table, logit_scale, q_bias, v_bias, cpb0w, cpb0b, cpb2w;
     int qkvw, qkvb, projw, projb, n2w, n2b, fc1w, fc1b, fc2w, fc2b;
     /* activations */
-    /* V2's qkv rows hold q and k normalized (in place), and v; its a is the
+    /* V2's qkv rows hold q and k normalized, and v; its a is the
      * output projection's output, in windowed order (the post-norm's input) */
     float *in, *xw, *qkv, *qnorm, *knorm, *ao, *lse, *a, *x1, *h, *mo, *out;
     float *mean1, *rstd1, *mean2, *rstd2, *keep1, *keep2;
@@ -211,8 +211,8 @@ static void plan_block(visc_model *m, visc_arena *a, swin *s, swin_block *b, int
     size_t seqs = (size_t)B * b->g.nw, N = (size_t)b->g.N;
     /* the windowed input of the qkv projection: V1's norm, V2's block input */
     b->xw = md_take_operand(m, a, R * C);
-    /* V1's q, k, v go straight to attention; V2 normalizes q and k first */
-    b->qkv = b->v2 ? visc_arena_floats(a, R * 3 * C) : md_take_operand(m, a, R * 3 * C);
+    /* q, k, v as attention reads them (V2's q and k normalized) */
+    b->qkv = md_take_operand(m, a, R * 3 * C);
     b->ao = md_take_operand(m, a, R * C);
     b->lse = visc_arena_floats(a, seqs * b->heads * N);
     b->mean1 = visc_arena_floats(a, R);
@@ -490,11 +490,13 @@ static void scatter_bias(visc_model *m, float *dtable, const float *dbias, const
     else visc_swin_scatter_bias(dtable, dbias, bias, rel, T, H, N, sigmoid16);
 }
 
-static void normalize_heads(visc_model *m, float *dst, int64_t ld_dst, float *norms,
-                            const float *src, int64_t ld_src, int64_t rows, int H, int D) {
+/* V2's q and k of the qkv projection's output raw normalized, into b->qkv
+ * with v: on a GPU in attention's operand form (bf16 under bf16; raw is
+ * scratch there), on the CPU in place (raw is b->qkv). */
+static void normalize_qk(visc_model *m, swin_block *b, const float *raw, int64_t rows) {
     if (m->cuda)
-        visc_gpu_swin_normalize_heads(m->cuda, dst, ld_dst, norms, src, ld_src, rows, H, D);
-    else visc_swin_normalize_heads(dst, ld_dst, norms, src, ld_src, rows, H, D);
+        visc_gpu_swin_qkv_operand(m->cuda, b->qkv, b->qnorm, b->knorm, raw, rows, b->heads, b->hd);
+    else visc_swin_normalize_qk(b->qkv, b->qnorm, b->knorm, raw, rows, b->heads, b->hd);
 }
 
 static void normalize_heads_backward(visc_model *m, float *dx, int64_t ld_dx, const float *dy,
@@ -594,11 +596,12 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
     md_copy(m, qkvb, P(b->q_bias), (size_t)C);
     md_zero(m, qkvb + C, (size_t)C);
     md_copy(m, qkvb + 2 * C, P(b->v_bias), (size_t)C);
-    md_linear_operand_forward(m, b->qkv, b->xw, P(b->qkvw), qkvb, (int)R, C, 3 * C);
-    /* q and k normalized in place: backward needs only the normalized ones
-     * (and their norms), so the raw ones are not kept beside them */
-    normalize_heads(m, b->qkv, 3 * C, b->qnorm, b->qkv, 3 * C, R, H, b->hd);
-    normalize_heads(m, b->qkv + C, 3 * C, b->knorm, b->qkv + C, 3 * C, R, H, b->hd);
+    /* backward needs only the normalized q and k (and their norms), so the
+     * raw ones are not kept: on the CPU they are normalized in place, on a
+     * GPU from the scratch sh (free in forward) into the operand form */
+    float *raw = m->cuda ? s->sh : b->qkv;
+    md_linear_operand_forward(m, raw, b->xw, P(b->qkvw), qkvb, (int)R, C, 3 * C);
+    normalize_qk(m, b, raw, R);
     const float *ls = P(b->logit_scale);
     if (m->cuda) visc_gpu_swin_head_scale(m->cuda, b->head_scale, ls, H);
     else
@@ -607,7 +610,8 @@ static void block_forward(visc_model *m, swin *s, swin_block *b, int train) {
     md_relu_forward(m, b->cpb_h, b->cpb_h, (size_t)b->T * CPB_HIDDEN);
     md_linear_forward(m, b->cpb_t, b->cpb_h, P(b->cpb2w), NULL, b->T, CPB_HIDDEN, H);
     gather_bias(m, b->bias, b->cpb_t, b->rel, H, b->g.N, 1);
-    md_attention_operand_forward(m, &b->attn, b->ao, b->lse, b->qkv, b->qkv + C, b->qkv + 2 * C);
+    md_attention_operand_forward(m, &b->attn, b->ao, b->lse, b->qkv, md_operand_at(m, b->qkv, C),
+                                 md_operand_at(m, b->qkv, 2 * C));
     /* the projection's output stays in windowed order: the post-norm reads
      * it from there (and keeps it for its backward) */
     md_linear_operand_forward(m, b->a, b->ao, P(b->projw), P(b->projb), (int)R, C, C);
@@ -737,10 +741,11 @@ static void block_backward(visc_model *m, swin *s, swin_block *b) {
     /* dq, dk of the normalized q, k and dv into dqkv (sh); then dq, dk
      * through the normalization, in place */
     md_attention_operand_backward(m, &b->attn, sh, sh + C, sh + 2 * C, s->dbias, s->dhs, sb, b->qkv,
-                                  b->qkv + C, b->qkv + 2 * C, b->ao, b->lse);
+                                  md_operand_at(m, b->qkv, C), md_operand_at(m, b->qkv, 2 * C),
+                                  b->ao, b->lse);
     normalize_heads_backward(m, sh, 3 * C, sh, 3 * C, b->qkv, 3 * C, b->qnorm, R, H, b->hd);
-    normalize_heads_backward(m, sh + C, 3 * C, sh + C, 3 * C, b->qkv + C, 3 * C, b->knorm, R, H,
-                             b->hd);
+    normalize_heads_backward(m, sh + C, 3 * C, sh + C, 3 * C, md_operand_at(m, b->qkv, C), 3 * C,
+                             b->knorm, R, H, b->hd);
     const float *ls = P(b->logit_scale);
     float *dls = G(b->logit_scale);
     /* clamp(max) passes the gradient where the input is <= max (torch) */
@@ -1034,7 +1039,7 @@ static void set_attention(visc_model *m, swin *s) {
             a->o_sb = N * C;
             a->o_sh = b->hd;
             a->o_sn = C;
-            a->qkv_operand = !b->v2; /* V2's q and k are its normalized ones, fp32 */
+            a->qkv_operand = 1; /* V2's q and k: its normalized ones */
         }
 }
 

@@ -157,6 +157,16 @@ void visc_swin_normalize_heads(float *dst, int64_t ld_dst, float *norms, const f
         }
 }
 
+void visc_swin_normalize_qk(float *qkv, float *qnorm, float *knorm, const float *raw, int64_t rows,
+                            int H, int D) {
+    const int64_t C = (int64_t)H * D;
+    visc_swin_normalize_heads(qkv, 3 * C, qnorm, raw, 3 * C, rows, H, D);
+    visc_swin_normalize_heads(qkv + C, 3 * C, knorm, raw + C, 3 * C, rows, H, D);
+    if (raw == qkv) return;
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(qkv + r * 3 * C + 2 * C, raw + r * 3 * C + 2 * C, sizeof(float) * (size_t)C);
+}
+
 /* bias gradient [H, N, N] -> bias table [T, H] (zeroed first: scatter-add). */
 void visc_swin_scatter_bias(float *dtable, const float *dbias, const float *bias,
                             const int32_t *rel, int T, int H, int N, int sigmoid16) {

@@ -54,12 +54,17 @@ void visc_swin_scatter_bias(float *dtable, const float *dbias, const float *bias
 /* F.normalize over each head's D values (eps 1e-12), rows of ld floats;
  * the norms [rows, H] are kept for backward. Both may work in place
  * (dst = src; dx = dy): each head's values are read before they are
- * written (the GPU's kernels in swin.cu too). */
+ * written (the GPU's backward in swin.cu too). */
 void visc_swin_normalize_heads(float *dst, int64_t ld_dst, float *norms, const float *src,
                                int64_t ld_src, int64_t rows, int H, int D);
 void visc_swin_normalize_heads_backward(float *dx, int64_t ld_dx, const float *dy, int64_t ld_dy,
                                         const float *y, int64_t ld_y, const float *norms,
                                         int64_t rows, int H, int D);
+/* V2's q and k of the qkv rows raw [rows, 3 H D] normalized into qkv (the
+ * same layout), the norms into qnorm and knorm [rows, H], and v copied
+ * beside them (nothing to copy when raw is qkv: in place). */
+void visc_swin_normalize_qk(float *qkv, float *qnorm, float *knorm, const float *raw, int64_t rows,
+                            int H, int D);
 
 /* Swin V2's relative_coords_table [(2wh-1)(2ww-1), 2]: the offsets scaled to
  * [-8, 8] and log-spaced, sign(x) log2(|x| + 1) / 3. Needs wh, ww >= 2. */

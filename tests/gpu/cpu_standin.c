@@ -1387,10 +1387,10 @@ int visc_cuda_swin_scatter_bias(visc_cuda *ctx, float *dtable, const float *dbia
     return 0;
 }
 
-int visc_cuda_swin_normalize_heads(visc_cuda *ctx, float *dst, int64_t ld_dst, float *norms,
-                                   const float *src, int64_t ld_src, int64_t rows, int H, int D) {
+int visc_cuda_swin_qkv_operand(visc_cuda *ctx, float *qkv, float *qnorm, float *knorm,
+                               const float *raw, int64_t rows, int H, int D) {
     (void)ctx;
-    visc_swin_normalize_heads(dst, ld_dst, norms, src, ld_src, rows, H, D);
+    visc_swin_normalize_qk(qkv, qnorm, knorm, raw, rows, H, D);
     return 0;
 }
 

@@ -3155,6 +3155,63 @@ static void check_patch_embed(int B, int Cin, int image, int patch, int C, int f
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* Swin V2's q and k normalized per head from the qkv projection's fp32
+ * rows into the operand form with v beside them, fp32 and bf16: the CPU's
+ * values (visc_swin_normalize_qk) within fp32, or rounded once; the norms
+ * within fp32. The backward, y read in that form: the CPU's backward of
+ * the same (rounded) y within fp32, v's gradient columns untouched. */
+static void check_swin_qk_normalization(int64_t rows, int H, int D) {
+    char name[160];
+    const int C = H * D, was_bf16 = visc_cuda_bf16(ctx);
+    const size_t nq = (size_t)rows * 3 * C, nn = (size_t)rows * H;
+    float *raw = random_floats(nq, -1, 1), *dy = random_floats(nq, -1, 1);
+    float *want = malloc(sizeof(float) * nq), *norms = malloc(sizeof(float) * 2 * nn);
+    visc_swin_normalize_qk(want, norms, norms + nn, raw, rows, H, D);
+    for (int bf16 = 0; bf16 <= 1; bf16++) {
+        visc_cuda_set_bf16(ctx, bf16);
+        const size_t elem = (size_t)visc_cuda_operand_bytes(ctx);
+        float *d_raw = up(raw, sizeof(float) * nq), *d_qkv = dev(elem * nq);
+        float *d_norms = dev(sizeof(float) * 2 * nn), *d_dy = up(dy, sizeof(float) * nq);
+        float *d_dx = up(dy, sizeof(float) * nq); /* v's columns must stay dy's */
+        launched(visc_cuda_swin_qkv_operand(ctx, d_qkv, d_norms, d_norms + nn, d_raw, rows, H, D),
+                 "q, k normalized into the operand form");
+        /* the operand as floats: y of the backward below */
+        float *y = malloc(sizeof(float) * nq), *gnorms = down(d_norms, 2 * nn);
+        void *op = malloc(elem * nq);
+        launched(visc_cuda_download(ctx, op, d_qkv, elem * nq), "download");
+        for (size_t i = 0; i < nq; i++)
+            y[i] = elem == 2 ? visc_bf16_to_f32(((const uint16_t *)op)[i]) : ((float *)op)[i];
+        snprintf(name, sizeof name, "swin v2 q, k normalized, v beside [%lld rows, %d x %d]%s",
+                 (long long)rows, H, D, bf16 ? ", bf16: the CPU's rounded" : "");
+        if (bf16) expect_close(name, y, want, nq, 1e-5 * max_abs(want, nq), 1.0 / 256);
+        else expect_fp32(name, y, want, nq);
+        snprintf(name, sizeof name, "swin v2 q, k norms [%lld rows, %d x %d]%s", (long long)rows, H,
+                 D, bf16 ? ", bf16" : "");
+        expect_fp32(name, gnorms, norms, 2 * nn);
+        float *dx = malloc(sizeof(float) * nq);
+        memcpy(dx, dy, sizeof(float) * nq);
+        for (int k = 0; k < 2; k++) { /* q, then k, in place as a Swin V2 block */
+            const int64_t at = (int64_t)k * C;
+            visc_swin_normalize_heads_backward(dx + at, 3 * C, dx + at, 3 * C, y + at, 3 * C,
+                                               norms + k * nn, rows, H, D);
+            const void *y_at = (const char *)d_qkv + elem * (size_t)at; /* the operand form's */
+            launched(visc_cuda_swin_normalize_heads_backward(ctx, d_dx + at, 3 * C, d_dx + at,
+                                                             3 * C, y_at, 3 * C, d_norms + k * nn,
+                                                             rows, H, D),
+                     "head normalization backward");
+        }
+        float *gdx = down(d_dx, nq);
+        snprintf(name, sizeof name, "swin v2 head normalization backward [%lld rows, %d x %d]%s",
+                 (long long)rows, H, D, bf16 ? ", y bf16" : "");
+        expect_fp32(name, gdx, dx, nq);
+        float *dfree[] = {d_raw, d_qkv, d_norms, d_dy, d_dx};
+        for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+        free(y), free(gnorms), free(op), free(dx), free(gdx);
+    }
+    visc_cuda_set_bf16(ctx, was_bf16);
+    free(raw), free(dy), free(want), free(norms);
+}
+
 /* ---- Swin's block pieces (swin.cu) against models/swin_window.c and token_ops.c ---- */
 static void check_swin_pieces(int B, int grid, int window, int H, int D) {
     char name[160];
@@ -3185,34 +3242,9 @@ static void check_swin_pieces(int B, int grid, int window, int H, int D) {
         free(gb);
         free(gt);
     }
-    /* V2's per-head normalization of q and k inside the qkv rows */
-    const size_t nq = (size_t)rows * 3 * C;
-    float *qkv = random_floats(nq, -1, 1), *dy = random_floats((size_t)rows * 2 * C, -1, 1);
-    float *y = malloc(sizeof(float) * rows * 2 * C), *norms = malloc(sizeof(float) * rows * 2 * H);
-    float *dx = calloc(nq, sizeof(float));
-    float *d_qkv = up(qkv, sizeof(float) * nq), *d_dy = up(dy, sizeof(float) * rows * 2 * C);
-    float *d_y = dev(sizeof(float) * rows * 2 * C), *d_norms = dev(sizeof(float) * rows * 2 * H);
-    float *d_dx = up(dx, sizeof(float) * nq); /* v's part stays 0 */
-    for (int k = 0; k < 2; k++) {             /* q, then k, as a Swin V2 block */
-        const int64_t at = (int64_t)k * C, nat = (int64_t)k * rows * H;
-        visc_swin_normalize_heads(y + at, 2 * C, norms + nat, qkv + at, 3 * C, rows, H, D);
-        visc_swin_normalize_heads_backward(dx + at, 3 * C, dy + at, 2 * C, y + at, 2 * C,
-                                           norms + nat, rows, H, D);
-        launched(visc_cuda_swin_normalize_heads(ctx, d_y + at, 2 * C, d_norms + nat, d_qkv + at,
-                                                3 * C, rows, H, D),
-                 "head normalization");
-        launched(visc_cuda_swin_normalize_heads_backward(ctx, d_dx + at, 3 * C, d_dy + at, 2 * C,
-                                                         d_y + at, 2 * C, d_norms + nat, rows, H,
-                                                         D),
-                 "head normalization backward");
-    }
-    float *gy = down(d_y, (size_t)rows * 2 * C), *gdx = down(d_dx, nq);
-    snprintf(name, sizeof name, "swin v2 head normalization [%lld rows, %d x %d]", (long long)rows,
-             H, D);
-    expect_fp32(name, gy, y, (size_t)rows * 2 * C);
-    snprintf(name, sizeof name, "swin v2 head normalization backward [%lld rows, %d x %d]",
-             (long long)rows, H, D);
-    expect_fp32(name, gdx, dx, nq);
+    /* V2's per-head normalization of q and k of the qkv rows into the
+     * operand form (v beside them), and its backward reading them so */
+    check_swin_qk_normalization(rows, H, D);
     /* patch merging's gather and scatter: a permutation, bit-identical */
     const size_t nt = (size_t)rows * C;
     float *tok = random_floats(nt, -1, 1), *merged = malloc(sizeof(float) * nt);
@@ -3254,11 +3286,11 @@ static void check_swin_pieces(int B, int grid, int window, int H, int D) {
     float *ghs = down(d_hs, 4), *gdls = down(d_dls, 4);
     expect_close("swin v2 temperature exp(min(s, log 100))", ghs, hs, 4, 0, 2e-7);
     expect_close("swin v2 temperature backward (clamped above log 100)", gdls, dls, 4, 0, 4e-7);
-    void *dfree[] = {d_rel, d_table, d_dbias,  d_bias, d_dtable, d_qkv, d_dy,  d_y,  d_norms,
-                     d_dx,  d_tok,   d_merged, d_back, d_mean,   d_ls,  d_dhs, d_hs, d_dls};
+    void *dfree[] = {d_rel,  d_table, d_dbias, d_bias, d_dtable, d_tok, d_merged,
+                     d_back, d_mean,  d_ls,    d_dhs,  d_hs,     d_dls};
     for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
-    void *hfree[] = {rel,  table, dbias, bias, dtable, qkv, dy,    y,     norms, dx,  tok, merged,
-                     back, mean,  dtok,  gy,   gdx,    gm,  gback, gmean, gdtok, ghs, gdls};
+    void *hfree[] = {rel,  table, dbias, bias,  dtable, tok,   merged, back,
+                     mean, dtok,  gm,    gback, gmean,  gdtok, ghs,    gdls};
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 

@@ -817,7 +817,7 @@ int main(void) {
     check_bf16_arena(ctx, "resnet20", 32, 16, 0.55, 0);
     check_bf16_arena(ctx, "vit_small_patch16_224", 224, 2, 0.63, 1);
     check_bf16_arena(ctx, "swin_tiny_patch4_window7_224", 224, 2, 0.69, 1);
-    check_bf16_arena(ctx, "swinv2_tiny_window8_256", 256, 2, 0.82, 1);
+    check_bf16_arena(ctx, "swinv2_tiny_window8_256", 256, 2, 0.74, 1);
     check_bf16_arena(ctx, "cait_xxs24_224", 224, 2, 0.86, 1);
     visc_gpu_close(ctx);
     printf("%d passed, %d failed\n", passed, failed);

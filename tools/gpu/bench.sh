@@ -22,7 +22,7 @@
 # (convolutions, batch norm, pooling and sums in bf16, as autocast with
 # channels_last); the transformers' attention runs fused on tensor cores
 # with bf16 operands, and what only a linear layer or attention reads is
-# written in bf16 (q, k, v of ViT and Swin V1, the MLP's GELU, the norms
+# written in bf16 (q, k, v of ViT and Swin V1 and V2, the MLP's GELU, the norms
 # before qkv and the MLP, attention's output), but their residual stream
 # is still fp32 (as autocast keeps it), and the table says so rather than
 # compare unlike precisions silently. Memory,
