@@ -799,7 +799,9 @@ int visc_cuda_token_mean_forward(visc_cuda *ctx, float *out, const float *in, in
 int visc_cuda_token_mean_backward(visc_cuda *ctx, float *din, const float *dout, int B, int N,
                                   int C);
 
-/* ---- talking_heads.cu: as models/talking_heads.h's steps, and LayerScale ---- */
+/* ---- talking_heads.cu: as models/talking_heads.h's steps, and LayerScale ----
+ * The qkv rows and att (th_apply's output) are in the operand form (bf16
+ * under bf16: the projections' operands); the [B, H, T, T] ones are fp32. */
 int visc_cuda_th_scores(visc_cuda *ctx, float *S, const float *qkv, const visc_th_dims *d);
 int visc_cuda_th_mix(visc_cuda *ctx, float *out, const float *in, const float *W, const float *bias,
                      int B, int H, size_t TT, int transpose);

@@ -202,6 +202,16 @@ int visc_cuda_linear_gelu_operand_backward(visc_cuda *ctx, float *din, float *dw
                                            const float *in, const float *weight, int N,
                                            int in_features, int out_features);
 
+/* Value i of a tensor in the operand form: fp32, or bf16 with bf16; and
+ * its store (each value rounded once). */
+__device__ __forceinline__ float visc_operand_load(const void *p, int bf16, int64_t i) {
+    return bf16 ? __bfloat162float(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];
+}
+__device__ __forceinline__ void visc_operand_store(void *p, int bf16, int64_t i, float v) {
+    if (bf16) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else ((float *)p)[i] = v;
+}
+
 /* The float a warp holds in every lane, summed over the warp. */
 __device__ __forceinline__ float visc_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -75,17 +75,8 @@ __global__ void qkv_operand_kernel(void *out, float *qnorm, float *knorm, const 
             nrm = nrm > 1e-12f ? nrm : 1e-12f;
             (p == 0 ? qnorm : knorm)[r * H + h] = nrm;
         }
-        for (int d = 0; d < D; d++) {
-            const float y = p < 2 ? x[d] / nrm : x[d];
-            if (bf16) ((__nv_bfloat16 *)out)[at + d] = __float2bfloat16_rn(y);
-            else ((float *)out)[at + d] = y;
-        }
+        for (int d = 0; d < D; d++) visc_operand_store(out, bf16, at + d, p < 2 ? x[d] / nrm : x[d]);
     }
-}
-
-/* value i of an fp32 tensor, or of a bf16 one with bf16 */
-__device__ __forceinline__ float load_value(const void *p, int bf16, int64_t i) {
-    return bf16 ? __bfloat162float(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];
 }
 
 /* y: fp32, or bf16 with y_bf16 (the operand form) */
@@ -103,10 +94,10 @@ __global__ void normalize_backward_kernel(float *dx, int64_t ld_dx, const float 
         const float nrm = norms[e];
         float dot = 0.0f;
         for (int d = 0; d < D; d++)
-            dot = __fadd_rn(dot, __fmul_rn(load_value(y, y_bf16, yat + d), g[d]));
+            dot = __fadd_rn(dot, __fmul_rn(visc_operand_load(y, y_bf16, yat + d), g[d]));
         if (nrm <= 1e-12f) dot = 0.0f; /* below eps the norm is a constant */
         for (int d = 0; d < D; d++)
-            o[d] = __fsub_rn(g[d], __fmul_rn(load_value(y, y_bf16, yat + d), dot)) / nrm;
+            o[d] = __fsub_rn(g[d], __fmul_rn(visc_operand_load(y, y_bf16, yat + d), dot)) / nrm;
     }
 }
 

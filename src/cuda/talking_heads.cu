@@ -6,7 +6,10 @@
  * per output element, summing in the CPU's order with the CPU's rounding
  * where the sum is short (the head mix), a warp per row for the softmax,
  * and a block per weight for the mix's gradient (double sums, a fixed
- * tree). Plain kernels: CaiT is not one of the benchmark's models. */
+ * tree). Plain kernels: CaiT is not one of the benchmark's models. The
+ * qkv rows, and the output att that only the output projection reads, are
+ * in the operand form (bf16 under bf16, the argument b16: the projections
+ * write and read them so); the [B, H, T, T] matrices are fp32. */
 #include <math.h>
 
 #include "common.cuh"
@@ -15,20 +18,21 @@
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < (n);                       \
          e += (size_t)gridDim.x * blockDim.x)
 
-__device__ __forceinline__ const float *q_row(const float *qkv, const visc_th_dims &d, size_t b,
-                                              int i, int h) {
-    return qkv + (b * d.T + i) * 3 * d.C + (size_t)h * d.D;
+/* the index of q_i of head h of sequence b in the qkv rows (k: + C, v: + 2C) */
+__device__ __forceinline__ int64_t q_at(const visc_th_dims &d, size_t b, int i, int h) {
+    return (int64_t)((b * d.T + i) * 3 * d.C + (size_t)h * d.D);
 }
 
 /* S[b, h, i, j] = scale q_i . k_j */
-__global__ void th_scores_kernel(float *S, const float *qkv, visc_th_dims d) {
+__global__ void th_scores_kernel(float *S, const void *qkv, int b16, visc_th_dims d) {
     const size_t n = (size_t)d.B * d.H * d.T * d.T;
     GRID_STRIDE(e, n) {
         const int j = (int)(e % d.T), i = (int)(e / d.T % d.T), h = (int)(e / ((size_t)d.T * d.T) % d.H);
         const size_t b = e / ((size_t)d.T * d.T * d.H);
-        const float *q = q_row(qkv, d, b, i, h), *k = q_row(qkv, d, b, j, h) + d.C;
+        const int64_t q = q_at(d, b, i, h), k = q_at(d, b, j, h) + d.C;
         float s = 0.0f;
-        for (int x = 0; x < d.D; x++) s = fmaf(q[x], k[x], s);
+        for (int x = 0; x < d.D; x++)
+            s = fmaf(visc_operand_load(qkv, b16, q + x), visc_operand_load(qkv, b16, k + x), s);
         S[e] = d.scale * s;
     }
 }
@@ -80,28 +84,31 @@ __global__ void th_softmax_backward_kernel(float *dS, const float *P, size_t row
 }
 
 /* att[b, i, f, x] = sum_j A[b, f, i, j] v_j[x] */
-__global__ void th_apply_kernel(float *att, const float *A, const float *qkv, visc_th_dims d) {
+__global__ void th_apply_kernel(void *att, const float *A, const void *qkv, int b16,
+                                visc_th_dims d) {
     const size_t n = (size_t)d.B * d.T * d.C;
     GRID_STRIDE(e, n) {
         const int c = (int)(e % d.C), i = (int)(e / d.C % d.T), f = c / d.D, x = c % d.D;
         const size_t b = e / ((size_t)d.C * d.T);
         const float *a = A + ((b * d.H + f) * d.T + i) * d.T;
         float o = 0.0f;
-        for (int j = 0; j < d.T; j++) o = fmaf(a[j], q_row(qkv, d, b, j, f)[2 * d.C + x], o);
-        att[e] = o;
+        for (int j = 0; j < d.T; j++)
+            o = fmaf(a[j], visc_operand_load(qkv, b16, q_at(d, b, j, f) + 2 * d.C + x), o);
+        visc_operand_store(att, b16, (int64_t)e, o);
     }
 }
 
 /* dA[b, f, i, j] = datt[b, i, f, :] . v_j */
-__global__ void th_grad_a_kernel(float *dA, const float *datt, const float *qkv, visc_th_dims d) {
+__global__ void th_grad_a_kernel(float *dA, const float *datt, const void *qkv, int b16,
+                                 visc_th_dims d) {
     const size_t n = (size_t)d.B * d.H * d.T * d.T;
     GRID_STRIDE(e, n) {
         const int j = (int)(e % d.T), i = (int)(e / d.T % d.T), f = (int)(e / ((size_t)d.T * d.T) % d.H);
         const size_t b = e / ((size_t)d.T * d.T * d.H);
         const float *g = datt + (b * d.T + i) * d.C + (size_t)f * d.D;
-        const float *v = q_row(qkv, d, b, j, f) + 2 * d.C;
+        const int64_t v = q_at(d, b, j, f) + 2 * d.C;
         float s = 0.0f;
-        for (int x = 0; x < d.D; x++) s = fmaf(g[x], v[x], s);
+        for (int x = 0; x < d.D; x++) s = fmaf(g[x], visc_operand_load(qkv, b16, v + x), s);
         dA[e] = s;
     }
 }
@@ -121,7 +128,8 @@ __global__ void th_grad_v_kernel(float *dqkv, const float *A, const float *datt,
 }
 
 /* dq_i = scale sum_j dS[i, j] k_j, dk_i = scale sum_j dS[j, i] q_j, into dqkv */
-__global__ void th_grad_qk_kernel(float *dqkv, const float *dS, const float *qkv, visc_th_dims d) {
+__global__ void th_grad_qk_kernel(float *dqkv, const float *dS, const void *qkv, int b16,
+                                  visc_th_dims d) {
     const size_t n = (size_t)d.B * d.T * d.C, TT = (size_t)d.T * d.T;
     GRID_STRIDE(e, n) {
         const int c = (int)(e % d.C), i = (int)(e / d.C % d.T), h = c / d.D, x = c % d.D;
@@ -130,9 +138,9 @@ __global__ void th_grad_qk_kernel(float *dqkv, const float *dS, const float *qkv
         const float *col = dS + (b * d.H + h) * TT + i;
         float oq = 0.0f, ok = 0.0f;
         for (int j = 0; j < d.T; j++) {
-            const float *q = q_row(qkv, d, b, j, h);
-            oq = fmaf(d.scale * row[j], q[d.C + x], oq);
-            ok = fmaf(d.scale * col[(size_t)j * d.T], q[x], ok);
+            const int64_t q = q_at(d, b, j, h);
+            oq = fmaf(d.scale * row[j], visc_operand_load(qkv, b16, q + d.C + x), oq);
+            ok = fmaf(d.scale * col[(size_t)j * d.T], visc_operand_load(qkv, b16, q + x), ok);
         }
         float *o = dqkv + (b * d.T + i) * 3 * d.C + c;
         o[0] = oq;
@@ -168,7 +176,7 @@ static unsigned warp_blocks(size_t rows) { return visc_cuda_blocks(rows * 32, 25
 
 int visc_cuda_th_scores(visc_cuda *ctx, float *S, const float *qkv, const visc_th_dims *d) {
     const size_t n = (size_t)d->B * d->H * d->T * d->T;
-    th_scores_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(S, qkv, *d);
+    th_scores_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(S, qkv, ctx->bf16, *d);
     return visc_cuda_launched("talking heads: scores");
 }
 
@@ -188,14 +196,16 @@ int visc_cuda_th_softmax(visc_cuda *ctx, float *P, size_t rows, int T) {
 int visc_cuda_th_apply(visc_cuda *ctx, float *att, const float *A, const float *qkv,
                        const visc_th_dims *d) {
     const size_t n = (size_t)d->B * d->T * d->C;
-    th_apply_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(att, A, qkv, *d);
+    th_apply_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(att, A, qkv, ctx->bf16,
+                                                                        *d);
     return visc_cuda_launched("talking heads: A v");
 }
 
 int visc_cuda_th_grad_a(visc_cuda *ctx, float *dA, const float *datt, const float *qkv,
                         const visc_th_dims *d) {
     const size_t n = (size_t)d->B * d->H * d->T * d->T;
-    th_grad_a_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(dA, datt, qkv, *d);
+    th_grad_a_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(dA, datt, qkv, ctx->bf16,
+                                                                         *d);
     return visc_cuda_launched("talking heads: dA");
 }
 
@@ -220,7 +230,8 @@ int visc_cuda_th_softmax_backward(visc_cuda *ctx, float *dS, const float *P, siz
 int visc_cuda_th_grad_qk(visc_cuda *ctx, float *dqkv, const float *dS, const float *qkv,
                          const visc_th_dims *d) {
     const size_t n = (size_t)d->B * d->T * d->C;
-    th_grad_qk_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(dqkv, dS, qkv, *d);
+    th_grad_qk_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(dqkv, dS, qkv, ctx->bf16,
+                                                                          *d);
     return visc_cuda_launched("talking heads: dq dk");
 }
 

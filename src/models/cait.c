@@ -268,9 +268,10 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
         b->ln1 = md_take_operand(m, a, RC);
         b->mean1 = visc_arena_floats(a, R);
         b->rstd1 = visc_arena_floats(a, R);
-        b->qkv_out = visc_arena_floats(a, 3 * RC);
+        /* q, k, v and the heads' output att: the projections' operands */
+        b->qkv_out = md_take_operand(m, a, 3 * RC);
         b->Pr = visc_arena_floats(a, BHTT);
-        b->att = visc_arena_floats(a, RC);
+        b->att = md_take_operand(m, a, RC);
         b->a_out = visc_arena_floats(a, RC);
         b->x_mid = visc_arena_floats(a, RC);
         b->ln2 = md_take_operand(m, a, RC);
@@ -359,9 +360,10 @@ static void block_forward(visc_model *m, cait *c, cait_block *b, int i, int trai
     const float p = m->cfg.drop_path_rate;
     const th_dims d = dims(m, c);
     visc_tf_norm_operand_forward(m, &b->norm1, b->ln1, b->mean1, b->rstd1, b->x, R);
-    visc_tf_linear_operand_forward(m, &b->qkv, b->qkv_out, b->ln1, R);
+    md_linear_operands_forward(m, b->qkv_out, b->ln1, P(b->qkv.weight), P(b->qkv.bias), (int)R, C,
+                               3 * C);
     th_forward(m, b, c->mix, &d);
-    visc_tf_linear_forward(m, &b->proj, b->a_out, b->att, R);
+    visc_tf_linear_operand_forward(m, &b->proj, b->a_out, b->att, R);
     layerscale_forward(m, c->branch, b->a_out, P(b->gamma_1), R, C);
     md_droppath_forward(m, b->x_mid, b->x, c->branch, b->keep1, c->keep_host, B, per_sample, p,
                         train, visc_tf_noise_offset(SITE_BLOCKS + 2 * i));
@@ -471,7 +473,7 @@ static void block_backward(visc_model *m, cait *c, cait_block *b) {
     visc_tf_norm_backward_add(m, &b->norm2, c->dx, c->dln, b->x_mid, b->mean2, b->rstd2, R);
     dbranch = md_droppath_branch_grad(m, c->branch, c->dx, b->keep1, could_drop, B, per_sample);
     layerscale_backward(m, c->dln, G(b->gamma_1), dbranch, b->a_out, P(b->gamma_1), R, C);
-    visc_tf_linear_backward(m, &b->proj, c->datt, c->dln, b->att, R);
+    visc_tf_linear_operand_backward(m, &b->proj, c->datt, c->dln, b->att, R);
     th_backward(m, b, c->dqkv, c->datt, c->mix, c->dmix, c->dmix2, &d);
     visc_tf_linear_operand_backward(m, &b->qkv, c->dln, c->dqkv, b->ln1, R);
     visc_tf_norm_backward_add(m, &b->norm1, c->dx, c->dln, b->x, b->mean1, b->rstd1, R);

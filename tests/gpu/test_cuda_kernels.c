@@ -3407,6 +3407,54 @@ static void check_talking_heads(int B, int H, int T, int D) {
     for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
 }
 
+/* The talking-heads steps that read the qkv rows, under bf16, where the
+ * rows are the projection's bf16 operand and A v writes att as the output
+ * projection's: the CPU's values from the same (bf16) rows, within the
+ * fp32 tolerances above, att rounded once more. */
+static void check_talking_heads_bf16(int B, int H, int T, int D) {
+    char name[160];
+    const int C = H * D, was_bf16 = visc_cuda_bf16(ctx);
+    const visc_th_dims d = {B, H, T, D, C, 1.0f / sqrtf((float)D)};
+    const size_t nqkv = (size_t)B * T * 3 * C, nS = (size_t)B * H * T * T;
+    const size_t natt = (size_t)B * T * C;
+    float *qkv = random_floats(nqkv, -1, 1), *A = random_floats(nS, 0, 0.1f);
+    float *datt = random_floats(natt, -1, 1), *dS = random_floats(nS, -1, 1);
+    for (size_t i = 0; i < nqkv; i++) qkv[i] = bf16_round(qkv[i]);
+    float *S = malloc(sizeof(float) * nS), *att = malloc(sizeof(float) * natt);
+    float *dA = malloc(sizeof(float) * nS), *dqkv = calloc(nqkv, sizeof(float));
+    visc_th_scores(S, qkv, &d);
+    visc_th_apply(att, A, qkv, &d);
+    visc_th_grad_a(dA, datt, qkv, &d);
+    visc_th_grad_qk(dqkv, dS, qkv, &d); /* v's columns stay 0 */
+    visc_cuda_set_bf16(ctx, 1);
+    void *d_qkv = up_bf16(qkv, nqkv), *d_att = dev(sizeof(uint16_t) * natt);
+    float *d_A = up(A, sizeof(float) * nS), *d_datt = up(datt, sizeof(float) * natt);
+    float *d_dS = up(dS, sizeof(float) * nS), *d_S = dev(sizeof(float) * nS);
+    float *d_dA = dev(sizeof(float) * nS), *d_dqkv = up(dqkv, sizeof(float) * nqkv);
+    launched(visc_cuda_th_scores(ctx, d_S, d_qkv, &d), "th scores, bf16");
+    launched(visc_cuda_th_apply(ctx, d_att, d_A, d_qkv, &d), "th apply, bf16");
+    launched(visc_cuda_th_grad_a(ctx, d_dA, d_datt, d_qkv, &d), "th grad a, bf16");
+    launched(visc_cuda_th_grad_qk(ctx, d_dqkv, d_dS, d_qkv, &d), "th grad qk, bf16");
+    visc_cuda_set_bf16(ctx, was_bf16);
+    float *g_S = down(d_S, nS), *g_att = down_bf16(d_att, natt), *g_dA = down(d_dA, nS);
+    float *g_dqkv = down(d_dqkv, nqkv);
+    const char *what[] = {"scores", "dA", "dq dk"};
+    const float *got[] = {g_S, g_dA, g_dqkv}, *want[] = {S, dA, dqkv};
+    const size_t count[] = {nS, nS, nqkv};
+    for (int o = 0; o < 3; o++) {
+        snprintf(name, sizeof name, "talking heads %s, qkv bf16: B %d H %d T %d D %d", what[o], B,
+                 H, T, D);
+        expect_close(name, got[o], want[o], count[o], 2e-5 * max_abs(want[o], count[o]), 1e-4);
+    }
+    snprintf(name, sizeof name, "talking heads A v, qkv and att bf16: B %d H %d T %d D %d", B, H, T,
+             D);
+    expect_close(name, g_att, att, natt, 2e-5 * max_abs(att, natt), 1.0 / 256 + 1e-4);
+    void *dfree[] = {d_qkv, d_att, d_A, d_datt, d_dS, d_S, d_dA, d_dqkv};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    void *hfree[] = {qkv, A, datt, dS, S, att, dA, dqkv, g_S, g_att, g_dA, g_dqkv};
+    for (size_t i = 0; i < sizeof hfree / sizeof *hfree; i++) free(hfree[i]);
+}
+
 /* ---- sums: visc_add_forward's bits, the residual block's add + ReLU,
  * and two gradient paths joined through a ReLU (visc_add_relu_backward's
  * bits, which are visc_add_forward's then visc_relu_backward's) ---- */
@@ -3794,6 +3842,8 @@ static void group_tokens(void) {
 static void group_cait(void) {
     check_talking_heads(2, 4, 49, 48); /* cait_xxs24 at 112 px */
     check_talking_heads(1, 3, 5, 8);
+    check_talking_heads_bf16(2, 4, 49, 48);
+    check_talking_heads_bf16(1, 3, 5, 8);
 }
 static void group_eltwise(void) {
     check_add(((size_t)1 << 20) + 5);

@@ -97,15 +97,27 @@ static void result(int ok, const char *fmt, const char *arch, const char *what, 
     else failed++;
 }
 
-/* ||g - c|| / ||c|| over n values; a NaN anywhere makes it NaN. */
-static double rel_error(const float *g, const float *c, size_t n) {
+/* ||g - c|| / max(||c||, floor) over n values; a NaN anywhere makes it NaN. */
+static double rel_error_floor(const float *g, const float *c, size_t n, double floor) {
     double d = 0, s = 0;
     for (size_t i = 0; i < n; i++) {
         d += ((double)g[i] - c[i]) * ((double)g[i] - c[i]);
         s += (double)c[i] * c[i];
     }
-    return s > 0 ? sqrt(d / s) : sqrt(d);
+    const double scale = fmax(sqrt(s), floor);
+    return scale > 0 ? sqrt(d) / scale : sqrt(d);
 }
+static double rel_error(const float *g, const float *c, size_t n) {
+    return rel_error_floor(g, c, n, 0.0);
+}
+
+/* The least norm a tensor of a table is measured against, as a share of
+ * the table's norm at the tensor's size (RMS x sqrt(numel)): a tensor whose
+ * values are zero in exact arithmetic holds rounding alone, whose relative
+ * error says nothing (CaiT's class-attention key bias: q . b adds the same
+ * to every score of a row, which the softmax takes away, so its gradient
+ * is 1e-12-sized noise on the CPU and bf16-sized on the GPU). */
+#define TENSOR_FLOOR 1e-4
 
 /* The limit for one comparison: `limit`, widened to TWIN_FACTOR times the
  * twin's difference from the CPU where a twin ran (not on the stand-in). */
@@ -130,11 +142,14 @@ static void expect_tables(const char *arch, const char *what, const visc_table *
         result(r <= lim, "relative error %.3g (limit %.3g)", arch, label, r, lim);
         return;
     }
-    double worst = 0, worst_limit = limit, worst_share = 0;
+    double worst = 0, worst_limit = limit, worst_share = 0, table_ss = 0;
     int at = 0, left_out = 0;
+    for (size_t i = 0; i < t->total; i++) table_ss += (double)cpu[i] * cpu[i];
     for (int i = 0; i < t->count; i++) {
         const visc_tensor_entry *e = &t->entries[i];
-        const double r = rel_error(gpu + e->offset, cpu + e->offset, e->numel);
+        const double floor =
+            TENSOR_FLOOR * sqrt(table_ss * (double)e->numel / (double)(t->total ? t->total : 1));
+        const double r = rel_error_floor(gpu + e->offset, cpu + e->offset, e->numel, floor);
         const double spread = twin ? rel_error(twin + e->offset, cpu + e->offset, e->numel) : 0;
         const double lim = widened(limit, spread);
         if (getenv("VISC_TEST_VERBOSE"))
@@ -315,6 +330,8 @@ static const model_case model_cases[] = {
     {"swinv2_micro_patch2_window4_32", 32, 3, 10, 4, 0, 0.2f, 0, 0, 2e-3, BF16},
     /* talking heads, class attention, LayerScale */
     {"cait_xxs24_224", 32, 3, 10, 2, 0, 0.1f, 0, 0, 0, FP32},
+    /* q, k, v and the heads' output in bf16, as the projections' operands */
+    {"cait_xxs24_224", 32, 3, 10, 2, 0, 0.1f, 0, 0, 0, BF16},
 };
 
 /* VISC_TEST_ONLY=arch: the checks of that architecture alone (a diagnosis) */
@@ -818,7 +835,7 @@ int main(void) {
     check_bf16_arena(ctx, "vit_small_patch16_224", 224, 2, 0.63, 1);
     check_bf16_arena(ctx, "swin_tiny_patch4_window7_224", 224, 2, 0.69, 1);
     check_bf16_arena(ctx, "swinv2_tiny_window8_256", 256, 2, 0.74, 1);
-    check_bf16_arena(ctx, "cait_xxs24_224", 224, 2, 0.86, 1);
+    check_bf16_arena(ctx, "cait_xxs24_224", 224, 2, 0.76, 1);
     visc_gpu_close(ctx);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
