@@ -79,24 +79,15 @@ typedef struct {
 typedef struct {
     int embed, depth, heads, tokens, hidden;
     float scale;
-    visc_tf_patch_embed pe;
     int cls_token, pos_embed;
     cait_block *blocks;
     class_block cblocks[DEPTH_TOKEN_ONLY];
-    visc_tf_norm norm;
-    visc_tf_linear head;
-    float *image, *conv_out, *x0, *cls0, *cls_mean, *cls_rstd, *feat, *feat_drop;
-    uint8_t *drop_mask;
-    int head_dropped;
+    visc_tf_top top; /* the patch embedding, the final norm, the head; the arena */
+    float *image, *conv_out, *x0, *cls0;
     int trained; /* the last forward was a training one (its noise drawn) */
     /* scratch shared by all blocks */
     float *branch, *hid, *dhid, *mix, *dmix, *dmix2;
-    float *dx, *dtmp, *dln, *datt, *dqkv, *dfeat, *dcls, *dcls_tmp, *du, *dk, *dv, *dq;
-    /* the logits in the arena: m->logits on the CPU; on a GPU m->logits and
-     * m->features are host copies forward downloads */
-    float *logits;
-    float *dlogits, *keep_host; /* on a GPU: uploaded dlogits, drop-path's draws [B] */
-    visc_arena arena;
+    float *dx, *dtmp, *dln, *datt, *dqkv, *dcls, *dcls_tmp, *du, *dk, *dv, *dq;
 } cait;
 
 #define P(idx) visc_model_param(m, (idx))
@@ -307,12 +298,7 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
         b->cls_out = visc_arena_floats(a, BC);
         cls = b->cls_out;
     }
-    c->cls_mean = visc_arena_floats(a, (size_t)B);
-    c->cls_rstd = visc_arena_floats(a, (size_t)B);
-    c->feat = visc_arena_floats(a, BC);
-    c->feat_drop = visc_arena_floats(a, BC);
-    c->drop_mask = visc_arena_take(a, BC);
-    c->logits = visc_arena_floats(a, (size_t)B * m->cfg.num_classes);
+    visc_tf_top_plan(m, &c->top, a, C);
     c->branch = visc_arena_floats(a, RC);
     c->hid = md_take_operand(m, a, RH);
     c->dhid = visc_arena_floats(a, RH);
@@ -324,7 +310,6 @@ static void plan_activations(visc_model *m, cait *c, visc_arena *a) {
     c->dln = visc_arena_floats(a, U * C);
     c->datt = visc_arena_floats(a, RC);
     c->dqkv = visc_arena_floats(a, 3 * RC);
-    c->dfeat = visc_arena_floats(a, BC);
     c->dcls = visc_arena_floats(a, BC);
     c->dcls_tmp = visc_arena_floats(a, BC);
     c->du = visc_arena_floats(a, U * C);
@@ -347,7 +332,7 @@ static void layerscale_backward(visc_model *m, float *din, float *dgamma, const 
     else visc_layerscale_backward(din, dgamma, dout, in, gamma, rows, C);
 }
 
-enum { SITE_HEAD = 1, SITE_BLOCKS = 2 };
+enum { SITE_BLOCKS = 2 }; /* 1: VISC_TF_SITE_HEAD */
 
 static th_dims dims(const visc_model *m, const cait *c) {
     return (th_dims){m->cfg.batch, c->heads, c->tokens, c->embed / c->heads, c->embed, c->scale};
@@ -365,13 +350,13 @@ static void block_forward(visc_model *m, cait *c, cait_block *b, int i, int trai
     th_forward(m, b, c->mix, &d);
     visc_tf_linear_operand_forward(m, &b->proj, b->a_out, b->att, R);
     layerscale_forward(m, c->branch, b->a_out, P(b->gamma_1), R, C);
-    md_droppath_forward(m, b->x_mid, b->x, c->branch, b->keep1, c->keep_host, B, per_sample, p,
+    md_droppath_forward(m, b->x_mid, b->x, c->branch, b->keep1, c->top.keep_host, B, per_sample, p,
                         train, visc_tf_noise_offset(SITE_BLOCKS + 2 * i));
     visc_tf_norm_operand_forward(m, &b->norm2, b->ln2, b->mean2, b->rstd2, b->x_mid, R);
     visc_tf_mlp_forward(m, &b->mlp, b->m_out, b->h, c->hid, b->ln2, R);
     layerscale_forward(m, c->branch, b->m_out, P(b->gamma_2), R, C);
-    md_droppath_forward(m, b->x_out, b->x_mid, c->branch, b->keep2, c->keep_host, B, per_sample, p,
-                        train, visc_tf_noise_offset(SITE_BLOCKS + 2 * i + 1));
+    md_droppath_forward(m, b->x_out, b->x_mid, c->branch, b->keep2, c->top.keep_host, B, per_sample,
+                        p, train, visc_tf_noise_offset(SITE_BLOCKS + 2 * i + 1));
 }
 
 static void class_block_forward(visc_model *m, cait *c, class_block *b, const float *x) {
@@ -405,7 +390,7 @@ static void cait_forward(visc_model *m, const float *x, int train) {
     cait *c = m->impl;
     const int B = m->cfg.batch, C = c->embed, T = c->tokens, S = m->cfg.image_size;
     md_take_batch(m, c->image, x, (size_t)B * m->cfg.in_channels * S * S);
-    visc_tf_patch_embed_forward(m, &c->pe, c->x0, c->conv_out, c->image);
+    visc_tf_patch_embed_forward(m, &c->top.pe, c->x0, c->conv_out, c->image);
     if (m->cuda) visc_gpu_add_broadcast(m->cuda, c->x0, P(c->pos_embed), B, (int64_t)T * C);
     else visc_add_broadcast_forward(c->x0, P(c->pos_embed), B, (int64_t)T * C);
     c->trained = train;
@@ -415,18 +400,7 @@ static void cait_forward(visc_model *m, const float *x, int train) {
     for (int i = 0; i < DEPTH_TOKEN_ONLY; i++) class_block_forward(m, c, &c->cblocks[i], xs);
     /* timm normalizes [cls, x] and keeps row 0: the same as normalizing cls */
     const float *cls = c->cblocks[DEPTH_TOKEN_ONLY - 1].cls_out;
-    visc_tf_norm_forward(m, &c->norm, c->feat, c->cls_mean, c->cls_rstd, cls, B);
-    const float *feat = c->feat;
-    c->head_dropped = train && m->cfg.drop_rate > 0.0f;
-    if (c->head_dropped) {
-        visc_dropout_forward(c->feat_drop, c->drop_mask, c->feat, (size_t)B * C, m->cfg.drop_rate,
-                             m->noise_seed, visc_tf_noise_offset(SITE_HEAD));
-        feat = c->feat_drop;
-    }
-    visc_tf_linear_forward(m, &c->head, c->logits, feat, B);
-    /* the host's copies: the loss, the accuracy and SSL heads read them */
-    md_give_out(m, m->logits, &m->dev_logits, c->logits, (size_t)B * m->cfg.num_classes);
-    md_give_out(m, m->features, &m->dev_features, c->feat, (size_t)B * C);
+    visc_tf_top_forward(m, &c->top, cls, train);
 }
 
 /* ---- backward ---- */
@@ -479,11 +453,9 @@ static void block_backward(visc_model *m, cait *c, cait_block *b) {
     visc_tf_norm_backward_add(m, &b->norm1, c->dx, c->dln, b->x, b->mean1, b->rstd1, R);
 }
 
-/* From c->dfeat (the gradient at the features) to the input. */
+/* From c->dcls (the gradient at the class token's last state) to the input. */
 static void trunk_backward(visc_model *m, cait *c) {
     const int B = m->cfg.batch, C = c->embed, T = c->tokens;
-    const float *cls = c->cblocks[DEPTH_TOKEN_ONLY - 1].cls_out;
-    visc_tf_norm_backward(m, &c->norm, c->dcls, c->dfeat, cls, c->cls_mean, c->cls_rstd, B);
     md_zero(m, c->dx, (size_t)B * T * C);
     for (int i = DEPTH_TOKEN_ONLY - 1; i >= 0; i--) class_block_backward(m, c, &c->cblocks[i]);
     float *dtok = G(c->cls_token);
@@ -502,27 +474,21 @@ static void trunk_backward(visc_model *m, cait *c) {
     }
     if (m->cuda) visc_gpu_sum_rows(m->cuda, G(c->pos_embed), c->dx, B, T * C);
     else visc_add_broadcast_backward(G(c->pos_embed), c->dx, B, (int64_t)T * C);
-    visc_tf_patch_embed_backward(m, &c->pe, c->conv_out, c->dx, c->image);
+    visc_tf_patch_embed_backward(m, &c->top.pe, c->conv_out, c->dx, c->image);
 }
+
+/* the class token's last state: the top's input */
+static const float *last_cls(const cait *c) { return c->cblocks[DEPTH_TOKEN_ONLY - 1].cls_out; }
 
 static void cait_backward(visc_model *m, const float *dlogits) {
     cait *c = m->impl;
-    const int B = m->cfg.batch, C = c->embed;
-    dlogits =
-        md_from_host(m, c->dlogits, dlogits, (size_t)B * m->cfg.num_classes); /* from the host */
-    visc_tf_linear_backward(m, &c->head, c->dfeat, dlogits,
-                            c->head_dropped ? c->feat_drop : c->feat, B);
-    if (c->head_dropped)
-        visc_dropout_backward(c->dfeat, c->dfeat, c->drop_mask, (size_t)B * C, m->cfg.drop_rate);
+    visc_tf_top_backward(m, &c->top, dlogits, NULL, c->dcls, last_cls(c));
     trunk_backward(m, c);
 }
 
 static void cait_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
     cait *c = m->impl;
-    const int B = m->cfg.batch, C = c->embed;
-    dlogits = md_from_host(m, c->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
-    visc_tf_head_backward(m, &c->head, dlogits, c->head_dropped ? c->feat_drop : c->feat, B);
-    md_take_in(m, c->dfeat, dfeatures, (size_t)B * C);
+    visc_tf_top_backward(m, &c->top, dlogits, dfeatures, c->dcls, last_cls(c));
     trunk_backward(m, c);
 }
 
@@ -531,27 +497,13 @@ static void plan(visc_model *m, visc_arena *a) { plan_activations(m, m->impl, a)
 /* Every activation pointer moves to device memory (gpu.h). */
 static int cait_to_cuda(visc_model *m) {
     cait *c = m->impl;
-    if (m->cfg.drop_rate > 0.0f)
-        return visc_set_error("--device cuda: --drop (the head dropout) is not on the GPU yet");
-    if (visc_gpu_arena_move(m, &c->arena, plan, &c->dlogits)) return -1;
-    c->keep_host = visc_alloc_aligned((size_t)m->cfg.batch * sizeof(float), "drop-path draws");
-    return 0;
+    return visc_tf_top_to_cuda(m, &c->top, plan);
 }
 
 static void cait_destroy(visc_model *m) {
     cait *c = m->impl;
-    visc_tf_patch_embed_destroy(&c->pe);
+    visc_tf_top_destroy(m, &c->top);
     free(c->blocks);
-    if (m->cuda) {
-        visc_gpu_arena_free(m, &c->arena, c->dlogits);
-        visc_free_aligned(c->keep_host);
-        visc_model_gpu_release(m);
-    } else {
-        visc_arena_free(&c->arena);
-    }
-    visc_table_free(&m->params);
-    visc_table_free(&m->buffers);
-    visc_free_aligned(m->grads);
     free(c);
     free(m);
 }
@@ -560,7 +512,7 @@ static double model_flops(const visc_model *m, const cait *c) {
     const int B = m->cfg.batch, C = c->embed;
     const double R = (double)B * c->tokens, U = (double)B * (c->tokens + 1);
     const th_dims d = dims(m, c);
-    double f = visc_conv2d_flops(&c->pe.conv);
+    double f = visc_conv2d_flops(&c->top.pe.conv);
     for (int i = 0; i < c->depth; i++)
         f +=
             2.0 * R * 4.0 * C * C + th_flops(&d) + visc_tf_mlp_flops(&c->blocks[i].mlp, (int64_t)R);
@@ -580,22 +532,7 @@ visc_model *visc_cait_create(const visc_model_config *cfg, uint64_t seed) {
         return NULL;
     }
     const int S = cfg->image_size > 0 ? cfg->image_size : 224;
-    if (cfg->batch < 1 || cfg->num_classes < 1 || cfg->in_channels < 1) {
-        visc_set_error("%s needs batch >= 1, classes >= 1 and channels >= 1 (got %d, %d, %d)",
-                       cfg->arch, cfg->batch, cfg->num_classes, cfg->in_channels);
-        return NULL;
-    }
-    if (S < PATCH || S % PATCH != 0) {
-        visc_set_error("%s: image size %d px is not a positive multiple of its patch size %d",
-                       cfg->arch, S, PATCH);
-        return NULL;
-    }
-    if (!(cfg->drop_rate >= 0.0f && cfg->drop_rate < 1.0f) ||
-        !(cfg->drop_path_rate >= 0.0f && cfg->drop_path_rate < 1.0f)) {
-        visc_set_error("%s: drop_rate and drop_path_rate must lie in [0, 1) (got %g, %g)",
-                       cfg->arch, cfg->drop_rate, cfg->drop_path_rate);
-        return NULL;
-    }
+    if (visc_tf_check_config(cfg, S, PATCH)) return NULL;
     visc_model *m = visc_calloc(1, sizeof *m, "model");
     cait *c = visc_calloc(1, sizeof *c, "cait");
     m->cfg = *cfg;
@@ -614,31 +551,24 @@ visc_model *visc_cait_create(const visc_model_config *cfg, uint64_t seed) {
     int64_t tok[3] = {1, 1, C}, pos[3] = {1, c->tokens, C};
     c->cls_token = visc_table_add(&m->params, "cls_token", 3, tok, VISC_TENSOR_NO_DECAY);
     c->pos_embed = visc_table_add(&m->params, "pos_embed", 3, pos, VISC_TENSOR_NO_DECAY);
-    visc_tf_add_patch_embed(m, &c->pe, "patch_embed", cfg->batch, cfg->in_channels, S, PATCH, C,
+    visc_tf_add_patch_embed(m, &c->top.pe, "patch_embed", cfg->batch, cfg->in_channels, S, PATCH, C,
                             c->tokens, 0);
     c->blocks = visc_calloc((size_t)c->depth, sizeof *c->blocks, "cait blocks");
     for (int i = 0; i < c->depth; i++) add_block(m, c, &c->blocks[i], i);
     for (int i = 0; i < DEPTH_TOKEN_ONLY; i++) add_class_block(m, c, &c->cblocks[i], i);
-    visc_tf_add_norm(m, &c->norm, "norm", C, 1e-6f);
-    visc_tf_add_linear(m, &c->head, "head", C, cfg->num_classes, 1);
+    visc_tf_add_norm(m, &c->top.norm, "norm", C, 1e-6f);
+    visc_tf_add_linear(m, &c->top.head, "head", C, cfg->num_classes, 1);
     visc_table_alloc(&m->params);
     visc_table_alloc(&m->buffers);
     m->grads = visc_alloc_aligned(m->params.total * sizeof(float), "gradients");
 
-    visc_arena plan;
-    visc_arena_init(&plan, 0);
-    plan_activations(m, c, &plan);
-    visc_arena_init(&c->arena, cfg->for_gpu ? 0 : plan.used); /* model.h: for_gpu */
-    plan_activations(m, c, &c->arena);
-    m->activation_bytes = plan.used;
+    visc_tf_top_make_arena(m, &c->top, plan);
 
     visc_tf_init_params(m, seed, 0.02f, 1e-5f);
     m->flops_per_image = model_flops(m, c);
     m->forward = cait_forward;
     m->backward = cait_backward;
     m->backward_features = cait_backward_features;
-    m->logits = c->logits;
-    m->features = c->feat;
     m->feature_dim = c->embed;
     m->to_cuda = cait_to_cuda;
     m->head_prefix = "head.";

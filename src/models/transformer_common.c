@@ -313,3 +313,99 @@ void visc_tf_init_params(visc_model *m, uint64_t seed, float cls_std, float init
 float visc_tf_drop_path_rate(float rate, int i, int depth) {
     return depth > 1 ? rate * (float)i / (float)(depth - 1) : 0.0f;
 }
+
+/* ---- the top of a class-token model ---- */
+
+int visc_tf_check_config(const visc_model_config *cfg, int S, int patch) {
+    if (cfg->batch < 1 || cfg->num_classes < 1 || cfg->in_channels < 1)
+        return visc_set_error("%s needs batch >= 1, classes >= 1 and channels >= 1 (got %d, %d, "
+                              "%d)",
+                              cfg->arch, cfg->batch, cfg->num_classes, cfg->in_channels);
+    if (S < patch || S % patch != 0)
+        return visc_set_error("%s: image size %d px is not a positive multiple of its patch size "
+                              "%d",
+                              cfg->arch, S, patch);
+    if (!(cfg->drop_rate >= 0.0f && cfg->drop_rate < 1.0f) ||
+        !(cfg->drop_path_rate >= 0.0f && cfg->drop_path_rate < 1.0f))
+        return visc_set_error("%s: drop_rate and drop_path_rate must lie in [0, 1) (got %g, %g)",
+                              cfg->arch, cfg->drop_rate, cfg->drop_path_rate);
+    return 0;
+}
+
+void visc_tf_top_plan(visc_model *m, visc_tf_top *t, visc_arena *a, int C) {
+    const size_t B = (size_t)m->cfg.batch;
+    t->cls_mean = visc_arena_floats(a, B);
+    t->cls_rstd = visc_arena_floats(a, B);
+    t->feat = visc_arena_floats(a, B * C);
+    t->feat_drop = visc_arena_floats(a, B * C);
+    t->drop_mask = visc_arena_take(a, B * C);
+    t->logits = visc_arena_floats(a, B * m->cfg.num_classes);
+    t->dfeat = visc_arena_floats(a, B * C);
+}
+
+void visc_tf_top_make_arena(visc_model *m, visc_tf_top *t,
+                            void (*plan)(visc_model *, visc_arena *)) {
+    visc_arena count;
+    visc_arena_init(&count, 0);
+    plan(m, &count);
+    visc_arena_init(&t->arena, m->cfg.for_gpu ? 0 : count.used); /* model.h: for_gpu */
+    plan(m, &t->arena);
+    m->activation_bytes = count.used;
+    m->logits = t->logits;
+    m->features = t->feat;
+}
+
+void visc_tf_top_forward(visc_model *m, visc_tf_top *t, const float *cls, int train) {
+    const int B = m->cfg.batch, C = t->norm.C;
+    visc_tf_norm_forward(m, &t->norm, t->feat, t->cls_mean, t->cls_rstd, cls, B);
+    const float *feat = t->feat;
+    t->head_dropped = train && m->cfg.drop_rate > 0.0f;
+    if (t->head_dropped) {
+        visc_dropout_forward(t->feat_drop, t->drop_mask, t->feat, (size_t)B * C, m->cfg.drop_rate,
+                             m->noise_seed, visc_tf_noise_offset(VISC_TF_SITE_HEAD));
+        feat = t->feat_drop;
+    }
+    visc_tf_linear_forward(m, &t->head, t->logits, feat, B);
+    /* the host's copies: the loss, the accuracy and SSL heads read them */
+    md_give_out(m, m->logits, &m->dev_logits, t->logits, (size_t)B * m->cfg.num_classes);
+    md_give_out(m, m->features, &m->dev_features, t->feat, (size_t)B * C);
+}
+
+void visc_tf_top_backward(visc_model *m, visc_tf_top *t, const float *dlogits,
+                          const float *dfeatures, float *dcls, const float *cls) {
+    const int B = m->cfg.batch, C = t->norm.C;
+    const float *feat = t->head_dropped ? t->feat_drop : t->feat;
+    dlogits = md_from_host(m, t->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
+    if (dfeatures) {
+        visc_tf_head_backward(m, &t->head, dlogits, feat, B);
+        md_take_in(m, t->dfeat, dfeatures, (size_t)B * C);
+    } else {
+        visc_tf_linear_backward(m, &t->head, t->dfeat, dlogits, feat, B);
+        if (t->head_dropped)
+            visc_dropout_backward(t->dfeat, t->dfeat, t->drop_mask, (size_t)B * C,
+                                  m->cfg.drop_rate);
+    }
+    visc_tf_norm_backward(m, &t->norm, dcls, t->dfeat, cls, t->cls_mean, t->cls_rstd, B);
+}
+
+int visc_tf_top_to_cuda(visc_model *m, visc_tf_top *t, void (*plan)(visc_model *, visc_arena *)) {
+    if (m->cfg.drop_rate > 0.0f)
+        return visc_set_error("--device cuda: --drop (the head dropout) is not on the GPU yet");
+    if (visc_gpu_arena_move(m, &t->arena, plan, &t->dlogits)) return -1;
+    t->keep_host = visc_alloc_aligned((size_t)m->cfg.batch * sizeof(float), "drop-path draws");
+    return 0;
+}
+
+void visc_tf_top_destroy(visc_model *m, visc_tf_top *t) {
+    visc_tf_patch_embed_destroy(&t->pe);
+    if (m->cuda) {
+        visc_gpu_arena_free(m, &t->arena, t->dlogits);
+        visc_free_aligned(t->keep_host);
+        visc_model_gpu_release(m);
+    } else {
+        visc_arena_free(&t->arena);
+    }
+    visc_table_free(&m->params);
+    visc_table_free(&m->buffers);
+    visc_free_aligned(m->grads);
+}

@@ -130,6 +130,51 @@ void visc_tf_init_params(visc_model *m, uint64_t seed, float cls_std, float init
  * counters with an element dropout at offset 0). */
 static inline uint64_t visc_tf_noise_offset(int site) { return (uint64_t)site << 32; }
 
+/* ---- the top of a class-token model (ViT/DeiT, CaiT) and what it owns ----
+ * The final norm of the class token's last state [B, C] (timm normalizes
+ * every token and keeps row 0: the same rows), the head dropout (noise site
+ * VISC_TF_SITE_HEAD) and the head; and the model's arena, with the device
+ * buffers a GPU adds (the uploaded dlogits, drop-path's draws on the host). */
+enum { VISC_TF_SITE_HEAD = 1 };
+typedef struct {
+    visc_tf_patch_embed pe;
+    visc_tf_norm norm;
+    visc_tf_linear head;
+    float *cls_mean, *cls_rstd, *feat, *feat_drop, *dfeat;
+    uint8_t *drop_mask;
+    int head_dropped; /* the last forward applied the head dropout */
+    /* the logits in the arena: m->logits on the CPU; on a GPU m->logits and
+     * m->features are host copies forward downloads */
+    float *logits;
+    float *dlogits, *keep_host; /* on a GPU: uploaded dlogits, drop-path's draws [B] */
+    visc_arena arena;
+} visc_tf_top;
+
+/* Checks a config for a class-token model of `patch`-pixel patches at S px;
+ * 0, or -1 with the error set. */
+int visc_tf_check_config(const visc_model_config *cfg, int S, int patch);
+/* The top's activations in the arena (C: the width). */
+void visc_tf_top_plan(visc_model *m, visc_tf_top *t, visc_arena *a, int C);
+/* Plans the model's activations (plan) in a counting pass, then into the
+ * top's arena (empty for a model made for a GPU: model.h's for_gpu); sets
+ * m->activation_bytes and the model's logits and features. */
+void visc_tf_top_make_arena(visc_model *m, visc_tf_top *t,
+                            void (*plan)(visc_model *, visc_arena *));
+/* cls [B, C] -> the norm -> m->features, the head dropout in training, the
+ * head -> m->logits (handed out to the host on a GPU). */
+void visc_tf_top_forward(visc_model *m, visc_tf_top *t, const float *cls, int train);
+/* From dlogits (the host's or NULL: the head's gradients zero) through the
+ * head; with dfeatures (backward_features, not NULL there) the features'
+ * gradient is that instead of the head's (whose dropout it then skips).
+ * Then through the norm into dcls [B, C] (cls: forward's input). */
+void visc_tf_top_backward(visc_model *m, visc_tf_top *t, const float *dlogits,
+                          const float *dfeatures, float *dcls, const float *cls);
+/* The arena again in device memory (model.h's to_cuda). */
+int visc_tf_top_to_cuda(visc_model *m, visc_tf_top *t, void (*plan)(visc_model *, visc_arena *));
+/* Frees the top, the arena, the tables, the gradients and m itself (the
+ * model's own struct and blocks first, by the caller). */
+void visc_tf_top_destroy(visc_model *m, visc_tf_top *t);
+
 /* Drop-path rate of block i of depth blocks: timm's linspace(0, rate, depth). */
 float visc_tf_drop_path_rate(float rate, int i, int depth);
 

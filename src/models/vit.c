@@ -80,23 +80,14 @@ typedef struct {
 
 typedef struct {
     int embed, depth, heads, tokens, hidden;
-    visc_tf_patch_embed pe;
     int cls_token, pos_embed;
     vit_block *blocks;
-    visc_tf_norm norm;
-    visc_tf_linear head;
+    visc_tf_top top; /* the patch embedding, the final norm, the head; the arena */
     /* activations */
-    float *image, *conv_out, *x0, *cls, *cls_mean, *cls_rstd, *feat, *feat_drop;
-    uint8_t *drop_mask;
-    int head_dropped; /* the last forward applied the head dropout */
-    int trained;      /* the last forward was a training one (its noise drawn) */
+    float *image, *conv_out, *x0, *cls;
+    int trained; /* the last forward was a training one (its noise drawn) */
     /* scratch shared by all blocks (forward and backward) */
-    float *branch, *hid, *dhid, *dx, *dln, *datt, *dqkv, *dfeat, *dcls;
-    /* the logits in the arena: m->logits on the CPU; on a GPU m->logits and
-     * m->features are host copies forward downloads */
-    float *logits;
-    float *dlogits, *keep_host; /* on a GPU: uploaded dlogits, drop-path's draws [B] */
-    visc_arena arena;
+    float *branch, *hid, *dhid, *dx, *dln, *datt, *dqkv, *dcls;
 } vit;
 
 #define P(idx) visc_model_param(m, (idx))
@@ -139,7 +130,7 @@ static void add_block(visc_model *m, vit *v, vit_block *b, int i) {
 }
 
 static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
-    const int B = m->cfg.batch, C = v->embed, S = m->cfg.image_size, G = v->pe.grid;
+    const int B = m->cfg.batch, C = v->embed, S = m->cfg.image_size, G = v->top.pe.grid;
     const size_t R = (size_t)B * v->tokens, RC = R * C, RH = R * v->hidden;
     v->image = visc_arena_floats(a, (size_t)B * m->cfg.in_channels * S * S);
     m->input = v->image;
@@ -176,12 +167,7 @@ static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
         b->keep2 = visc_arena_floats(a, (size_t)B);
     }
     v->cls = visc_arena_floats(a, (size_t)B * C);
-    v->cls_mean = visc_arena_floats(a, (size_t)B);
-    v->cls_rstd = visc_arena_floats(a, (size_t)B);
-    v->feat = visc_arena_floats(a, (size_t)B * C);
-    v->feat_drop = visc_arena_floats(a, (size_t)B * C);
-    v->drop_mask = visc_arena_take(a, (size_t)B * C);
-    v->logits = visc_arena_floats(a, (size_t)B * m->cfg.num_classes);
+    visc_tf_top_plan(m, &v->top, a, C);
     v->branch = visc_arena_floats(a, RC);
     v->hid = md_take_operand(m, a, RH);
     v->dhid = visc_arena_floats(a, RH);
@@ -189,19 +175,18 @@ static void plan_activations(visc_model *m, vit *v, visc_arena *a) {
     v->dln = visc_arena_floats(a, RC);
     v->datt = visc_arena_floats(a, RC);
     v->dqkv = visc_arena_floats(a, 3 * RC);
-    v->dfeat = visc_arena_floats(a, (size_t)B * C);
     v->dcls = visc_arena_floats(a, (size_t)B * C);
 }
 
 /* ---- forward ---- */
 
 /* Noise sites: 1 the head dropout, 2 + 2i and 3 + 2i block i's drop-paths. */
-enum { SITE_HEAD = 1, SITE_BLOCKS = 2 };
+enum { SITE_BLOCKS = 2 }; /* 1: VISC_TF_SITE_HEAD */
 
 /* out = x + the block's branch (scratch v->branch) after drop-path */
 static void droppath_forward(visc_model *m, vit *v, float *out, const float *x, float *keep,
                              float p, int train, uint64_t offset) {
-    md_droppath_forward(m, out, x, v->branch, keep, v->keep_host, m->cfg.batch,
+    md_droppath_forward(m, out, x, v->branch, keep, v->top.keep_host, m->cfg.batch,
                         (size_t)v->tokens * v->embed, p, train, offset);
 }
 
@@ -237,7 +222,7 @@ static void vit_forward(visc_model *m, const float *x, int train) {
     vit *v = m->impl;
     const int B = m->cfg.batch, C = v->embed, T = v->tokens, S = m->cfg.image_size;
     md_take_batch(m, v->image, x, (size_t)B * m->cfg.in_channels * S * S);
-    visc_tf_patch_embed_forward(m, &v->pe, v->x0, v->conv_out, v->image);
+    visc_tf_patch_embed_forward(m, &v->top.pe, v->x0, v->conv_out, v->image);
     for (int b = 0; b < B; b++) md_copy(m, v->x0 + (size_t)b * T * C, P(v->cls_token), (size_t)C);
     if (m->cuda) visc_gpu_add_broadcast(m->cuda, v->x0, P(v->pos_embed), B, (int64_t)T * C);
     else visc_add_broadcast_forward(v->x0, P(v->pos_embed), B, (int64_t)T * C);
@@ -247,18 +232,7 @@ static void vit_forward(visc_model *m, const float *x, int train) {
     const float *last = v->blocks[v->depth - 1].x_out;
     if (m->cuda) visc_gpu_copy_rows(m->cuda, v->cls, C, last, (int64_t)T * C, B, C);
     else visc_tf_gather_token(v->cls, last, B, T, 0, C);
-    visc_tf_norm_forward(m, &v->norm, v->feat, v->cls_mean, v->cls_rstd, v->cls, B);
-    const float *feat = v->feat;
-    v->head_dropped = train && m->cfg.drop_rate > 0.0f;
-    if (v->head_dropped) {
-        visc_dropout_forward(v->feat_drop, v->drop_mask, v->feat, (size_t)B * C, m->cfg.drop_rate,
-                             m->noise_seed, visc_tf_noise_offset(SITE_HEAD));
-        feat = v->feat_drop;
-    }
-    visc_tf_linear_forward(m, &v->head, v->logits, feat, B);
-    /* the host's copies: the loss, the accuracy and SSL heads read them */
-    md_give_out(m, m->logits, &m->dev_logits, v->logits, (size_t)B * m->cfg.num_classes);
-    md_give_out(m, m->features, &m->dev_features, v->feat, (size_t)B * C);
+    visc_tf_top_forward(m, &v->top, v->cls, train);
 }
 
 /* ---- backward ---- */
@@ -282,10 +256,9 @@ static void block_backward(visc_model *m, vit *v, vit_block *b) {
     visc_tf_norm_backward_add(m, &b->norm1, v->dx, v->dln, b->x, b->mean1, b->rstd1, R);
 }
 
-/* From v->dfeat (the gradient at the features) to the input. */
+/* From v->dcls (the gradient at the class token's last state) to the input. */
 static void trunk_backward(visc_model *m, vit *v) {
     const int B = m->cfg.batch, C = v->embed, T = v->tokens;
-    visc_tf_norm_backward(m, &v->norm, v->dcls, v->dfeat, v->cls, v->cls_mean, v->cls_rstd, B);
     if (m->cuda) {
         visc_gpu_zero(m->cuda, v->dx, (size_t)B * T * C);
         visc_gpu_copy_rows(m->cuda, v->dx, (int64_t)T * C, v->dcls, C, B, C);
@@ -310,27 +283,18 @@ static void trunk_backward(visc_model *m, vit *v) {
         memset(dcls, 0, (size_t)C * sizeof(float));
         for (int b = 0; b < B; b++) visc_add_inplace(dcls, v->dx + (size_t)b * T * C, (size_t)C);
     }
-    visc_tf_patch_embed_backward(m, &v->pe, v->conv_out, v->dx, v->image);
+    visc_tf_patch_embed_backward(m, &v->top.pe, v->conv_out, v->dx, v->image);
 }
 
 static void vit_backward(visc_model *m, const float *dlogits) {
     vit *v = m->impl;
-    const int B = m->cfg.batch, C = v->embed;
-    const int dropped = v->head_dropped;
-    dlogits =
-        md_from_host(m, v->dlogits, dlogits, (size_t)B * m->cfg.num_classes); /* from the host */
-    visc_tf_linear_backward(m, &v->head, v->dfeat, dlogits, dropped ? v->feat_drop : v->feat, B);
-    if (dropped)
-        visc_dropout_backward(v->dfeat, v->dfeat, v->drop_mask, (size_t)B * C, m->cfg.drop_rate);
+    visc_tf_top_backward(m, &v->top, dlogits, NULL, v->dcls, v->cls);
     trunk_backward(m, v);
 }
 
 static void vit_backward_features(visc_model *m, const float *dfeatures, const float *dlogits) {
     vit *v = m->impl;
-    const int B = m->cfg.batch, C = v->embed;
-    dlogits = md_from_host(m, v->dlogits, dlogits, (size_t)B * m->cfg.num_classes);
-    visc_tf_head_backward(m, &v->head, dlogits, v->head_dropped ? v->feat_drop : v->feat, B);
-    md_take_in(m, v->dfeat, dfeatures, (size_t)B * C);
+    visc_tf_top_backward(m, &v->top, dlogits, dfeatures, v->dcls, v->cls);
     trunk_backward(m, v);
 }
 
@@ -339,27 +303,13 @@ static void plan(visc_model *m, visc_arena *a) { plan_activations(m, m->impl, a)
 /* Every activation pointer moves to device memory (gpu.h). */
 static int vit_to_cuda(visc_model *m) {
     vit *v = m->impl;
-    if (m->cfg.drop_rate > 0.0f)
-        return visc_set_error("--device cuda: --drop (the head dropout) is not on the GPU yet");
-    if (visc_gpu_arena_move(m, &v->arena, plan, &v->dlogits)) return -1;
-    v->keep_host = visc_alloc_aligned((size_t)m->cfg.batch * sizeof(float), "drop-path draws");
-    return 0;
+    return visc_tf_top_to_cuda(m, &v->top, plan);
 }
 
 static void vit_destroy(visc_model *m) {
     vit *v = m->impl;
-    visc_tf_patch_embed_destroy(&v->pe);
+    visc_tf_top_destroy(m, &v->top);
     free(v->blocks);
-    if (m->cuda) {
-        visc_gpu_arena_free(m, &v->arena, v->dlogits);
-        visc_free_aligned(v->keep_host);
-        visc_model_gpu_release(m);
-    } else {
-        visc_arena_free(&v->arena);
-    }
-    visc_table_free(&m->params);
-    visc_table_free(&m->buffers);
-    visc_free_aligned(m->grads);
     free(v);
     free(m);
 }
@@ -367,7 +317,7 @@ static void vit_destroy(visc_model *m) {
 static double model_flops(const visc_model *m, const vit *v) {
     const int B = m->cfg.batch, C = v->embed;
     const double R = (double)B * v->tokens;
-    double f = visc_conv2d_flops(&v->pe.conv);
+    double f = visc_conv2d_flops(&v->top.pe.conv);
     for (int i = 0; i < v->depth; i++) {
         const vit_block *b = &v->blocks[i];
         f += 2.0 * R * (3.0 * C * C + (double)C * C) + visc_attention_flops(&b->attn);
@@ -386,22 +336,7 @@ visc_model *visc_vit_create(const visc_model_config *cfg, uint64_t seed) {
         return NULL;
     }
     const int S = cfg->image_size > 0 ? cfg->image_size : spec->image;
-    if (cfg->batch < 1 || cfg->num_classes < 1 || cfg->in_channels < 1) {
-        visc_set_error("%s needs batch >= 1, classes >= 1 and channels >= 1 (got %d, %d, %d)",
-                       cfg->arch, cfg->batch, cfg->num_classes, cfg->in_channels);
-        return NULL;
-    }
-    if (S < spec->patch || S % spec->patch != 0) {
-        visc_set_error("%s: image size %d px is not a positive multiple of its patch size %d",
-                       cfg->arch, S, spec->patch);
-        return NULL;
-    }
-    if (!(cfg->drop_rate >= 0.0f && cfg->drop_rate < 1.0f) ||
-        !(cfg->drop_path_rate >= 0.0f && cfg->drop_path_rate < 1.0f)) {
-        visc_set_error("%s: drop_rate and drop_path_rate must lie in [0, 1) (got %g, %g)",
-                       cfg->arch, cfg->drop_rate, cfg->drop_path_rate);
-        return NULL;
-    }
+    if (visc_tf_check_config(cfg, S, spec->patch)) return NULL;
     visc_model *m = visc_calloc(1, sizeof *m, "model");
     vit *v = visc_calloc(1, sizeof *v, "vit");
     m->cfg = *cfg;
@@ -420,30 +355,23 @@ visc_model *visc_vit_create(const visc_model_config *cfg, uint64_t seed) {
     int64_t tok[3] = {1, 1, C}, pos[3] = {1, v->tokens, C};
     v->cls_token = visc_table_add(&m->params, "cls_token", 3, tok, VISC_TENSOR_NO_DECAY);
     v->pos_embed = visc_table_add(&m->params, "pos_embed", 3, pos, VISC_TENSOR_NO_DECAY);
-    visc_tf_add_patch_embed(m, &v->pe, "patch_embed", cfg->batch, cfg->in_channels, S, spec->patch,
-                            C, v->tokens, 1);
+    visc_tf_add_patch_embed(m, &v->top.pe, "patch_embed", cfg->batch, cfg->in_channels, S,
+                            spec->patch, C, v->tokens, 1);
     v->blocks = visc_calloc((size_t)v->depth, sizeof *v->blocks, "vit blocks");
     for (int i = 0; i < v->depth; i++) add_block(m, v, &v->blocks[i], i);
-    visc_tf_add_norm(m, &v->norm, "norm", C, 1e-6f);
-    visc_tf_add_linear(m, &v->head, "head", C, cfg->num_classes, 1);
+    visc_tf_add_norm(m, &v->top.norm, "norm", C, 1e-6f);
+    visc_tf_add_linear(m, &v->top.head, "head", C, cfg->num_classes, 1);
     visc_table_alloc(&m->params);
     visc_table_alloc(&m->buffers);
     m->grads = visc_alloc_aligned(m->params.total * sizeof(float), "gradients");
 
-    visc_arena plan;
-    visc_arena_init(&plan, 0);
-    plan_activations(m, v, &plan);
-    visc_arena_init(&v->arena, cfg->for_gpu ? 0 : plan.used); /* model.h: for_gpu */
-    plan_activations(m, v, &v->arena);
-    m->activation_bytes = plan.used;
+    visc_tf_top_make_arena(m, &v->top, plan);
 
     visc_tf_init_params(m, seed, 1e-6f, 0.0f);
     m->flops_per_image = model_flops(m, v);
     m->forward = vit_forward;
     m->backward = vit_backward;
     m->backward_features = vit_backward_features;
-    m->logits = v->logits;
-    m->features = v->feat;
     m->feature_dim = v->embed;
     m->to_cuda = vit_to_cuda;
     m->head_prefix = "head.";
