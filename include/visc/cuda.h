@@ -636,6 +636,34 @@ int visc_cuda_batchnorm_forward_eval_add(visc_cuda *ctx, const visc_cuda_bn_shap
                                          const void *in, const void *residual, const float *gamma,
                                          const float *beta, const float *running_mean,
                                          const float *running_var);
+/* A residual that is a norm's output itself (a ResNet block's shortcut
+ * norm, of the same shape and form as the block's last norm, no ReLU of
+ * its own), made where it is read: from its input and its statistics
+ * (training: the saved ones, visc_cuda_batchnorm_statistics's; evaluation:
+ * the running ones and its eps) and parameters, each value in its stored
+ * form, so the sum has the bits of that norm's output written by its own
+ * pass and read back, without the tensor's write and read. */
+typedef struct {
+    const void *in;
+    const float *mean, *rstd;                /* training */
+    const float *running_mean, *running_var; /* evaluation */
+    const float *gamma, *beta;
+    float eps; /* evaluation */
+} visc_cuda_bn_residual;
+/* A training forward's statistics alone (saved and running; no output). */
+int visc_cuda_batchnorm_statistics(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *save_mean,
+                                   float *save_rstd, const void *in, float *running_mean,
+                                   float *running_var);
+int visc_cuda_batchnorm_forward_train_add_norm(visc_cuda *ctx, const visc_cuda_bn_shape *s,
+                                               void *out, float *save_mean, float *save_rstd,
+                                               const void *in, const visc_cuda_bn_residual *rn,
+                                               const float *gamma, const float *beta,
+                                               float *running_mean, float *running_var);
+int visc_cuda_batchnorm_forward_eval_add_norm(visc_cuda *ctx, const visc_cuda_bn_shape *s,
+                                              void *out, const void *in,
+                                              const visc_cuda_bn_residual *rn, const float *gamma,
+                                              const float *beta, const float *running_mean,
+                                              const float *running_var);
 /* din may be NULL (parameter gradients only) or alias dout. out: the
  * forward's output, for the fused ReLU's mask; NULL: the mask from that
  * output made again from in, gamma, beta and the saved statistics (the

@@ -207,6 +207,32 @@ void visc_gpu_batchnorm2d_forward_eval_add_relu(visc_cuda *ctx, const visc_batch
                                                 const void *identity, const float *gamma,
                                                 const float *beta, const float *running_mean,
                                                 const float *running_var);
+/* A norm's tensors and state, for the block end below. */
+typedef struct {
+    const visc_batchnorm2d *op;
+    const void *in;
+    float *save_mean, *save_rstd;
+    const float *gamma, *beta;
+    float *running_mean, *running_var; /* training: NULL to leave them (a recomputed forward) */
+} visc_gpu_bn_args;
+/* The same where the identity is the output of the shortcut's norm d (a
+ * downsampling block, d without a ReLU): d is applied in the block end's
+ * pass instead of writing its output and reading it back (its statistics
+ * taken first in training), with the bits of the two passes
+ * (visc_cuda_batchnorm_*_add_norm). Under SyncBN, training writes d's
+ * output into `scratch` (out's size) and adds it from there. */
+void visc_gpu_batchnorm2d_forward_train_add_norm_relu(visc_cuda *ctx, const visc_batchnorm2d *b,
+                                                      visc_gpu_act act, void *out, float *save_mean,
+                                                      float *save_rstd, const void *in,
+                                                      const float *gamma, const float *beta,
+                                                      float *running_mean, float *running_var,
+                                                      const visc_gpu_bn_args *d, void *scratch);
+void visc_gpu_batchnorm2d_forward_eval_add_norm_relu(visc_cuda *ctx, const visc_batchnorm2d *b,
+                                                     visc_gpu_act act, void *out, const void *in,
+                                                     const float *gamma, const float *beta,
+                                                     const float *running_mean,
+                                                     const float *running_var,
+                                                     const visc_gpu_bn_args *d);
 /* out: the forward's output (its fused ReLU's mask), read under SyncBN;
  * a process alone makes the mask again from in, gamma, beta and the saved
  * statistics instead, so out may be NULL there (the output of a training

@@ -179,21 +179,42 @@ __device__ __forceinline__ float bn_affine(float x, float mean, float scale, flo
  * followed by the residual add + ReLU pass (visc_cuda_add_relu*), without
  * writing y and reading it back. */
 template <int V>
-__device__ __forceinline__ void bn_out(const visc_cuda_bn_shape &s, void *out, const void *residual,
-                                       size_t a, float *y) {
-    if (residual) {
-        float r[V];
-        act_ldv<V>(residual, a, s.bf16, r);
+__device__ __forceinline__ void bn_out_sum(const visc_cuda_bn_shape &s, void *out, const float *r,
+                                           size_t a, float *y) {
+    if (r)
 #pragma unroll
         for (int j = 0; j < V; j++) {
             const float stored = s.bf16 ? __bfloat162float(__float2bfloat16_rn(y[j])) : y[j];
             y[j] = __fadd_rn(stored, r[j]);
         }
-    }
     if (s.relu)
 #pragma unroll
         for (int j = 0; j < V; j++) y[j] = y[j] > 0 ? y[j] : 0.0f;
     act_stv<V>(out, a, s.bf16, y);
+}
+
+template <int V>
+__device__ __forceinline__ void bn_out(const visc_cuda_bn_shape &s, void *out, const void *residual,
+                                       size_t a, float *y) {
+    float r[V];
+    if (residual) act_ldv<V>(residual, a, s.bf16, r);
+    bn_out_sum<V>(s, out, residual ? r : NULL, a, y);
+}
+
+/* The residual as a norm of its own (visc_cuda_bn_residual) at a .. a + V
+ * - 1: its output from its input and per-channel mean, scale and shift,
+ * in its stored form (the bits it would have been written and read with). */
+template <int V>
+__device__ __forceinline__ void bn_residual_norm(const visc_cuda_bn_shape &s,
+                                                 const visc_cuda_bn_residual &rn, size_t a,
+                                                 const float *mean, const float *scale,
+                                                 const float *shift, float *r) {
+    act_ldv<V>(rn.in, a, s.bf16, r);
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        r[j] = bn_affine(r[j], mean[j], scale[j], shift[j]);
+        if (s.bf16) r[j] = __bfloat162float(__float2bfloat16_rn(r[j]));
+    }
 }
 
 /* What a backward pass needs to make the forward's output again where it
@@ -400,10 +421,11 @@ __global__ void bn_combine_kernel(visc_cuda_bn_shape s, int what, int S, const d
 template <int V>
 __global__ void __launch_bounds__(BN_THREADS)
     bn_finish_kernel(visc_cuda_bn_shape s, const double *acc, void *out, float *save_mean,
-                     float *save_rstd, const void *in, const void *residual, const float *gamma,
-                     const float *beta, float *running_mean, float *running_var) {
+                     float *save_rstd, const void *in, const void *residual,
+                     visc_cuda_bn_residual rn, const float *gamma, const float *beta,
+                     float *running_mean, float *running_var) {
     const bn_lane L = bn_lane_of<V>(s);
-    float fmean[V], scale[V], shift[V], x[V], y[V];
+    float fmean[V], scale[V], shift[V], x[V], y[V], rmean[V], rscale[V], rshift[V], r[V];
 #pragma unroll
     for (int j = 0; j < V; j++) {
         const int c = L.c + j;
@@ -429,13 +451,24 @@ __global__ void __launch_bounds__(BN_THREADS)
         } else {
             fmean[j] = save_mean[c], frstd = save_rstd[c];
         }
+        if (!out) continue; /* the statistics alone: no gamma, beta */
         scale[j] = (float)(gamma[c] * (double)frstd), shift[j] = beta[c];
+        if (rn.in) { /* as its own output pass would have applied it */
+            rmean[j] = rn.mean[c];
+            rscale[j] = (float)(rn.gamma[c] * (double)rn.rstd[c]), rshift[j] = rn.beta[c];
+        }
     }
+    if (!out) return; /* the statistics alone (visc_cuda_batchnorm_statistics) */
     for (BN_RANGE(s, L, w)) {
         act_ldv<V>(in, w.a, s.bf16, x);
 #pragma unroll
         for (int j = 0; j < V; j++) y[j] = bn_affine(x[j], fmean[j], scale[j], shift[j]);
-        bn_out<V>(s, out, residual, w.a, y);
+        if (rn.in) {
+            bn_residual_norm<V>(s, rn, w.a, rmean, rscale, rshift, r);
+            bn_out_sum<V>(s, out, r, w.a, y);
+        } else {
+            bn_out<V>(s, out, residual, w.a, y);
+        }
     }
 }
 
@@ -472,9 +505,9 @@ __global__ void __launch_bounds__(BN_THREADS)
 }
 
 __global__ void bn_forward_eval_kernel(visc_cuda_bn_shape s, void *out, const void *in,
-                                       const void *residual, const float *gamma,
-                                       const float *beta, const float *running_mean,
-                                       const float *running_var) {
+                                       const void *residual, visc_cuda_bn_residual rn,
+                                       const float *gamma, const float *beta,
+                                       const float *running_mean, const float *running_var) {
     const size_t n = (size_t)s.N * s.C * s.HW;
     for (size_t a = blockIdx.x * (size_t)blockDim.x + threadIdx.x; a < n;
          a += (size_t)gridDim.x * blockDim.x) {
@@ -482,7 +515,16 @@ __global__ void bn_forward_eval_kernel(visc_cuda_bn_shape s, void *out, const vo
         const double rstd = 1.0 / sqrt((double)running_var[c] + (double)s.eps);
         float y = bn_affine(act_ld(in, a, s.bf16), running_mean[c], (float)(gamma[c] * rstd),
                             beta[c]);
-        bn_out<1>(s, out, residual, a, &y);
+        if (rn.in) { /* the residual norm's evaluation output, as its own pass makes it */
+            const double rrstd = 1.0 / sqrt((double)rn.running_var[c] + (double)rn.eps);
+            const float shift = rn.beta[c], mean = rn.running_mean[c];
+            const float scale = (float)(rn.gamma[c] * rrstd);
+            float r;
+            bn_residual_norm<1>(s, rn, a, &mean, &scale, &shift, &r);
+            bn_out_sum<1>(s, out, &r, a, &y);
+        } else {
+            bn_out<1>(s, out, residual, a, &y);
+        }
     }
 }
 
@@ -602,17 +644,20 @@ static int bn_moments(visc_cuda *ctx, const visc_cuda_bn_shape *s, bn_plan p, do
     return bn_combine(ctx, s, BN_MOMENTS, p, acc, save_mean, NULL, NULL, NULL, in);
 }
 
+/* No residual norm. */
+static const visc_cuda_bn_residual no_residual_norm = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+
 static int bn_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, bn_plan p, const double *acc,
                      void *out, float *save_mean, float *save_rstd, const void *in,
-                     const void *residual, const float *gamma, const float *beta,
-                     float *running_mean, float *running_var) {
+                     const void *residual, const visc_cuda_bn_residual *rn, const float *gamma,
+                     const float *beta, float *running_mean, float *running_var) {
     if (p.V == BN_VEC)
         bn_finish_kernel<BN_VEC><<<bn_grid(s, p), BN_THREADS, 0, ctx->stream>>>(
-            *s, acc, out, save_mean, save_rstd, in, residual, gamma, beta, running_mean,
+            *s, acc, out, save_mean, save_rstd, in, residual, *rn, gamma, beta, running_mean,
             running_var);
     else
         bn_finish_kernel<1><<<bn_grid(s, p), BN_THREADS, 0, ctx->stream>>>(
-            *s, acc, out, save_mean, save_rstd, in, residual, gamma, beta, running_mean,
+            *s, acc, out, save_mean, save_rstd, in, residual, *rn, gamma, beta, running_mean,
             running_var);
     return visc_cuda_launched("batchnorm forward (training)");
 }
@@ -655,25 +700,26 @@ static int bn_grad_input(visc_cuda *ctx, const visc_cuda_bn_shape *s, bn_plan p,
 /* Two passes over the input: its moments, then the output. */
 static int bn_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
                             float *save_mean, float *save_rstd, const void *in,
-                            const void *residual, const float *gamma, const float *beta,
-                            float *running_mean, float *running_var) {
+                            const void *residual, const visc_cuda_bn_residual *rn,
+                            const float *gamma, const float *beta, float *running_mean,
+                            float *running_var) {
     if (bn_check(s)) return -1;
-    const void *tensors[] = {in, out, residual};
-    const bn_plan p = bn_plan_for(ctx, s, tensors, 3);
+    const void *tensors[] = {in, out, residual, rn->in};
+    const bn_plan p = bn_plan_for(ctx, s, tensors, 4);
     double *acc = bn_acc(ctx, s, p);
     if (!acc || bn_moments(ctx, s, p, acc, save_mean, in)) return -1;
-    return bn_finish(ctx, s, p, acc, out, save_mean, save_rstd, in, residual, gamma, beta,
+    return bn_finish(ctx, s, p, acc, out, save_mean, save_rstd, in, residual, rn, gamma, beta,
                      running_mean, running_var);
 }
 
 static int bn_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
-                           const void *in, const void *residual, const float *gamma,
-                           const float *beta, const float *running_mean,
+                           const void *in, const void *residual, const visc_cuda_bn_residual *rn,
+                           const float *gamma, const float *beta, const float *running_mean,
                            const float *running_var) {
     if (bn_check(s)) return -1;
     const size_t n = (size_t)s->N * s->C * s->HW;
     bn_forward_eval_kernel<<<visc_cuda_blocks(n, 256), 256, 0, ctx->stream>>>(
-        *s, out, in, residual, gamma, beta, running_mean, running_var);
+        *s, out, in, residual, *rn, gamma, beta, running_mean, running_var);
     return visc_cuda_launched("batchnorm forward (eval)");
 }
 
@@ -681,14 +727,22 @@ int visc_cuda_batchnorm_forward_train(visc_cuda *ctx, const visc_cuda_bn_shape *
                                       float *save_mean, float *save_rstd, const void *in,
                                       const float *gamma, const float *beta, float *running_mean,
                                       float *running_var) {
-    return bn_forward_train(ctx, s, out, save_mean, save_rstd, in, NULL, gamma, beta,
-                            running_mean, running_var);
+    return bn_forward_train(ctx, s, out, save_mean, save_rstd, in, NULL, &no_residual_norm, gamma,
+                            beta, running_mean, running_var);
+}
+
+int visc_cuda_batchnorm_statistics(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *save_mean,
+                                   float *save_rstd, const void *in, float *running_mean,
+                                   float *running_var) {
+    return bn_forward_train(ctx, s, NULL, save_mean, save_rstd, in, NULL, &no_residual_norm, NULL,
+                            NULL, running_mean, running_var);
 }
 
 int visc_cuda_batchnorm_forward_eval(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
                                      const void *in, const float *gamma, const float *beta,
                                      const float *running_mean, const float *running_var) {
-    return bn_forward_eval(ctx, s, out, in, NULL, gamma, beta, running_mean, running_var);
+    return bn_forward_eval(ctx, s, out, in, NULL, &no_residual_norm, gamma, beta, running_mean,
+                           running_var);
 }
 
 int visc_cuda_batchnorm_apply(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
@@ -697,8 +751,8 @@ int visc_cuda_batchnorm_apply(visc_cuda *ctx, const visc_cuda_bn_shape *s, void 
     if (bn_check(s)) return -1;
     const void *tensors[] = {in, out};
     const bn_plan p = bn_plan_for(ctx, s, tensors, 2);
-    return bn_finish(ctx, s, p, NULL, out, (float *)save_mean, (float *)save_rstd, in, NULL, gamma,
-                     beta, NULL, NULL);
+    return bn_finish(ctx, s, p, NULL, out, (float *)save_mean, (float *)save_rstd, in, NULL,
+                     &no_residual_norm, gamma, beta, NULL, NULL);
 }
 
 int visc_cuda_batchnorm_forward_train_add(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *out,
@@ -707,7 +761,19 @@ int visc_cuda_batchnorm_forward_train_add(visc_cuda *ctx, const visc_cuda_bn_sha
                                           const float *beta, float *running_mean,
                                           float *running_var) {
     if (!residual) return visc_set_error("batchnorm + residual: no residual");
-    return bn_forward_train(ctx, s, out, save_mean, save_rstd, in, residual, gamma, beta,
+    return bn_forward_train(ctx, s, out, save_mean, save_rstd, in, residual, &no_residual_norm,
+                            gamma, beta, running_mean, running_var);
+}
+
+int visc_cuda_batchnorm_forward_train_add_norm(visc_cuda *ctx, const visc_cuda_bn_shape *s,
+                                               void *out, float *save_mean, float *save_rstd,
+                                               const void *in, const visc_cuda_bn_residual *rn,
+                                               const float *gamma, const float *beta,
+                                               float *running_mean, float *running_var) {
+    if (!rn || !rn->in || !rn->mean || !rn->rstd || !rn->gamma || !rn->beta)
+        return visc_set_error("batchnorm + residual norm: its input, statistics or parameters "
+                              "missing");
+    return bn_forward_train(ctx, s, out, save_mean, save_rstd, in, NULL, rn, gamma, beta,
                             running_mean, running_var);
 }
 
@@ -716,7 +782,20 @@ int visc_cuda_batchnorm_forward_eval_add(visc_cuda *ctx, const visc_cuda_bn_shap
                                          const float *beta, const float *running_mean,
                                          const float *running_var) {
     if (!residual) return visc_set_error("batchnorm + residual: no residual");
-    return bn_forward_eval(ctx, s, out, in, residual, gamma, beta, running_mean, running_var);
+    return bn_forward_eval(ctx, s, out, in, residual, &no_residual_norm, gamma, beta, running_mean,
+                           running_var);
+}
+
+int visc_cuda_batchnorm_forward_eval_add_norm(visc_cuda *ctx, const visc_cuda_bn_shape *s,
+                                              void *out, const void *in,
+                                              const visc_cuda_bn_residual *rn, const float *gamma,
+                                              const float *beta, const float *running_mean,
+                                              const float *running_var) {
+    if (!rn || !rn->in || !rn->running_mean || !rn->running_var || !rn->gamma || !rn->beta ||
+        !(rn->eps > 0))
+        return visc_set_error("batchnorm + residual norm: its input, running statistics, "
+                              "parameters or eps missing");
+    return bn_forward_eval(ctx, s, out, in, NULL, rn, gamma, beta, running_mean, running_var);
 }
 
 int visc_cuda_batchnorm_backward(visc_cuda *ctx, const visc_cuda_bn_shape *s, void *din,
@@ -779,7 +858,8 @@ int visc_cuda_bn_sync_finish(visc_cuda *ctx, const visc_cuda_bn_shape *s, const 
     const bn_plan p = bn_plan_for(ctx, s, tensors, 2);
     double *d = bn_acc(ctx, s, p);
     if (!d || acc_copy(ctx, d, acc, 2 * s->C + 1, cudaMemcpyHostToDevice)) return -1;
-    return bn_finish(ctx, s, p, d, out, save_mean, save_rstd, in, NULL, gamma, beta, running_mean,
+    return bn_finish(ctx, s, p, d, out, save_mean, save_rstd, in, NULL, &no_residual_norm, gamma,
+                     beta, running_mean,
                      running_var);
 }
 

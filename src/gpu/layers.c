@@ -234,6 +234,45 @@ void visc_gpu_batchnorm2d_forward_eval_add_relu(visc_cuda *ctx, const visc_batch
                                              running_var));
 }
 
+void visc_gpu_batchnorm2d_forward_train_add_norm_relu(visc_cuda *ctx, const visc_batchnorm2d *b,
+                                                      visc_gpu_act act, void *out, float *save_mean,
+                                                      float *save_rstd, const void *in,
+                                                      const float *gamma, const float *beta,
+                                                      float *running_mean, float *running_var,
+                                                      const visc_gpu_bn_args *d, void *scratch) {
+    VISC_ASSERT(!d->op->relu);
+    if (b->sync || d->op->sync) { /* SyncBN's passes: d's output written, then the sum */
+        visc_gpu_batchnorm2d_forward_train(ctx, d->op, act, scratch, d->save_mean, d->save_rstd,
+                                           d->in, d->gamma, d->beta, d->running_mean,
+                                           d->running_var);
+        visc_gpu_batchnorm2d_forward_train_add_relu(ctx, b, act, out, save_mean, save_rstd, in,
+                                                    scratch, gamma, beta, running_mean,
+                                                    running_var);
+        return;
+    }
+    const visc_cuda_bn_shape ds = bn_shape(d->op, act), s = block_end_shape(b, act);
+    const visc_cuda_bn_residual rn = {d->in, d->save_mean, d->save_rstd, NULL,
+                                      NULL,  d->gamma,     d->beta,      d->op->eps};
+    RUN(visc_cuda_batchnorm_statistics(ctx, &ds, d->save_mean, d->save_rstd, d->in, d->running_mean,
+                                       d->running_var));
+    RUN(visc_cuda_batchnorm_forward_train_add_norm(ctx, &s, out, save_mean, save_rstd, in, &rn,
+                                                   gamma, beta, running_mean, running_var));
+}
+
+void visc_gpu_batchnorm2d_forward_eval_add_norm_relu(visc_cuda *ctx, const visc_batchnorm2d *b,
+                                                     visc_gpu_act act, void *out, const void *in,
+                                                     const float *gamma, const float *beta,
+                                                     const float *running_mean,
+                                                     const float *running_var,
+                                                     const visc_gpu_bn_args *d) {
+    VISC_ASSERT(!d->op->relu);
+    const visc_cuda_bn_shape s = block_end_shape(b, act);
+    const visc_cuda_bn_residual rn = {d->in,          NULL,     NULL,    d->running_mean,
+                                      d->running_var, d->gamma, d->beta, d->op->eps};
+    RUN(visc_cuda_batchnorm_forward_eval_add_norm(ctx, &s, out, in, &rn, gamma, beta, running_mean,
+                                                  running_var));
+}
+
 int visc_gpu_batchnorm2d_reads_output(const visc_batchnorm2d *b) {
     return b->relu && b->sync != NULL;
 }

@@ -475,26 +475,61 @@ static void bn_add_relu_fwd(visc_model *m, bn_layer *b, float *out, const float 
     }
 }
 
-static void block_forward(visc_model *m, block *b, int mode) {
-    /* the shortcut first, so that the last norm can add it */
-    const float *identity = b->in;
-    if (b->has_down) {
-        /* into backward's scratch, free in forward (and where backward
-         * recomputes a block, between two blocks' backward) */
-        conv_fwd(m, &b->down_conv, b->dc, b->in);
-        bn_fwd(m, &b->down_bn, b->scratch.t1, b->dc, mode);
-        identity = b->scratch.t1;
+/* out = relu(bn(in) + sc(sc_in)): a downsampling block's end, whose
+ * identity is its shortcut norm sc's output. On a GPU (a process alone) sc
+ * is applied in the end's pass, its output neither written nor read back
+ * (its statistics first, in training); on the CPU and under SyncBN it goes
+ * through `spare`, written and added. The same bits either way. */
+static void bn_add_norm_relu_fwd(visc_model *m, bn_layer *b, float *out, const float *in,
+                                 bn_layer *sc, const float *sc_in, float *spare, size_t n,
+                                 int mode) {
+    if (!m->cuda) {
+        bn_fwd(m, sc, spare, sc_in, mode);
+        bn_add_relu_fwd(m, b, out, in, spare, n, mode);
+        return;
     }
+    float *run_mean = mode == FWD_TRAIN ? B(b->mean) : NULL;
+    float *run_var = mode == FWD_TRAIN ? B(b->var) : NULL;
+    const visc_gpu_bn_args d = {&sc->op,
+                                sc_in,
+                                sc->save_mean,
+                                sc->save_rstd,
+                                P(sc->gamma),
+                                P(sc->beta),
+                                mode == FWD_TRAIN || mode == FWD_EVAL ? B(sc->mean) : NULL,
+                                mode == FWD_TRAIN || mode == FWD_EVAL ? B(sc->var) : NULL};
+    if (mode == FWD_EVAL) {
+        visc_gpu_batchnorm2d_forward_eval_add_norm_relu(m->cuda, &b->op, act_of(m), out, in,
+                                                        P(b->gamma), P(b->beta), B(b->mean),
+                                                        B(b->var), &d);
+        return;
+    }
+    visc_gpu_batchnorm2d_forward_train_add_norm_relu(m->cuda, &b->op, act_of(m), out, b->save_mean,
+                                                     b->save_rstd, in, P(b->gamma), P(b->beta),
+                                                     run_mean, run_var, &d, spare);
+}
+
+static void block_forward(visc_model *m, block *b, int mode) {
     conv_fwd(m, &b->conv1, b->c1, b->in);
     bn_fwd(m, &b->bn1, b->b1, b->c1, mode);
     conv_fwd(m, &b->conv2, b->c2, b->b1);
+    bn_layer *last = &b->bn2;
+    const float *last_in = b->c2;
     if (b->bottleneck) {
         bn_fwd(m, &b->bn2, b->b2, b->c2, mode);
         conv_fwd(m, &b->conv3, b->c3, b->b2);
-        bn_add_relu_fwd(m, &b->bn3, b->out, b->c3, identity, b->out_size, mode);
-    } else {
-        bn_add_relu_fwd(m, &b->bn2, b->out, b->c2, identity, b->out_size, mode);
+        last = &b->bn3, last_in = b->c3;
     }
+    if (!b->has_down) {
+        bn_add_relu_fwd(m, last, b->out, last_in, b->in, b->out_size, mode);
+        return;
+    }
+    /* the shortcut's norm output through backward's scratch where it is
+     * written (free in forward, and where backward recomputes a block,
+     * between two blocks' backward) */
+    conv_fwd(m, &b->down_conv, b->dc, b->in);
+    bn_add_norm_relu_fwd(m, last, b->out, last_in, &b->down_bn, b->dc, b->scratch.t1, b->out_size,
+                         mode);
 }
 
 static void maxpool_fwd(visc_model *m, resnet *r) {

@@ -671,6 +671,71 @@ int visc_cuda_batchnorm_forward_eval_add(visc_cuda *ctx, const visc_cuda_bn_shap
                : 0;
 }
 
+/* A training forward's statistics: the CPU layer's forward into a
+ * temporary of the stand-in's own, with unit gamma and zero beta (the
+ * output is dropped; the statistics do not depend on them). */
+int visc_cuda_batchnorm_statistics(visc_cuda *ctx, const visc_cuda_bn_shape *s, float *save_mean,
+                                   float *save_rstd, const void *in, float *running_mean,
+                                   float *running_var) {
+    const size_t n = (size_t)s->N * s->C * s->HW;
+    float *tmp = visc_alloc_aligned(n * sizeof(float), "stand-in batch norm");
+    float *gamma = visc_alloc_aligned(2 * (size_t)s->C * sizeof(float), "stand-in batch norm");
+    for (int c = 0; c < s->C; c++) gamma[c] = 1.0f, gamma[s->C + c] = 0.0f;
+    const int rc = visc_cuda_batchnorm_forward_train(ctx, s, tmp, save_mean, save_rstd, in, gamma,
+                                                     gamma + s->C, running_mean, running_var);
+    visc_free_aligned(gamma);
+    visc_free_aligned(tmp);
+    return rc;
+}
+
+/* The block end with its shortcut's norm: that norm's output written (its
+ * training form from the saved statistics, or its evaluation form) into a
+ * temporary of the stand-in's own in the stored form, then the block end
+ * with it as the residual: the model's passes before they were fused. */
+static void *residual_norm_output(visc_cuda *ctx, const visc_cuda_bn_shape *s,
+                                  const visc_cuda_bn_residual *rn, int train) {
+    visc_cuda_bn_shape rs = *s;
+    rs.relu = 0;
+    rs.eps = rn->eps > 0 ? rn->eps : s->eps; /* training: the saved rstd has it */
+    void *r = visc_alloc_aligned((size_t)s->N * s->C * s->HW * sizeof(float), "stand-in residual");
+    const int rc = train
+                       ? visc_cuda_batchnorm_apply(ctx, &rs, r, rn->in, rn->gamma, rn->beta,
+                                                   rn->mean, rn->rstd)
+                       : visc_cuda_batchnorm_forward_eval(ctx, &rs, r, rn->in, rn->gamma, rn->beta,
+                                                          rn->running_mean, rn->running_var);
+    if (rc) {
+        visc_free_aligned(r);
+        return NULL;
+    }
+    return r;
+}
+
+int visc_cuda_batchnorm_forward_train_add_norm(visc_cuda *ctx, const visc_cuda_bn_shape *s,
+                                               void *out, float *save_mean, float *save_rstd,
+                                               const void *in, const visc_cuda_bn_residual *rn,
+                                               const float *gamma, const float *beta,
+                                               float *running_mean, float *running_var) {
+    void *r = residual_norm_output(ctx, s, rn, 1);
+    if (!r) return -1;
+    const int rc = visc_cuda_batchnorm_forward_train_add(ctx, s, out, save_mean, save_rstd, in, r,
+                                                         gamma, beta, running_mean, running_var);
+    visc_free_aligned(r);
+    return rc;
+}
+
+int visc_cuda_batchnorm_forward_eval_add_norm(visc_cuda *ctx, const visc_cuda_bn_shape *s,
+                                              void *out, const void *in,
+                                              const visc_cuda_bn_residual *rn, const float *gamma,
+                                              const float *beta, const float *running_mean,
+                                              const float *running_var) {
+    void *r = residual_norm_output(ctx, s, rn, 0);
+    if (!r) return -1;
+    const int rc = visc_cuda_batchnorm_forward_eval_add(ctx, s, out, in, r, gamma, beta,
+                                                        running_mean, running_var);
+    visc_free_aligned(r);
+    return rc;
+}
+
 /* The forward's output made again where backward is given none: the
  * CPU's apply, stored as the forward stored it (fp32 NCHW here). */
 static float *bn_output_again(const visc_cuda_bn_shape *s, const visc_batchnorm2d *b,

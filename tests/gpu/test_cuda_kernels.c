@@ -2064,6 +2064,95 @@ static void check_batchnorm_residual(int N, int C, int HW, int nchw, int relu, i
         for (int j = 0; j < 4; j++) free(stats[k][j]);
 }
 
+/* A downsampling block's end, its shortcut norm applied in the end's pass
+ * (visc_cuda_batchnorm_statistics, then ..._add_norm): the bits of the
+ * shortcut norm's output written by its own pass and the end reading it
+ * back (..._add), in training and in evaluation, with the same saved and
+ * running statistics of both norms. */
+static void check_batchnorm_residual_norm(int N, int C, int HW, int nchw, int bf16) {
+    char name[260], tag[160];
+    const size_t n = (size_t)N * C * HW, elem = bf16 ? sizeof(uint16_t) : sizeof(float);
+    float *x = random_floats(n, 2.0f, 5.0f), *xd = random_floats(n, -3.0f, 1.0f);
+    float *par = random_floats(4 * (size_t)C, 0.5f, 1.5f); /* gamma, beta, then the shortcut's */
+    float *rm = random_floats(2 * (size_t)C, -0.5f, 0.5f),
+          *rv = random_floats(2 * (size_t)C, 0.5f, 2);
+    void *d_x = bf16 ? up_bf16(x, n) : up(x, sizeof(float) * n);
+    void *d_xd = bf16 ? up_bf16(xd, n) : up(xd, sizeof(float) * n);
+    float *d_par = up(par, sizeof(float) * 4 * C);
+    /* [k]: 0 the two passes, 1 the fused; each: mean, rstd, running mean,
+     * running var of the end's norm [0, C) and the shortcut's [C, 2C) */
+    float *d_st[2][4];
+    for (int k = 0; k < 2; k++) {
+        d_st[k][0] = dev(sizeof(float) * 2 * C), d_st[k][1] = dev(sizeof(float) * 2 * C);
+        d_st[k][2] = up(rm, sizeof(float) * 2 * C), d_st[k][3] = up(rv, sizeof(float) * 2 * C);
+    }
+    void *d_t = dev(elem * n), *d_out[2][2]; /* [training, eval][passes, fused] */
+    for (int m = 0; m < 2; m++) d_out[m][0] = dev(elem * n), d_out[m][1] = dev(elem * n);
+    const visc_cuda_bn_shape sc = {N, C, HW, nchw, 0, 1e-5f, 0.1f, bf16};
+    visc_cuda_bn_shape end = sc;
+    end.relu = 1;
+    const float *g = d_par, *b = d_par + C, *gd = d_par + 2 * C, *bd = d_par + 3 * C;
+    /* training: the two passes, then the fused */
+    launched(visc_cuda_batchnorm_forward_train(ctx, &sc, d_t, d_st[0][0] + C, d_st[0][1] + C, d_xd,
+                                               gd, bd, d_st[0][2] + C, d_st[0][3] + C),
+             "shortcut batchnorm forward (training)");
+    launched(visc_cuda_batchnorm_forward_train_add(ctx, &end, d_out[0][0], d_st[0][0], d_st[0][1],
+                                                   d_x, d_t, g, b, d_st[0][2], d_st[0][3]),
+             "batchnorm + residual forward (training)");
+    launched(visc_cuda_batchnorm_statistics(ctx, &sc, d_st[1][0] + C, d_st[1][1] + C, d_xd,
+                                            d_st[1][2] + C, d_st[1][3] + C),
+             "shortcut batchnorm statistics");
+    const visc_cuda_bn_residual rn = {d_xd, d_st[1][0] + C, d_st[1][1] + C, NULL, NULL, gd, bd,
+                                      0.0f};
+    launched(visc_cuda_batchnorm_forward_train_add_norm(ctx, &end, d_out[0][1], d_st[1][0],
+                                                        d_st[1][1], d_x, &rn, g, b, d_st[1][2],
+                                                        d_st[1][3]),
+             "batchnorm + residual norm forward (training)");
+    /* evaluation, from the running statistics the training updated */
+    launched(visc_cuda_batchnorm_forward_eval(ctx, &sc, d_t, d_xd, gd, bd, d_st[0][2] + C,
+                                              d_st[0][3] + C),
+             "shortcut batchnorm forward (eval)");
+    launched(visc_cuda_batchnorm_forward_eval_add(ctx, &end, d_out[1][0], d_x, d_t, g, b,
+                                                  d_st[0][2], d_st[0][3]),
+             "batchnorm + residual forward (eval)");
+    const visc_cuda_bn_residual rne = {d_xd,           NULL, NULL, d_st[1][2] + C,
+                                       d_st[1][3] + C, gd,   bd,   1e-5f};
+    launched(visc_cuda_batchnorm_forward_eval_add_norm(ctx, &end, d_out[1][1], d_x, &rne, g, b,
+                                                       d_st[1][2], d_st[1][3]),
+             "batchnorm + residual norm forward (eval)");
+    snprintf(tag, sizeof tag, "batchnorm + shortcut norm + relu N %d C %d HW %d %s%s%s", N, C, HW,
+             nchw ? "NCHW" : "NHWC", bf16 ? " bf16" : "",
+             scalar_access ? ", a value a thread" : "");
+    const char *mode[2] = {"training", "eval"};
+    for (int m = 0; m < 2; m++) {
+        float *want = bf16 ? down_bf16(d_out[m][0], n) : down(d_out[m][0], n);
+        float *got = bf16 ? down_bf16(d_out[m][1], n) : down(d_out[m][1], n);
+        snprintf(name, sizeof name, "%s: %s output, bit-identical to the shortcut's written", tag,
+                 mode[m]);
+        expect_bits(name, got, want, n, sizeof(float));
+        free(want), free(got);
+    }
+    const char *stat[4] = {"saved means", "saved rstds", "running means", "running variances"};
+    for (int j = 0; j < 4; j++) {
+        snprintf(name, sizeof name, "%s: both norms' %s, bit-identical", tag, stat[j]);
+        float *want = down(d_st[0][j], 2 * (size_t)C), *got = down(d_st[1][j], 2 * (size_t)C);
+        expect_bits(name, got, want, 2 * (size_t)C, sizeof(float));
+        free(want), free(got);
+    }
+    /* a residual norm without its statistics is refused */
+    const visc_cuda_bn_residual none = {d_xd, NULL, NULL, NULL, NULL, gd, bd, 0.0f};
+    const int rc =
+        visc_cuda_batchnorm_forward_train_add_norm(ctx, &end, d_out[0][1], d_st[1][0], d_st[1][1],
+                                                   d_x, &none, g, b, NULL, NULL);
+    report("batchnorm + residual norm: one without statistics is refused", rc == -1 ? 0 : 1, 1, 0,
+           rc, -1, 0.0);
+    void *dfree[] = {d_x, d_xd, d_par, d_t, d_out[0][0], d_out[0][1], d_out[1][0], d_out[1][1]};
+    for (size_t i = 0; i < sizeof dfree / sizeof *dfree; i++) visc_cuda_free(ctx, dfree[i]);
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 4; j++) visc_cuda_free(ctx, d_st[k][j]);
+    free(x), free(xd), free(par), free(rm), free(rv);
+}
+
 /* ---- pooling and ReLU: bit-identical ---- */
 /* Inputs from {0, 1, 2, 3} make ties in nearly every window, so the
  * first-maximum rule shows; nan_every > 0 puts a NaN at every such index. */
@@ -3961,6 +4050,11 @@ static void group_batchnorm(void) {
     check_batchnorm_residual(4, 64, 14 * 14, 1, 1, 0); /* a block's end, fp32 NCHW */
     check_batchnorm_residual(4, 64, 14 * 14, 1, 0, 0); /* without the ReLU */
     check_batchnorm_residual(4, 96, 14 * 14, 0, 1, 1); /* bf16 channels-last */
+    /* a downsampling block's end: ResNet-50's first (fp32 NCHW and bf16
+     * channels-last), and C not a multiple of 8 (one channel a thread) */
+    check_batchnorm_residual_norm(4, 256, 14 * 14, 1, 0);
+    check_batchnorm_residual_norm(4, 256, 14 * 14, 0, 1);
+    check_batchnorm_residual_norm(4, 12, 7 * 7, 0, 1);
     check_batchnorm_sync(16, 128, 7 * 7, 0, 0);
     /* each channel's values cut into ranges (src/cuda/batchnorm.cu's
      * bn_splits: 4096 values each at least): 17 ranges of a ResNet's first
@@ -3995,6 +4089,7 @@ static void group_batchnorm(void) {
     check_batchnorm(16, 64, 56 * 56, 1, 0, 0.0f, 1);
     check_batchnorm(8, 2048, 7 * 7, 1, 0, 0.0f, 1);
     check_batchnorm_residual(4, 96, 14 * 14, 0, 1, 1);
+    check_batchnorm_residual_norm(4, 256, 14 * 14, 0, 1);
     set_scalar_access(0);
     check_batchnorm(8, 40, 7 * 7, 1, 0, 0.0f, 0);
     check_batchnorm_sync(8, 40, 14 * 14, 1, 1);
