@@ -25,7 +25,9 @@
  * not contract them into FMAs (the CPU's FMA clones may: within the
  * kernels' test's tolerances). A ResNet block's last norm may also add
  * the block's residual and apply the ReLU in its output pass
- * (visc_cuda_batchnorm_*_add); visc_cuda_batchnorm_apply writes a
+ * (visc_cuda_batchnorm_*_add), or, in a downsampling block, apply the
+ * shortcut's norm there as that residual (visc_cuda_batchnorm_*_add_norm,
+ * after visc_cuda_batchnorm_statistics); visc_cuda_batchnorm_apply writes a
  * training forward's output again from its saved statistics, and the
  * backward passes, given no output, make its ReLU mask again the same
  * way (bn_dy) instead of reading it. */
@@ -417,7 +419,10 @@ __global__ void bn_combine_kernel(visc_cuda_bn_shape s, int what, int S, const d
  * first range's writer), then the block's range of out. With acc NULL,
  * the output alone from the saved statistics (visc_cuda_batchnorm_apply):
  * the same element arithmetic, so the same bits. The scale is gamma times
- * the saved float rstd, as on the CPU, for that reason. */
+ * the saved float rstd, as on the CPU, for that reason. With out NULL, the
+ * statistics alone (visc_cuda_batchnorm_statistics); with rn.in, the
+ * residual is that norm's output, made here from its saved statistics by
+ * the same arithmetic (visc_cuda_batchnorm_forward_train_add_norm). */
 template <int V>
 __global__ void __launch_bounds__(BN_THREADS)
     bn_finish_kernel(visc_cuda_bn_shape s, const double *acc, void *out, float *save_mean,
