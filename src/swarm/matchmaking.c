@@ -697,8 +697,13 @@ int visc_matchmake(visc_swarm_node *n, const visc_matchmaking_config *cfg, visc_
     int rc = run_round(s, out);
     char why[512];
     snprintf(why, sizeof why, "%s", visc_last_error());
-    if (rc == 0) {
-        /* late JOINs of this round learn at once that it is over */
+    if (rc == 0 || rc == VISC_MM_MISSED) {
+        /* late JOINs of this round learn at once that it is over; a peer
+         * that came late itself passes on what its leader told it: two
+         * late peers at the same state saw each other's declaration, one
+         * followed the other, was told NOT_LEADING, and led alone until
+         * its deadline while the swarm stepped on (e2e_swarm_churn.sh: a
+         * newcomer lost a matchmaking time so) */
         uint8_t formed[2] = {MM_VERSION, VISC_MM_REJECT_FORMED};
         visc_swarm_node_answer(n, VISC_PURPOSE_JOIN, s->tag, VISC_MSG_REJECT, formed,
                                sizeof formed);

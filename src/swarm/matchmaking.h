@@ -54,7 +54,9 @@
  * deadline: the swarm steps without it, and a group of the late ones
  * would only step apart from it. Before, a peer one batch late waited out
  * the whole matchmaking time, longer than a step, and fell a step behind
- * every time (e2e_swarm_churn.sh).
+ * every time (e2e_swarm_churn.sh). A peer that gave up so answers the
+ * round's JOINs with REJECT FORMED too: another late peer that saw only
+ * its declaration learns from it that the round is over.
  *
  * Exclusion: a peer may name keys it will not group with (the collaborative
  * optimizer's ban list: members that sent it invalid data). Their
