@@ -19,6 +19,21 @@ static inline int md_one_block_inside(const visc_model *m) {
     return m->cfg.grad_checkpointing || m->cfg.forward_only;
 }
 
+/* What every model's destroy frees last: the activation arena and the
+ * logits' gradient (the host's, or the device's with the GPU's copies of
+ * the tables), the parameter and buffer tables and the gradients. */
+static inline void md_free_storage(visc_model *m, visc_arena *arena, float *dlogits) {
+    if (m->cuda) {
+        visc_gpu_arena_free(m, arena, dlogits);
+        visc_model_gpu_release(m);
+    } else {
+        visc_arena_free(arena);
+    }
+    visc_table_free(&m->params);
+    visc_table_free(&m->buffers);
+    visc_free_aligned(m->grads);
+}
+
 /* The caller's memory into the arena (a batch, an incoming gradient): the
  * host's, or the device's where the caller keeps it there (io_on_device). */
 static inline void md_take_in(visc_model *m, float *dst, const float *src, size_t n) {

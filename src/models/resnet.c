@@ -811,15 +811,7 @@ static void resnet_destroy(visc_model *m) {
     free(r->blocks);
     free(r->bns);
     free(m->bn_names);
-    if (m->cuda) {
-        visc_gpu_arena_free(m, &r->arena, r->dlogits);
-        visc_model_gpu_release(m);
-    } else {
-        visc_arena_free(&r->arena);
-    }
-    visc_table_free(&m->params);
-    visc_table_free(&m->buffers);
-    visc_free_aligned(m->grads);
+    md_free_storage(m, &r->arena, r->dlogits);
     free(r);
     free(m);
 }

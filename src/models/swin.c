@@ -909,16 +909,8 @@ static void swin_destroy(visc_model *m) {
             visc_gpu_free(m->cuda, s->st[i].dev_coords);
         }
     }
-    if (m->cuda) {
-        visc_gpu_arena_free(m, &s->arena, s->dlogits);
-        visc_free_aligned(s->keep_host);
-        visc_model_gpu_release(m);
-    } else {
-        visc_arena_free(&s->arena);
-    }
-    visc_table_free(&m->params);
-    visc_table_free(&m->buffers);
-    visc_free_aligned(m->grads);
+    visc_free_aligned(s->keep_host);
+    md_free_storage(m, &s->arena, s->dlogits);
     free(s);
     free(m);
 }

@@ -398,14 +398,6 @@ int visc_tf_top_to_cuda(visc_model *m, visc_tf_top *t, void (*plan)(visc_model *
 
 void visc_tf_top_destroy(visc_model *m, visc_tf_top *t) {
     visc_tf_patch_embed_destroy(&t->pe);
-    if (m->cuda) {
-        visc_gpu_arena_free(m, &t->arena, t->dlogits);
-        visc_free_aligned(t->keep_host);
-        visc_model_gpu_release(m);
-    } else {
-        visc_arena_free(&t->arena);
-    }
-    visc_table_free(&m->params);
-    visc_table_free(&m->buffers);
-    visc_free_aligned(m->grads);
+    visc_free_aligned(t->keep_host);
+    md_free_storage(m, &t->arena, t->dlogits);
 }
