@@ -742,11 +742,6 @@ TEST(mm_expected_count_never_splits_the_deal) {
     }
 }
 
-/* A peer that comes to a round after its group formed learns it from the
- * leader at once (REJECT FORMED, node.h's standing answer) and gives up
- * (VISC_MM_MISSED), instead of following until the leader's declaration
- * expires and then leading alone until its own deadline: a whole
- * matchmaking time (here 4 s) during which the swarm stepped on. */
 /* Peers 0 and 1 form the group of a round (4 s to match); then peer
  * late_peer comes to the same round and schema, both declarations live. */
 static void come_late_to_formed_round(job *late, int late_peer) {
@@ -760,6 +755,11 @@ static void come_late_to_formed_round(job *late, int late_peer) {
     run_job(late);
 }
 
+/* A peer that comes to a round after its group formed learns it from the
+ * leader at once (REJECT FORMED, node.h's standing answer) and gives up
+ * (VISC_MM_MISSED), instead of following until the leader's declaration
+ * expires and then leading alone until its own deadline: a whole
+ * matchmaking time (here 4 s) during which the swarm stepped on. */
 TEST(mm_late_peer_learns_the_round_formed) {
     CHECK(swarm_up());
     if (swarm_ready != 1) return;

@@ -1060,7 +1060,7 @@ static int newcomer_round(visc_collab *c, int64_t *global_step) {
      * the step and wait for it. Declaring alone, it was in no leader's
      * view in time: a new round's declarations take up to a second to
      * spread while killed peers linger in the DHT's routing tables, the
-     * progress records (a key every peer reads all along) a few
+     * progress records (a key every peer reads all along) spread in a few
      * hundredths. The refresh publishes it (the record changed), and
      * reads the records again only when their period has passed: the
      * caller's read found the swarm ahead (at most a period ago, half a
