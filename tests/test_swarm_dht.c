@@ -504,6 +504,24 @@ TEST(dht_get_cap_keeps_the_newest_signers) {
     int got = visc_dht_get(a, "hurried", recs, 2, 0);
     CHECK(got >= 0 && got <= 1);
     CHECK(wait_for(a, "hurried", 1, "now", OP_TIMEOUT));
+    /* send: a confirmation late is no error (1: sent), one that came is 0,
+     * and either way the record is stored */
+    rc = visc_dht_send(b, "sent", "late", 5, 30, 0);
+    CHECK_MSG(rc == 0 || rc == 1, "send: %d (%s)", rc, visc_last_error());
+    CHECK(wait_for(a, "sent", 1, "late", OP_TIMEOUT));
+    CHECK(visc_dht_send(b, "sent", "waited", 7, 30, OP_TIMEOUT) == 0);
+    CHECK(wait_for(a, "sent", 1, "waited", OP_TIMEOUT));
+    CHECK(visc_dht_send(b, "", "x", 1, 30, 1) == -1);
     visc_dht_close(b);
+    visc_dht_close(a);
+}
+
+/* A send that no node stores fails as a put does (it is not "sent"). */
+TEST(dht_send_alone_fails) {
+    setup();
+    visc_dht *a = open_node(0, NULL);
+    if (!a) return;
+    CHECK(visc_dht_send(a, "alone", "x", 2, 30, OP_TIMEOUT) == -1);
+    CHECK_MSG(strstr(visc_last_error(), "no node stored it"), "%s", visc_last_error());
     visc_dht_close(a);
 }

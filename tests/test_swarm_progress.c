@@ -957,3 +957,93 @@ TEST(progress_failed_publish_is_reported) {
     CHECK(visc_progress_tracker_new(&c) == NULL && strstr(visc_last_error(), "too large"));
     close_node(d);
 }
+
+/* ---- background publishing and reading (what training peers use) ---- */
+
+static visc_progress_tracker *background_tracker(visc_dht *d, int id) {
+    /* no target: the period is the longest (30 s), so the reader thread
+     * reads at its start and not again within this test: what arrives
+     * later arrives pushed */
+    visc_progress_config c = {.dht = d,
+                              .self_key = ids[id].public_key,
+                              .expiration_s = 60,
+                              .max_refresh_s = 30,
+                              .op_timeout_s = OP_TIMEOUT,
+                              .background = 1};
+    visc_progress_tracker *t = visc_progress_tracker_new(&c);
+    CHECK_MSG(t != NULL, "tracker: %s", visc_last_error());
+    return t;
+}
+
+/* Refreshes t without force until pred holds (bounded). */
+static int await_view(visc_progress_tracker *t, int (*pred)(const visc_swarm_progress_view *),
+                      visc_swarm_progress_view *v) {
+    double until = visc_now() + OP_TIMEOUT;
+    do {
+        visc_progress_refresh(t, 0, v, NULL, 0, NULL);
+        if (pred(v)) return 1;
+        sleep_s(0.01);
+    } while (visc_now() < until);
+    return 0;
+}
+
+static int sees_two_peers(const visc_swarm_progress_view *v) { return v->peers == 2; }
+static int at_epoch_4(const visc_swarm_progress_view *v) { return v->epoch == 4; }
+static int sees_epoch_5(const visc_swarm_progress_view *v) {
+    return v->epoch == 5 && v->peers_at_epoch == 1;
+}
+
+/* A background tracker publishes its record when it changes and follows
+ * the others' records as they are published, with no forced refresh and
+ * no read due: its refreshes only look at what the threads and the DHT's
+ * pushes brought. */
+TEST(progress_background_publishes_changes_and_follows_pushes) {
+    setup();
+    visc_dht *d0 = open_node(0, NULL), *d1 = open_node(1, d0), *d2 = open_node(2, d0);
+    if (!d0 || !d1 || !d2) return;
+    visc_progress_tracker *t1 = background_tracker(d1, 1);
+    if (!t1) return;
+    visc_swarm_progress_view v;
+    publish(d0, 3, 10, 5, visc_unix_ms(), 0);
+    CHECK_MSG(await_view(t1, sees_two_peers, &v), "peers %d", v.peers);
+    /* the scripted peer steps: pushed, long before the next read is due */
+    double t0 = visc_now();
+    publish(d0, 4, 0, 5, visc_unix_ms(), 0);
+    CHECK_MSG(await_view(t1, at_epoch_4, &v), "epoch %llu", (unsigned long long)v.epoch);
+    CHECK(visc_now() - t0 < 30);
+    /* t1 steps, and nobody calls its refresh: the publisher sends it */
+    visc_progress_set_epoch(t1, 5); /* one ahead: more would be distrusted */
+    visc_progress_tracker *t2 = tracker(d2, 2, NULL, 0, 60, 30);
+    int seen = 0;
+    for (double until = visc_now() + OP_TIMEOUT; !seen && visc_now() < until; sleep_s(0.05)) {
+        visc_progress_refresh(t2, 1, &v, NULL, 0, NULL);
+        seen = sees_epoch_5(&v);
+    }
+    CHECK_MSG(seen, "t2 sees epoch %llu", (unsigned long long)v.epoch);
+    visc_progress_tracker_free(t2);
+    visc_progress_tracker_free(t1);
+    close_node(d2);
+    close_node(d1);
+    close_node(d0);
+}
+
+static int failed_refresh(visc_progress_tracker *t) {
+    visc_swarm_progress_view v;
+    for (double until = visc_now() + OP_TIMEOUT; visc_now() < until; sleep_s(0.02))
+        if (visc_progress_refresh(t, 0, &v, NULL, 0, NULL) == -1) return 1;
+    return 0;
+}
+
+/* What the publisher thread fails at, the next refresh returns (once). */
+TEST(progress_background_failed_publish_is_reported) {
+    setup();
+    visc_dht *d = open_node(0, NULL); /* alone: no node stores a record */
+    if (!d) return;
+    visc_progress_tracker *t = background_tracker(d, 0);
+    if (!t) return;
+    CHECK(failed_refresh(t));
+    CHECK_MSG(strstr(visc_last_error(), "publishing progress: dht: put of \"progress\" failed"),
+              "%s", visc_last_error());
+    visc_progress_tracker_free(t);
+    close_node(d);
+}

@@ -819,7 +819,8 @@ static int run_auxiliary(visc_collab *c) {
     visc_progress_config pc = {.dht = visc_swarm_node_dht(c->cfg.node),
                                .self_key = visc_swarm_node_auth(c->cfg.node)->self.public_key,
                                .target_batch_size = c->cfg.target_batch_size,
-                               .corroborated_epochs = 1};
+                               .corroborated_epochs = 1,
+                               .background = 1};
     c->tracker = visc_progress_tracker_new(&pc);
     if (!c->tracker) return -1;
     visc_progress_set_local(c->tracker, VISC_ROLE_AUX, "");
@@ -1445,6 +1446,7 @@ static int start(void *ctx, visc_train_access *a, int64_t *schedule_steps_per_ep
         .self_key = visc_swarm_node_auth(c->cfg.node)->self.public_key,
         .target_batch_size = c->cfg.target_batch_size,
         .corroborated_epochs = 1,
+        .background = 1, /* batches never wait on the DHT */
     };
     c->tracker = visc_progress_tracker_new(&pc);
     if (!c->tracker) return -1;

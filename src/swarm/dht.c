@@ -438,9 +438,10 @@ void visc_dht_close(visc_dht *d) {
 
 /* ---- put and get ---- */
 
-int visc_dht_put_wire(visc_dht *d, const char *key, const uint8_t *wire, size_t n,
-                      double timeout_s) {
-    if (check_key(key) != 0) return -1;
+/* Stores wire; 0 once confirmed. Not confirmed within timeout_s: 1 when
+ * late_ok (the store goes on), else -1. */
+static int put_wire(visc_dht *d, const char *key, const uint8_t *wire, size_t n, double timeout_s,
+                    int late_ok) {
     if (n == 0 || n > VISC_RECORD_MAX_WIRE)
         return visc_set_error("dht: record of %zu bytes (1 to %d)", n, VISC_RECORD_MAX_WIRE);
     op *o = op_new(d, OP_PUT, key, 0);
@@ -453,14 +454,22 @@ int visc_dht_put_wire(visc_dht *d, const char *key, const uint8_t *wire, size_t 
     int done = op_wait_locked(d, o, timeout_s), ok = o->ok;
     op_release_locked(d, o);
     pthread_mutex_unlock(&d->mu);
+    if (!done && late_ok) return 1;
     if (!done)
         return visc_set_error("dht: put of \"%s\" not confirmed within %g s", key, timeout_s);
     if (!ok) return visc_set_error("dht: put of \"%s\" failed (no node stored it)", key);
     return 0;
 }
 
-int visc_dht_put(visc_dht *d, const char *key, const void *value, size_t n, double ttl_s,
-                 double timeout_s) {
+int visc_dht_put_wire(visc_dht *d, const char *key, const uint8_t *wire, size_t n,
+                      double timeout_s) {
+    if (check_key(key) != 0) return -1;
+    return put_wire(d, key, wire, n, timeout_s, 0);
+}
+
+/* Signs and stores value (put_wire's results). */
+static int put_value(visc_dht *d, const char *key, const void *value, size_t n, double ttl_s,
+                     double timeout_s, int late_ok) {
     if (check_key(key) != 0) return -1;
     if (!(ttl_s > 0) || ttl_s * 1000.0 > (double)VISC_RECORD_MAX_TTL_MS)
         return visc_set_error("dht: ttl %g s out of range (0, %llu]", ttl_s,
@@ -470,9 +479,19 @@ int visc_dht_put(visc_dht *d, const char *key, const void *value, size_t n, doub
     uint64_t now = visc_unix_ms();
     int len = visc_record_encode(d->auth, key, value, n, now, now + (uint64_t)(ttl_s * 1000.0),
                                  wire, VISC_RECORD_MAX_WIRE);
-    int rc = len < 0 ? -1 : visc_dht_put_wire(d, key, wire, (size_t)len, timeout_s);
+    int rc = len < 0 ? -1 : put_wire(d, key, wire, (size_t)len, timeout_s, late_ok);
     free(wire);
     return rc;
+}
+
+int visc_dht_put(visc_dht *d, const char *key, const void *value, size_t n, double ttl_s,
+                 double timeout_s) {
+    return put_value(d, key, value, n, ttl_s, timeout_s, 0);
+}
+
+int visc_dht_send(visc_dht *d, const char *key, const void *value, size_t n, double ttl_s,
+                  double wait_s) {
+    return put_value(d, key, value, n, ttl_s, wait_s, 1);
 }
 
 int visc_dht_get(visc_dht *d, const char *key, visc_record *out, int cap, double timeout_s) {

@@ -41,6 +41,15 @@ int visc_dht_bootstrap(visc_dht *d, const char *peers);
  * DHT confirms the store or timeout_s passes (then -1). */
 int visc_dht_put(visc_dht *d, const char *key, const void *value, size_t n, double ttl_s,
                  double timeout_s);
+/* Publishes like put, but waits at most wait_s for the confirmation: 0
+ * confirmed, 1 sent and not confirmed yet, -1 failed (no node stored it,
+ * bad input). The confirmation comes once every node the store was sent
+ * to has answered: while a listen on the key keeps a search whose nodes
+ * include a killed peer, that takes seconds (5 to 8 seen), though the
+ * live nodes store the record and push it to their listeners within
+ * milliseconds. For a publisher that must not fall behind. */
+int visc_dht_send(visc_dht *d, const char *key, const void *value, size_t n, double ttl_s,
+                  double wait_s);
 /* Stores wire as it is under key, unchecked: for tests that inject forged
  * or foreign records (readers must reject them). Waits like put. */
 int visc_dht_put_wire(visc_dht *d, const char *key, const uint8_t *wire, size_t n,

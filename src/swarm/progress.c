@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "progress.h"
 #include "visc/core.h"
@@ -19,6 +20,13 @@
 #define LONE_REPORT_S 5.0 /* a lone epoch ahead is reported after this long alone, */
 #define LONE_SHARE 0.6    /* and alone for this share of the time since first seen */
 #define PEER_TABLE_MAX (VISC_DHT_MAX_GET + 64)
+#define POLL_S 0.05 /* the background threads look at their schedule this often */
+/* With background, a put's confirmation is awaited this long: it comes in
+ * a millisecond or two on a healthy swarm nearby (the record is stored
+ * when the caller goes on), and only after seconds while a killed peer
+ * lingers in the key's search (dht.h, visc_dht_send), when the live nodes
+ * have the record all the same. */
+#define SEND_WAIT_S 0.05
 
 /* ---- wire form ---- */
 
@@ -147,28 +155,58 @@ typedef struct {
     double seen_at;
 } peer_entry;
 
+typedef struct {
+    uint8_t signer[VISC_KEY_BYTES];
+    uint64_t issued_ms, expires_ms;
+    int parsed;               /* 0: the newest record does not parse (the peer is not live) */
+    visc_progress_record rec; /* when parsed */
+} known_record;
+
 struct visc_progress_tracker {
     visc_progress_config cfg;
-    pthread_mutex_t mu; /* guards the local fields below */
+    pthread_mutex_t mu;         /* guards the local fields and the publishing schedule */
+    pthread_mutex_t publish_mu; /* held by whoever publishes */
+    pthread_cond_t changed;     /* the record changed, or stopping: wakes the publisher */
     visc_progress_record local;
-    int measured, paused, dirty;   /* measured: throughput measurements so far */
-    double active_s, active_since; /* compute time since the last measurement */
-    uint64_t pending;              /* samples not yet in a measurement */
+    int measured, paused;                /* measured: throughput measurements so far */
+    uint64_t changes, published_changes; /* the record's changes made, and published */
+    double active_s, active_since;       /* compute time since the last measurement */
+    uint64_t pending;                    /* samples not yet in a measurement */
+    int published;
+    double last_publish;
 
-    /* refresh side (one thread) */
-    int published, fetched;
-    double last_publish, last_fetch, eta_s;
-    visc_record *recs; /* VISC_DHT_MAX_GET, allocated at the first read */
+    /* The records learned (learn): from reads, and with cfg.background
+     * from the reader thread's reads and the DHT's pushes too. */
+    pthread_mutex_t known_mu;
+    known_record *known; /* PEER_TABLE_MAX */
+    int n_known;
+    visc_record *recs; /* the refresh caller's read buffer (VISC_DHT_MAX_GET), at its first read */
+
+    /* The swarm as judged from them (absorb), guarded by view_mu */
+    pthread_mutex_t view_mu;
+    pthread_cond_t stop_cv; /* with view_mu: wakes the reader to stop */
+    int fetched;
+    double last_fetch, eta_s; /* last_fetch: the last absorb */
     peer_entry *peers;
     int n_peers;
+    double *sps_scratch; /* PEER_TABLE_MAX + 1: check_throughput's (judged at every batch) */
     /* The epoch whose beginning this tracker saw (the global epoch rose by
      * one between two reads that both saw other peers): it began no
      * earlier than floor_time. */
     int has_floor, prev_others;
-    int aux_live; /* auxiliary peers' records in the last read */
+    int aux_live; /* auxiliary peers' live records at the last absorb */
     uint64_t floor_epoch, prev_global;
     double floor_time;
+
+    /* cfg.background: the publisher and reader threads and the listener;
+     * what failed in them, for the next refresh to return (under view_mu) */
+    pthread_t publisher, reader;
+    int publisher_started, reader_started, stopping, listening, listen_handle;
+    char bg_error[256];
 };
+
+static int start_background(visc_progress_tracker *t);
+static void stop_background(visc_progress_tracker *t);
 
 static double tclock(const visc_progress_tracker *t) {
     return t->cfg.clock ? t->cfg.clock(t->cfg.clock_ctx) : visc_now();
@@ -201,20 +239,47 @@ visc_progress_tracker *visc_progress_tracker_new(const visc_progress_config *cfg
     if (!t) return NULL;
     t->cfg = c;
     pthread_mutex_init(&t->mu, NULL);
+    pthread_mutex_init(&t->view_mu, NULL);
+    pthread_mutex_init(&t->publish_mu, NULL);
+    pthread_mutex_init(&t->known_mu, NULL);
+    pthread_cond_init(&t->changed, NULL);
+    pthread_cond_init(&t->stop_cv, NULL);
     if (c.self_key) memcpy(t->local.peer, c.self_key, VISC_KEY_BYTES);
     t->local.time_ms = visc_unix_ms();
     t->local.loss = NAN;
     t->active_since = tclock(t);
     t->eta_s = INFINITY;
+    t->peers = visc_malloc(sizeof *t->peers * PEER_TABLE_MAX, "progress peers");
+    t->known = visc_malloc(sizeof *t->known * PEER_TABLE_MAX, "progress records");
+    t->sps_scratch = visc_malloc(sizeof *t->sps_scratch * (PEER_TABLE_MAX + 1), "throughputs");
+    if (!t->peers || !t->known || !t->sps_scratch || (c.background && start_background(t))) {
+        visc_progress_tracker_free(t);
+        return NULL;
+    }
     return t;
 }
 
 void visc_progress_tracker_free(visc_progress_tracker *t) {
     if (!t) return;
+    stop_background(t);
+    pthread_cond_destroy(&t->changed);
+    pthread_cond_destroy(&t->stop_cv);
+    pthread_mutex_destroy(&t->view_mu);
+    pthread_mutex_destroy(&t->publish_mu);
+    pthread_mutex_destroy(&t->known_mu);
     pthread_mutex_destroy(&t->mu);
     free(t->recs);
+    free(t->known);
+    free(t->sps_scratch);
     free(t->peers);
     free(t);
+}
+
+/* This peer's record changed: the next refresh publishes it, and with
+ * cfg.background the publisher thread at once. t->mu held. */
+static void note_change_locked(visc_progress_tracker *t) {
+    t->changes++;
+    pthread_cond_signal(&t->changed);
 }
 
 void visc_progress_set_local(visc_progress_tracker *t, visc_peer_role role, const char *addr) {
@@ -224,14 +289,14 @@ void visc_progress_set_local(visc_progress_tracker *t, visc_peer_role role, cons
     pthread_mutex_lock(&t->mu);
     t->local.role = role <= VISC_ROLE_AUX ? (uint8_t)role : VISC_ROLE_FULL;
     memcpy(t->local.addr, a, sizeof a);
-    t->dirty = 1;
+    note_change_locked(t);
     pthread_mutex_unlock(&t->mu);
 }
 
 void visc_progress_set_state_hash(visc_progress_tracker *t, const uint8_t hash[32]) {
     pthread_mutex_lock(&t->mu);
     memcpy(t->local.state_hash, hash, 32);
-    t->dirty = 1;
+    note_change_locked(t);
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -264,7 +329,7 @@ void visc_progress_set_epoch(visc_progress_tracker *t, uint64_t new_epoch) {
     t->local.epoch = new_epoch < VISC_PROGRESS_MAX_COUNT ? new_epoch : VISC_PROGRESS_MAX_COUNT;
     t->local.samples_accumulated = 0;
     t->local.time_ms = visc_unix_ms();
-    t->dirty = 1;
+    note_change_locked(t);
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -272,7 +337,7 @@ void visc_progress_carry_samples(visc_progress_tracker *t, uint64_t n) {
     pthread_mutex_lock(&t->mu);
     uint64_t room = VISC_PROGRESS_MAX_COUNT - t->local.samples_accumulated;
     t->local.samples_accumulated += n < room ? n : room;
-    t->dirty = 1;
+    note_change_locked(t);
     pthread_mutex_unlock(&t->mu);
 }
 
@@ -282,7 +347,7 @@ void visc_progress_pause(visc_progress_tracker *t) {
         t->active_s += tclock(t) - t->active_since;
         t->paused = 1;
         t->local.paused = 1;
-        t->dirty = 1;
+        note_change_locked(t);
     }
     pthread_mutex_unlock(&t->mu);
 }
@@ -295,7 +360,7 @@ void visc_progress_resume(visc_progress_tracker *t) {
         t->local.paused = 0;
         /* extrapolation restarts from now, not from before the pause */
         t->local.time_ms = visc_unix_ms();
-        t->dirty = 1;
+        note_change_locked(t);
     }
     pthread_mutex_unlock(&t->mu);
 }
@@ -306,10 +371,18 @@ void visc_progress_local(visc_progress_tracker *t, visc_progress_record *out) {
     pthread_mutex_unlock(&t->mu);
 }
 
-double visc_progress_refresh_period(visc_progress_tracker *t) {
+/* view_mu held */
+static double period_locked(const visc_progress_tracker *t) {
     double p = t->eta_s / 4;
     if (!(p < t->cfg.max_refresh_s)) p = t->cfg.max_refresh_s; /* also INFINITY, NaN */
     return p > t->cfg.min_refresh_s ? p : t->cfg.min_refresh_s;
+}
+
+double visc_progress_refresh_period(visc_progress_tracker *t) {
+    pthread_mutex_lock(&t->view_mu);
+    double p = period_locked(t);
+    pthread_mutex_unlock(&t->view_mu);
+    return p;
 }
 
 /* ---- reading and judging the swarm's records ---- */
@@ -367,8 +440,7 @@ static void check_growth(visc_progress_tracker *t, peer_entry *e, double now, ui
  * as it was before this pass, so the order of peers does not matter. */
 static void check_throughput(visc_progress_tracker *t, const visc_progress_record *self,
                              double now) {
-    double *v = visc_malloc(sizeof(double) * (size_t)(t->n_peers + 1), "throughputs");
-    if (!v) return;
+    double *v = t->sps_scratch;
     int n = 0;
     if (self && self->samples_per_second > 0) v[n++] = self->samples_per_second;
     for (int i = 0; i < t->n_peers; i++)
@@ -394,7 +466,6 @@ static void check_throughput(visc_progress_tracker *t, const visc_progress_recor
                          t->peers[i].cur.samples_per_second, SPS_MEDIAN_FACTOR,
                          limit[i] / SPS_MEDIAN_FACTOR);
     }
-    free(v);
 }
 
 /* An epoch more than one ahead of every other peer's (with at least two
@@ -558,43 +629,66 @@ static void prune(visc_progress_tracker *t, double now) {
     }
 }
 
-static int fetch(visc_progress_tracker *t, const visc_progress_record *self, double now) {
-    if (!t->recs) {
-        t->recs = visc_malloc(sizeof *t->recs * VISC_DHT_MAX_GET, "progress records");
-        t->peers = visc_malloc(sizeof *t->peers * PEER_TABLE_MAX, "progress peers");
-        if (!t->recs || !t->peers) {
-            free(t->recs), free(t->peers);
-            t->recs = NULL, t->peers = NULL;
-            return -1;
-        }
+/* A record learned from a read, or pushed by the listener: the newest
+ * signed by each peer (this one's own aside), kept until it expires. A
+ * signed record of an admitted peer that does not parse counts as none
+ * (the peer is not live), as when it is the newest a read finds. */
+static void learn(visc_progress_tracker *t, const visc_record *r) {
+    if (t->cfg.self_key && memcmp(r->signer, t->cfg.self_key, VISC_KEY_BYTES) == 0) return;
+    visc_progress_record p;
+    int parsed = visc_progress_parse(r->value, r->value_len, &p) == 0;
+    if (parsed) memcpy(p.peer, r->signer, VISC_KEY_BYTES);
+    pthread_mutex_lock(&t->known_mu);
+    known_record *k = NULL;
+    for (int i = 0; i < t->n_known && !k; i++)
+        if (memcmp(t->known[i].signer, r->signer, VISC_KEY_BYTES) == 0) k = &t->known[i];
+    if (!k && t->n_known < PEER_TABLE_MAX) {
+        k = &t->known[t->n_known++];
+        memcpy(k->signer, r->signer, VISC_KEY_BYTES);
+        k->issued_ms = 0;
     }
-    int n = visc_dht_get(t->cfg.dht, KEY, t->recs, VISC_DHT_MAX_GET, t->cfg.op_timeout_s);
-    if (n < 0) return -1;
-    now = tclock(t); /* the read may have taken a while */
+    if (k && r->issued_ms >= k->issued_ms) {
+        k->issued_ms = r->issued_ms;
+        k->expires_ms = r->expires_ms;
+        k->parsed = parsed;
+        if (parsed) k->rec = p;
+    }
+    pthread_mutex_unlock(&t->known_mu);
+}
+
+static void on_pushed_record(const visc_record *r, void *ctx) { learn(ctx, r); }
+
+/* The records learned, unexpired, become the live peers' (view_mu held),
+ * judged against self. */
+static void absorb(visc_progress_tracker *t, const visc_progress_record *self) {
+    double now = tclock(t);
+    uint64_t now_ms = visc_unix_ms();
     prune(t, now);
     for (int i = 0; i < t->n_peers; i++) t->peers[i].live = 0;
     t->aux_live = 0;
-    for (int i = 0; i < n; i++) {
-        const visc_record *r = &t->recs[i];
-        if (t->cfg.self_key && memcmp(r->signer, t->cfg.self_key, VISC_KEY_BYTES) == 0) continue;
-        visc_progress_record p;
-        /* a signed record of an admitted peer that does not parse: ignored */
-        if (visc_progress_parse(r->value, r->value_len, &p)) continue;
-        if (p.role == VISC_ROLE_AUX) { /* counted apart, in nothing else */
+    pthread_mutex_lock(&t->known_mu);
+    for (int i = 0; i < t->n_known;) {
+        const known_record *k = &t->known[i];
+        if (k->expires_ms <= now_ms) {
+            t->known[i] = t->known[--t->n_known];
+            continue;
+        }
+        i++;
+        if (!k->parsed) continue;
+        if (k->rec.role == VISC_ROLE_AUX) { /* counted apart, in nothing else */
             t->aux_live++;
             continue;
         }
-        peer_entry *e = find_or_add(t, r->signer);
+        peer_entry *e = find_or_add(t, k->rec.peer);
         if (!e || e->live) continue;
-        memcpy(p.peer, r->signer, VISC_KEY_BYTES);
-        e->cur = p;
+        e->cur = k->rec;
         e->live = 1;
         e->seen_at = now;
     }
+    pthread_mutex_unlock(&t->known_mu);
     judge(t, self, now, visc_unix_ms());
     t->fetched = 1;
     t->last_fetch = now;
-    return 0;
 }
 
 static double extrapolated(const visc_progress_tracker *t, const visc_progress_record *r,
@@ -644,42 +738,212 @@ static void make_view(visc_progress_tracker *t, const visc_progress_record *self
     if (count) *count = n_out;
 }
 
-int visc_progress_refresh(visc_progress_tracker *t, int force, visc_swarm_progress_view *view,
-                          visc_progress_record *records, int cap, int *count) {
-    double now = tclock(t), period = visc_progress_refresh_period(t);
-    visc_progress_record self;
-    int dirty = 0;
+/* ---- publishing and reading: on the caller's thread, or in the background ---- */
+
+/* This peer's record now, in *self; NULL for an observer and for an
+ * auxiliary (no peer of its own view). */
+static const visc_progress_record *own_record(visc_progress_tracker *t,
+                                              visc_progress_record *self) {
     pthread_mutex_lock(&t->mu);
-    self = t->local;
-    if (!t->cfg.observe_only) dirty = t->dirty, t->dirty = 0;
+    *self = t->local;
     pthread_mutex_unlock(&t->mu);
-    const visc_progress_record *pub = t->cfg.observe_only ? NULL : &self;
-    /* an auxiliary publishes, but is no peer of its own view */
-    const visc_progress_record *me = pub && self.role != VISC_ROLE_AUX ? pub : NULL;
-    int rc = 0;
-    char error[256] = "";
-    if (pub && (force || dirty || !t->published || now - t->last_publish >= period)) {
-        uint8_t wire[VISC_PROGRESS_WIRE];
-        if (visc_progress_encode(pub, wire) == 0 &&
-            visc_dht_put(t->cfg.dht, KEY, wire, sizeof wire, t->cfg.expiration_s,
-                         t->cfg.op_timeout_s) == 0) {
-            t->published = 1;
-            t->last_publish = now;
-        } else {
-            snprintf(error, sizeof error, "publishing progress: %s", visc_last_error());
-            rc = -1;
+    return !t->cfg.observe_only && self->role != VISC_ROLE_AUX ? self : NULL;
+}
+
+/* publish_if_due's work, publish_mu held */
+static int publish_locked(visc_progress_tracker *t, int force, double period, char *err,
+                          size_t cap) {
+    double now = tclock(t);
+    pthread_mutex_lock(&t->mu);
+    uint64_t changes = t->changes;
+    int due =
+        force || t->published_changes < changes || !t->published || now - t->last_publish >= period;
+    visc_progress_record rec = t->local;
+    pthread_mutex_unlock(&t->mu);
+    if (!due) return 0;
+    uint8_t wire[VISC_PROGRESS_WIRE];
+    /* with the listener on: sent is enough (dht.h, visc_dht_send) */
+    int ok = visc_progress_encode(&rec, wire) == 0 &&
+             (t->cfg.background ? visc_dht_send(t->cfg.dht, KEY, wire, sizeof wire,
+                                                t->cfg.expiration_s, SEND_WAIT_S) >= 0
+                                : visc_dht_put(t->cfg.dht, KEY, wire, sizeof wire,
+                                               t->cfg.expiration_s, t->cfg.op_timeout_s) == 0);
+    if (!ok) snprintf(err, cap, "publishing progress: %s", visc_last_error());
+    pthread_mutex_lock(&t->mu);
+    if (ok) {
+        t->published = 1;
+        t->last_publish = now;
+        if (t->published_changes < changes) t->published_changes = changes;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return ok ? 1 : -1;
+}
+
+/* Publishes this peer's record when asked (force), when it changed since
+ * it was last published, when it never was, or when the period passed. 1
+ * published, 0 not due, -1 failed (err says why; a change stays due).
+ * One publish at a time: the newest signed record must hold the newest
+ * state (readers keep the newest per signer), and a change the publisher
+ * thread is sending is not sent again. */
+static int publish_if_due(visc_progress_tracker *t, int force, double period, char *err,
+                          size_t cap) {
+    if (t->cfg.observe_only) return 0;
+    pthread_mutex_lock(&t->publish_mu);
+    int rc = publish_locked(t, force, period, err, cap);
+    pthread_mutex_unlock(&t->publish_mu);
+    return rc;
+}
+
+/* Reads everyone's records into buf (VISC_DHT_MAX_GET) and learns them;
+ * -1 when the read failed (err says why). */
+static int read_records(visc_progress_tracker *t, visc_record *buf, char *err, size_t cap) {
+    int n = visc_dht_get(t->cfg.dht, KEY, buf, VISC_DHT_MAX_GET, t->cfg.op_timeout_s);
+    if (n < 0) {
+        snprintf(err, cap, "reading progress: %s", visc_last_error());
+        return -1;
+    }
+    for (int i = 0; i < n; i++) learn(t, &buf[i]);
+    return 0;
+}
+
+/* The records are due to be judged again: at the first look, when the
+ * period has passed. */
+static int absorb_due(visc_progress_tracker *t) {
+    pthread_mutex_lock(&t->view_mu);
+    int due = !t->fetched || tclock(t) - t->last_fetch >= period_locked(t);
+    pthread_mutex_unlock(&t->view_mu);
+    return due;
+}
+
+/* What a background thread could not do, for the next refresh to say. */
+static void note_bg_error(visc_progress_tracker *t, const char *err) {
+    pthread_mutex_lock(&t->view_mu);
+    snprintf(t->bg_error, sizeof t->bg_error, "%s", err);
+    pthread_mutex_unlock(&t->view_mu);
+}
+
+static int stopping(visc_progress_tracker *t) {
+    pthread_mutex_lock(&t->mu);
+    int s = t->stopping;
+    pthread_mutex_unlock(&t->mu);
+    return s;
+}
+
+/* Waits on cv (mu held by the caller) until signalled or s seconds passed. */
+static void nap_on(pthread_cond_t *cv, pthread_mutex_t *mu, double s) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    long ns = until.tv_nsec + (long)(s * 1e9);
+    until.tv_sec += ns / 1000000000L;
+    until.tv_nsec = ns % 1000000000L;
+    pthread_cond_timedwait(cv, mu, &until);
+}
+
+/* The publisher: this peer's record goes out as soon as it changes, and
+ * again each period; after a failure, again after min_refresh_s. */
+static void *publisher_main(void *arg) {
+    visc_progress_tracker *t = arg;
+    char err[256];
+    while (!stopping(t)) {
+        if (publish_if_due(t, 0, visc_progress_refresh_period(t), err, sizeof err) < 0) {
+            note_bg_error(t, err);
             pthread_mutex_lock(&t->mu);
-            t->dirty |= dirty; /* try again at the next refresh */
+            if (!t->stopping) nap_on(&t->changed, &t->mu, t->cfg.min_refresh_s);
             pthread_mutex_unlock(&t->mu);
         }
+        pthread_mutex_lock(&t->mu);
+        if (t->published_changes == t->changes && !t->stopping) nap_on(&t->changed, &t->mu, POLL_S);
+        pthread_mutex_unlock(&t->mu);
     }
-    if (force || !t->fetched || now - t->last_fetch >= period) {
-        if (fetch(t, me, now) != 0) {
-            snprintf(error, sizeof error, "reading progress: %s", visc_last_error());
-            rc = -1;
+    return NULL;
+}
+
+/* The reader: everyone's records each period, into its own buffer (what
+ * the pushes missed, if anything). */
+static void *reader_main(void *arg) {
+    visc_progress_tracker *t = arg;
+    char err[256];
+    visc_record *buf = visc_malloc(sizeof *buf * VISC_DHT_MAX_GET, "progress records");
+    if (!buf) {
+        note_bg_error(t, visc_last_error());
+        return NULL;
+    }
+    double last_read = -INFINITY;
+    while (!stopping(t)) {
+        double now = tclock(t);
+        if (now - last_read >= visc_progress_refresh_period(t)) {
+            if (read_records(t, buf, err, sizeof err) < 0) note_bg_error(t, err);
+            last_read = now;
         }
+        pthread_mutex_lock(&t->view_mu);
+        nap_on(&t->stop_cv, &t->view_mu, POLL_S);
+        pthread_mutex_unlock(&t->view_mu);
     }
+    free(buf);
+    return NULL;
+}
+
+static int start_background(visc_progress_tracker *t) {
+    t->listen_handle = visc_dht_listen(t->cfg.dht, KEY, on_pushed_record, t);
+    if (t->listen_handle < 0) return -1;
+    t->listening = 1;
+    if (!t->cfg.observe_only) {
+        if (pthread_create(&t->publisher, NULL, publisher_main, t) != 0)
+            return visc_set_error("progress tracker: cannot start the publisher thread");
+        t->publisher_started = 1;
+    }
+    if (pthread_create(&t->reader, NULL, reader_main, t) != 0)
+        return visc_set_error("progress tracker: cannot start the reader thread");
+    t->reader_started = 1;
+    return 0;
+}
+
+/* Waits for a DHT operation under way (op_timeout_s at most). */
+static void stop_background(visc_progress_tracker *t) {
+    pthread_mutex_lock(&t->mu);
+    t->stopping = 1;
+    pthread_cond_broadcast(&t->changed);
+    pthread_mutex_unlock(&t->mu);
+    pthread_mutex_lock(&t->view_mu);
+    pthread_cond_broadcast(&t->stop_cv);
+    pthread_mutex_unlock(&t->view_mu);
+    if (t->publisher_started) pthread_join(t->publisher, NULL);
+    if (t->reader_started) pthread_join(t->reader, NULL);
+    if (t->listening) visc_dht_unlisten(t->cfg.dht, t->listen_handle);
+    t->publisher_started = t->reader_started = t->listening = 0;
+}
+
+int visc_progress_refresh(visc_progress_tracker *t, int force, visc_swarm_progress_view *view,
+                          visc_progress_record *records, int cap, int *count) {
+    visc_progress_record self;
+    const visc_progress_record *me = own_record(t, &self);
+    int rc = 0;
+    char error[256] = "";
+    /* With the background threads, only a forced refresh reads the DHT
+     * here, and only a change publishes here, as without them: the caller
+     * goes on once the swarm can see its new step (the publisher thread
+     * may be sending it too; a record twice does no harm), and the DHT is
+     * not waited on for the confirmation (visc_dht_send). */
+    int on_this_thread = force || !t->cfg.background;
+    double period = on_this_thread ? visc_progress_refresh_period(t) : INFINITY;
+    if (publish_if_due(t, force, period, error, sizeof error) < 0) rc = -1;
+    /* pushed records are judged at every refresh (a local look); reads
+     * come when the period has passed */
+    int judge_now = force || t->cfg.background || absorb_due(t);
+    if (on_this_thread && judge_now) {
+        if (!t->recs) t->recs = visc_malloc(sizeof *t->recs * VISC_DHT_MAX_GET, "progress records");
+        if (!t->recs) snprintf(error, sizeof error, "%s", visc_last_error());
+        if (!t->recs || read_records(t, t->recs, error, sizeof error) < 0) rc = -1, judge_now = 0;
+    }
+    pthread_mutex_lock(&t->view_mu);
+    if (judge_now) absorb(t, me);
+    if (t->bg_error[0] && !rc) {
+        snprintf(error, sizeof error, "%s", t->bg_error);
+        rc = -1;
+    }
+    t->bg_error[0] = 0;
     make_view(t, me, view, records, cap, count);
+    pthread_mutex_unlock(&t->view_mu);
     if (rc) visc_set_error("%s", error);
     return rc;
 }

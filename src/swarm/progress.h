@@ -24,7 +24,10 @@
  * max(min_refresh, eta / 4)), so a step that comes soon is seen soon.
  * Records are republished when the period has passed or the epoch changed;
  * everyone's records are read when the period has passed (or on force);
- * in between, refresh re-extrapolates the last records to now.
+ * in between, refresh re-extrapolates the last records to now. With
+ * `background` (below), records also arrive as the DHT pushes them (a
+ * listen on the key: milliseconds after their put) and are judged at
+ * every refresh; the reads each period catch what a push missed.
  *
  * Forged progress (a peer cannot forge another's record, but can lie about
  * itself). A record is distrusted, for expiration_s, when
@@ -58,7 +61,12 @@
  * its record and reads the swarm like an observer.
  *
  * Threads: add_samples / set_epoch / pause / resume / set_* may run on
- * another thread than refresh; refresh runs on one thread at a time. */
+ * another thread than refresh; refresh runs on one thread at a time.
+ * With `background`, the tracker publishes and reads on two threads of its
+ * own (as hivemind's progress tracker does), so that a refresh without
+ * force never waits on the DHT: a read or put waits a second or more while
+ * killed peers linger in the DHT's routing tables, and a training peer
+ * refreshes between batches. */
 #ifndef VISC_SWARM_PROGRESS_H
 #define VISC_SWARM_PROGRESS_H
 
@@ -137,6 +145,19 @@ typedef struct {
      * count at the epoch. Training peers set it; observers show every
      * record. */
     int corroborated_epochs;
+    /* 1: publish and read on the tracker's own threads too (started by
+     * tracker_new, joined by tracker_free, which waits out a DHT operation
+     * under way), and take the records the DHT pushes (a listen on the
+     * key). The publisher republishes this peer's record when the period
+     * passed (and a change made between refreshes: pause, resume); the
+     * reader reads when the period passed. A refresh without force then
+     * publishes only a changed record (epoch, state hash: the caller goes
+     * on once the swarm can see it, as without), reads nothing, judges the
+     * records at hand and returns what the threads failed at since the
+     * last refresh; a forced one publishes and reads, as without. Puts
+     * wait at most 0.05 s for their confirmation (visc_dht_send). Training
+     * peers set it; tests that drive the clock leave it off. */
+    int background;
 } visc_progress_config;
 
 /* NULL with an error on a bad config (no DHT, periods out of order). */
@@ -164,7 +185,8 @@ void visc_progress_local(visc_progress_tracker *t, visc_progress_record *out);
  * the thread that refreshes. */
 double visc_progress_refresh_period(visc_progress_tracker *t);
 /* Publishes this peer's record if due (or force), reads everyone's if due
- * (or force), and fills the view (always, from what is known). records/cap
+ * (or force; with background, only on force: the threads do the rest),
+ * and fills the view (always, from what is known). records/cap
  * (optional) receive the trusted records, this peer's first (unless an
  * observer), *count how many. -1 with an error when a put or get failed
  * (the view is still filled). */
