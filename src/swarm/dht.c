@@ -75,6 +75,7 @@ struct visc_dht {
     int maint_started, stopping;
     double rebootstrap_s;
     int shut_down;
+    uint64_t last_issued_ms; /* under mu: put_value's last issue time */
 };
 
 /* ---- pending operations ---- */
@@ -476,7 +477,14 @@ static int put_value(visc_dht *d, const char *key, const void *value, size_t n, 
                               (unsigned long long)(VISC_RECORD_MAX_TTL_MS / 1000));
     uint8_t *wire = visc_malloc(VISC_RECORD_MAX_WIRE, "DHT record");
     if (!wire) return -1;
+    /* Readers keep the newest record per signer, by issue time: two puts
+     * in one millisecond must not tie (the older could win), so issue
+     * times strictly increase. */
+    pthread_mutex_lock(&d->mu);
     uint64_t now = visc_unix_ms();
+    if (now <= d->last_issued_ms) now = d->last_issued_ms + 1;
+    d->last_issued_ms = now;
+    pthread_mutex_unlock(&d->mu);
     int len = visc_record_encode(d->auth, key, value, n, now, now + (uint64_t)(ttl_s * 1000.0),
                                  wire, VISC_RECORD_MAX_WIRE);
     int rc = len < 0 ? -1 : put_wire(d, key, wire, (size_t)len, timeout_s, late_ok);
