@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 /* Where a buffer lives. Layers and tables record it so a CUDA backend can
  * slot in behind the same API. */
@@ -84,6 +85,9 @@ const char *visc_signal_name(int sig);
 
 /* ---- time and threads ---- */
 double visc_now(void); /* monotonic seconds */
+/* The wall-clock time `seconds` from now (clamped to [0, 1e6]): the
+ * deadline pthread_cond_timedwait takes. */
+struct timespec visc_deadline_after(double seconds);
 int visc_num_threads(void);
 void visc_set_num_threads(int n);
 

@@ -126,20 +126,9 @@ static void on_done(bool ok, void *user) {
     pthread_mutex_unlock(&d->mu);
 }
 
-static struct timespec deadline_after(double seconds) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    if (!(seconds > 0)) seconds = 0;
-    if (seconds > 1e6) seconds = 1e6;
-    long long ns = ts.tv_nsec + (long long)((seconds - (double)(long long)seconds) * 1e9);
-    ts.tv_sec += (time_t)seconds + (time_t)(ns / 1000000000);
-    ts.tv_nsec = (long)(ns % 1000000000);
-    return ts;
-}
-
 /* Waits for o's done callback until timeout_s; d->mu held. 1 when done. */
 static int op_wait_locked(visc_dht *d, op *o, double timeout_s) {
-    struct timespec until = deadline_after(timeout_s);
+    struct timespec until = visc_deadline_after(timeout_s);
     while (!o->done)
         if (pthread_cond_timedwait(&d->cv, &d->mu, &until) == ETIMEDOUT) break;
     return o->done;
@@ -310,7 +299,7 @@ static void *maintain(void *arg) {
     visc_dht *d = arg;
     pthread_mutex_lock(&d->mu);
     while (!d->stopping) {
-        struct timespec until = deadline_after(d->rebootstrap_s);
+        struct timespec until = visc_deadline_after(d->rebootstrap_s);
         while (!d->stopping)
             if (pthread_cond_timedwait(&d->cv, &d->mu, &until) == ETIMEDOUT) break;
         if (d->stopping) break;
@@ -418,7 +407,7 @@ void visc_dht_close(visc_dht *d) {
     if (d->runner) {
         dht_runner_shutdown(d->runner, on_shutdown, d);
         pthread_mutex_lock(&d->mu);
-        struct timespec until = deadline_after(SHUTDOWN_TIMEOUT_S);
+        struct timespec until = visc_deadline_after(SHUTDOWN_TIMEOUT_S);
         while (!d->shut_down)
             if (pthread_cond_timedwait(&d->cv, &d->mu, &until) == ETIMEDOUT) break;
         pthread_mutex_unlock(&d->mu);

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "progress.h"
 #include "visc/core.h"
@@ -831,11 +830,7 @@ static int stopping(visc_progress_tracker *t) {
 
 /* Waits on cv (mu held by the caller) until signalled or s seconds passed. */
 static void nap_on(pthread_cond_t *cv, pthread_mutex_t *mu, double s) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    long ns = until.tv_nsec + (long)(s * 1e9);
-    until.tv_sec += ns / 1000000000L;
-    until.tv_nsec = ns % 1000000000L;
+    struct timespec until = visc_deadline_after(s);
     pthread_cond_timedwait(cv, mu, &until);
 }
 
