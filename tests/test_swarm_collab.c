@@ -22,6 +22,7 @@
 
 #include "../src/swarm/collab.h"
 #include "../src/swarm/record.h"
+#include "swarm_join.h"
 #include "test.h"
 #include "visc/core.h"
 
@@ -119,22 +120,10 @@ static int swarm_open(peer *ps, int from, int to, const char *run) {
         int port = i == 0 ? 0 : visc_dht_port(visc_swarm_node_dht(ps[0].node));
         if (peer_open(&ps[i], run, port)) return -1;
     }
-    double until = visc_now() + 20;
-    for (int i = from; i < to; i++)
-        while (i > 0 && visc_dht_node_count(visc_swarm_node_dht(ps[i].node)) < 1)
-            if (visc_now() > until) return -1;
-    if (to == 1) return 0; /* nothing to see */
-    static visc_record recs[MAX_PEERS + 4];
-    for (int i = from; i < to; i++)
-        while (visc_dht_put(visc_swarm_node_dht(ps[i].node), "probe", "x", 1, 120, 1) != 0)
-            if (visc_now() > until) return -1;
-    for (int i = 0; i < to; i++)
-        while (visc_dht_get(visc_swarm_node_dht(ps[i].node), "probe", recs, MAX_PEERS + 4, 1) !=
-               to) {
-            if (visc_now() > until) return -1;
-            sleep_s(0.02);
-        }
-    return 0;
+    if (to == 1) return 0; /* nothing to join */
+    visc_dht *d[MAX_PEERS];
+    for (int i = 0; i < to; i++) d[i] = visc_swarm_node_dht(ps[i].node);
+    return swarm_await_joined(d, from, to, 20);
 }
 
 static visc_collab_config lockstep_config(peer *p, int group) {

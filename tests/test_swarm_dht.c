@@ -16,6 +16,7 @@
 
 #include "../src/swarm/dht.h"
 #include "../src/swarm/dht_bind.h"
+#include "swarm_join.h"
 #include "test.h"
 #include "visc/core.h"
 
@@ -209,15 +210,8 @@ TEST(dht_chain_of_five_find_each_other) {
         d[i] = open_node(i, i ? d[i - 1] : NULL);
         if (!d[i]) return;
     }
-    /* A fresh DHT needs a moment to fill its routing tables: a put before
-     * then can fail with no node to store it (seen on a loaded machine).
-     * Every node joins (its bootstrap peer answers, a probe put is stored)
-     * before the records the test is about. */
-    const double until = visc_now() + OP_TIMEOUT;
-    for (int i = 1; i < 5; i++)
-        while (visc_dht_node_count(d[i]) < 1 && visc_now() < until) continue;
-    for (int i = 0; i < 5; i++)
-        while (visc_dht_put(d[i], "probe", "x", 2, 30, 1) != 0 && visc_now() < until) continue;
+    /* every node joins before the records the test is about */
+    CHECK(swarm_await_joined(d, 0, 5, OP_TIMEOUT) == 0);
     for (int i = 0; i < 5; i++) {
         char v[24];
         snprintf(v, sizeof v, "member %d", i);

@@ -18,6 +18,7 @@
 
 #include "../src/swarm/matchmaking.h"
 #include "../src/swarm/wire.h"
+#include "swarm_join.h"
 #include "test.h"
 #include "visc/core.h"
 
@@ -537,32 +538,9 @@ static int swarm_up(void) {
     int port = visc_dht_port(visc_swarm_node_dht(swarm[0].node));
     for (int i = 1; i < N_FULL + N_CLIENT; i++)
         if (peer_open(&swarm[i], i >= N_FULL, 0, port) != 0) return 0;
-    /* every DHT node has reached the first one */
-    for (int i = 1; i < N_FULL + N_CLIENT; i++) {
-        double until = visc_now() + 10;
-        while (visc_dht_node_count(visc_swarm_node_dht(swarm[i].node)) < 1 && visc_now() < until)
-            sleep_s(0.05);
-        if (visc_dht_node_count(visc_swarm_node_dht(swarm[i].node)) < 1) {
-            fprintf(stderr, "peer %d never reached the DHT\n", i);
-            return 0;
-        }
-    }
-    /* and the DHT works: every peer's record is seen by every peer (a
-     * fresh DHT needs a moment to fill its routing tables) */
-    int n = N_FULL + N_CLIENT;
-    static visc_record recs[N_FULL + N_CLIENT + 4];
-    double until = visc_now() + 20;
-    for (int i = 0; i < n; i++)
-        while (visc_dht_put(visc_swarm_node_dht(swarm[i].node), "probe", "x", 1, 120, 1) != 0)
-            if (visc_now() > until) return 0;
-    for (int i = 0; i < n; i++)
-        while (visc_dht_get(visc_swarm_node_dht(swarm[i].node), "probe", recs, n + 4, 1) != n) {
-            if (visc_now() > until) {
-                fprintf(stderr, "peer %d does not see every probe record\n", i);
-                return 0;
-            }
-            sleep_s(0.05);
-        }
+    visc_dht *d[N_FULL + N_CLIENT];
+    for (int i = 0; i < N_FULL + N_CLIENT; i++) d[i] = visc_swarm_node_dht(swarm[i].node);
+    if (swarm_await_joined(d, 0, N_FULL + N_CLIENT, 30) != 0) return 0;
     swarm_ready = 1;
     return 1;
 }

@@ -22,6 +22,7 @@
 #include <sys/socket.h>
 
 #include "../src/swarm/progress.h"
+#include "swarm_join.h"
 #include "test.h"
 #include "visc/core.h"
 
@@ -59,6 +60,13 @@ static visc_dht *open_node(int id, const visc_dht *peer) {
     visc_dht *d = visc_dht_open(&cfg);
     CHECK_MSG(d != NULL, "open: %s", visc_last_error());
     return d;
+}
+
+/* 1 once the nodes d[0..n) have joined (see swarm_join.h) */
+static int joined(visc_dht *const *d, int n) {
+    int ok = swarm_await_joined(d, 0, n, OP_TIMEOUT) == 0;
+    CHECK_MSG(ok, "the test's %d DHT nodes did not join", n);
+    return ok;
 }
 
 static void sleep_s(double s) {
@@ -293,7 +301,7 @@ TEST(progress_view_sums_extrapolates_and_follows_the_epoch) {
     setup();
     visc_dht *d0 = open_node(0, NULL), *d1 = open_node(1, d0), *d2 = open_node(2, d0),
              *d3 = open_node(3, d0), *d4 = open_node(4, d0);
-    if (!d0 || !d1 || !d2 || !d3 || !d4) return;
+    if (!d0 || !d1 || !d2 || !d3 || !d4 || !joined((visc_dht *[]){d0, d1, d2, d3, d4}, 5)) return;
     double now0 = 0, now1 = 0;
     visc_progress_tracker *t0 = tracker(d0, 0, &now0, 2000, 60, 30);
     visc_progress_tracker *t1 = tracker(d1, 1, &now1, 2000, 60, 30);
@@ -426,6 +434,7 @@ TEST(progress_forged_peers_are_distrusted) {
     visc_dht *d[N] = {0};
     for (int i = 0; i < N; i++)
         if (!(d[i] = open_node(i, i ? d[0] : NULL))) return;
+    if (!joined(d, N)) return;
     double clk[HONEST] = {0};
     visc_progress_tracker *t[HONEST];
     const double sps[HONEST] = {100, 120, 80};
@@ -521,6 +530,7 @@ static char *lone_epoch_run(int liar) {
     char *err = NULL;
     for (int i = 0; i < N; i++)
         if (!(d[i] = open_node(liar ? 8 + i : i, i ? d[0] : NULL))) goto out;
+    if (!joined(d, N)) goto out;
     double clk = 0;
     visc_progress_config c = {.dht = d[SELF],
                               .self_key = ids[liar ? 8 : 0].public_key,
@@ -587,7 +597,7 @@ TEST(progress_lone_epoch_ahead_is_reported_to_the_last_stepper) {
 TEST(progress_dead_peer_expires_from_the_view) {
     setup();
     visc_dht *d0 = open_node(0, NULL), *d1 = open_node(1, d0), *d2 = open_node(2, d0);
-    if (!d0 || !d1 || !d2) return;
+    if (!d0 || !d1 || !d2 || !joined((visc_dht *[]){d0, d1, d2}, 3)) return;
     visc_progress_tracker *t0 = tracker(d0, 0, NULL, 0, 1.5, 1);
     visc_progress_tracker *t1 = tracker(d1, 1, NULL, 0, 1.5, 1);
     if (!t0 || !t1) return;
@@ -774,9 +784,10 @@ TEST(progress_cli_status_and_monitor) {
     CHECK(pthread_create(&th, NULL, run_unreachable, &u) == 0);
 
     visc_dht *d0 = open_node(0, NULL), *d1 = open_node(1, d0), *d2 = open_node(2, d0);
+    int up = d0 && d1 && d2 && joined((visc_dht *[]){d0, d1, d2}, 3);
     double c1 = 0, c2 = 0;
-    visc_progress_tracker *t1 = d1 ? tracker(d1, 1, &c1, 0, 60, 30) : NULL;
-    visc_progress_tracker *t2 = d2 ? tracker(d2, 2, &c2, 0, 60, 30) : NULL;
+    visc_progress_tracker *t1 = up ? tracker(d1, 1, &c1, 0, 60, 30) : NULL;
+    visc_progress_tracker *t2 = up ? tracker(d2, 2, &c2, 0, 60, 30) : NULL;
     if (t1 && t2) {
         visc_progress_set_local(t1, VISC_ROLE_FULL, "127.0.0.1:7001");
         visc_progress_set_local(t2, VISC_ROLE_CLIENT, NULL);
@@ -1000,7 +1011,7 @@ static int sees_epoch_5(const visc_swarm_progress_view *v) {
 TEST(progress_background_publishes_changes_and_follows_pushes) {
     setup();
     visc_dht *d0 = open_node(0, NULL), *d1 = open_node(1, d0), *d2 = open_node(2, d0);
-    if (!d0 || !d1 || !d2) return;
+    if (!d0 || !d1 || !d2 || !joined((visc_dht *[]){d0, d1, d2}, 3)) return;
     visc_progress_tracker *t1 = background_tracker(d1, 1);
     if (!t1) return;
     visc_swarm_progress_view v;
