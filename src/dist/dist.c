@@ -326,11 +326,7 @@ int visc_dist_wait(visc_dist *d, int64_t ticket) {
     double t0 = visc_now();
     /* The backend may block inside a collective whose peer never comes:
      * the waiter keeps the clock. */
-    struct timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    deadline.tv_sec += (time_t)d->timeout_s;
-    deadline.tv_nsec += (long)((d->timeout_s - (double)(time_t)d->timeout_s) * 1e9);
-    if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
+    const struct timespec deadline = visc_deadline_after(d->timeout_s);
     pthread_mutex_lock(&d->mu);
     while (d->completed <= ticket && !d->broken) {
         if (pthread_cond_timedwait(&d->cv, &d->mu, &deadline) != ETIMEDOUT) continue;

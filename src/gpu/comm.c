@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "visc/core.h"
 #include "visc/gpu.h"
 #ifdef VISC_WITH_CUDA
 #include "visc/cuda.h"
@@ -134,10 +135,7 @@ static void *watchdog_main(void *arg) {
     pthread_mutex_lock(&c->mu);
     while (!c->stop) {
         if (c->watch_tail == c->watch_head) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += 100000000L;
-            if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+            const struct timespec until = visc_deadline_after(0.1);
             pthread_cond_timedwait(&c->cv, &c->mu, &until);
             continue;
         }
