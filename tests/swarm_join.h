@@ -25,11 +25,13 @@ static inline int swarm_await_joined(visc_dht *const *d, int from, int to, doubl
     const double until = visc_now() + timeout_s;
     const struct timespec pause = {0, 20 * 1000 * 1000};
     for (int i = from > 1 ? from : 1; i < to; i++)
-        while (visc_dht_node_count(d[i]) < 1)
+        while (visc_dht_node_count(d[i]) < 1) {
             if (visc_now() > until) {
                 fprintf(stderr, "node %d: its bootstrap peer never answered\n", i);
                 return -1;
             }
+            nanosleep(&pause, NULL);
+        }
     for (int i = from; i < to; i++)
         while (visc_dht_put(d[i], "probe", "x", 1, 120, 1) != 0) {
             if (visc_now() > until) {
