@@ -88,6 +88,9 @@ double visc_now(void); /* monotonic seconds */
 /* The wall-clock time `seconds` from now (clamped to [0, 1e6]): the
  * deadline pthread_cond_timedwait takes. */
 struct timespec visc_deadline_after(double seconds);
+/* The same on the monotonic clock, for condition variables set to it
+ * (pthread_condattr_setclock): deadlines that wall-clock jumps do not move. */
+struct timespec visc_monotonic_deadline_after(double seconds);
 int visc_num_threads(void);
 void visc_set_num_threads(int n);
 

@@ -12,15 +12,23 @@ double visc_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-struct timespec visc_deadline_after(double seconds) {
+static struct timespec deadline_on(clockid_t clock, double seconds) {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(clock, &ts);
     if (!(seconds > 0)) seconds = 0;
     if (seconds > 1e6) seconds = 1e6;
     long long ns = ts.tv_nsec + (long long)((seconds - (double)(long long)seconds) * 1e9);
     ts.tv_sec += (time_t)seconds + (time_t)(ns / 1000000000);
     ts.tv_nsec = (long)(ns % 1000000000);
     return ts;
+}
+
+struct timespec visc_deadline_after(double seconds) {
+    return deadline_on(CLOCK_REALTIME, seconds);
+}
+
+struct timespec visc_monotonic_deadline_after(double seconds) {
+    return deadline_on(CLOCK_MONOTONIC, seconds);
 }
 
 int visc_num_threads(void) { return omp_get_max_threads(); }

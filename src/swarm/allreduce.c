@@ -223,11 +223,7 @@ static void wait_until(ar_round *r, double deadline) {
     double left = deadline - visc_now();
     if (left <= 0) return;
     if (left > 0.5) left = 0.5; /* re-check the round regularly */
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    long ns = ts.tv_nsec + (long)(left * 1e9);
-    ts.tv_sec += ns / 1000000000L;
-    ts.tv_nsec = ns % 1000000000L;
+    const struct timespec ts = visc_monotonic_deadline_after(left);
     pthread_cond_timedwait(&r->cv, &r->mu, &ts);
 }
 

@@ -89,11 +89,7 @@ static void wait_until(visc_swarm_node *n, double deadline) {
     double left = deadline - visc_now();
     if (left <= 0) return;
     if (left > 1.0) left = 1.0; /* re-check conditions at least once a second */
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    long long ns = (long long)ts.tv_nsec + (long long)(left * 1e9);
-    ts.tv_sec += (time_t)(ns / 1000000000LL);
-    ts.tv_nsec = (long)(ns % 1000000000LL);
+    const struct timespec ts = visc_monotonic_deadline_after(left);
     pthread_cond_timedwait(&n->changed, &n->mu, &ts);
 }
 
